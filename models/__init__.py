@@ -1,0 +1,1 @@
+"""fairstream.models: learned fairness modules in torch (flow preprocessor, fair scorers, embedding module)."""

@@ -1,0 +1,1 @@
+"""fairstream.repair: the math of distributional optimal-transport repair, metrics and artifacts (numpy, scipy, POT only)."""

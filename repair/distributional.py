@@ -1,0 +1,408 @@
+"""Distributional OT repair (Langbridge, Quinn and Shorten 2024, Algorithms 1 and 2).
+
+``fit`` designs, for every stratum u of the unprotected attribute and every repaired feature k, a
+grid, a source pmf per protected group s, their W2 barycentre and the exact OT plan from each
+group to it (Algorithm 1). ``transform`` applies the frozen plans to any number of new rows: a
+record picks the plan row below or above its value with probability linear in the distance, then
+a target grid node from that row (Algorithm 2). The draws are counter-based hashes of (plan
+fingerprint, record key, feature), so a record's output never depends on its batch.
+
+>>> import numpy as np
+>>> rng = np.random.default_rng(0)
+>>> s = rng.integers(0, 2, 2000); u = rng.integers(0, 2, 2000)
+>>> X = rng.normal(s[:, None] * 1.0, 1.0, size=(2000, 2))
+>>> repair = DistributionalRepair(n_q=50).fit(X, s, u)
+>>> Xr = repair.transform(X, s, u, keys=np.arange(2000))
+>>> gap_before = abs(X[s == 1, 0].mean() - X[s == 0, 0].mean())
+>>> gap_after = abs(Xr[s == 1, 0].mean() - Xr[s == 0, 0].mean())
+>>> bool(gap_after < 0.1 * gap_before)
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from . import artifacts
+from ._validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    encode_mask,
+    normalise_labels,
+)
+from .density import bin_position, silverman_bandwidth, source_pmf
+from .hashing import keys_to_uint64, uniforms
+from .transport import barycenter, monotone_plan, row_cdfs, sample_rows
+
+ARTIFACT_KIND = "plan"
+OUT_OF_RANGE_POLICIES = ("clamp", "reject")
+
+
+@dataclass
+class RepairResult:
+    """Per-row outcome of :meth:`DistributionalRepair.repair`.
+
+    ``values`` holds the repaired rows where ``ok`` is true and the original rows elsewhere;
+    ``reasons[i]`` says why row i was not repaired (None when it was); ``out_of_range[i, k]``
+    marks repaired feature k of row i as outside its stratum's grid (clamped or rejected).
+    """
+
+    values: np.ndarray
+    ok: np.ndarray
+    reasons: list
+    out_of_range: np.ndarray
+
+    @property
+    def n_repaired(self) -> int:
+        return int(self.ok.sum())
+
+    @property
+    def n_out_of_range(self) -> int:
+        return int(self.out_of_range[self.ok].any(axis=1).sum())
+
+
+class DistributionalRepair:
+    """Frozen, off-sample distributional OT repair of ``X`` so that ``X`` is independent of ``s`` given ``u``.
+
+    Parameters
+    ----------
+    n_q:
+        Grid nodes per (stratum, feature). Integer-valued features whose range fits in ``n_q``
+        nodes get the integer lattice instead, so repaired values stay integers.
+    repair_amount:
+        0 leaves data unchanged, 1 moves every group onto the barycentre; values in between move
+        each record part of the way along its transport geodesic, ``x + t * (T(x) - x)``.
+    group_weights:
+        Weight of each protected group in the barycentre, ``{s_value: weight}``; equal by default
+        (the paper's t = 1/2 for two groups).
+    smoothing:
+        How the source pmfs are estimated (see :mod:`fairstream.repair.density`): ``"kde"`` (the
+        paper), ``"empirical"``, ``"auto"`` (KDE for continuous features, a Dirichlet-process
+        blend of empirical and KDE for integer-valued ones), or a float blend weight in [0, 1].
+    prior_strength:
+        ``n0`` of the Dirichlet-process blend: the KDE weight is ``n0 / (n0 + n_group)``.
+    pad:
+        Grid padding on each side, as a fraction of the research range.
+    out_of_range:
+        ``"clamp"``: values outside the grid use the end row and are flagged in the result;
+        ``"reject"``: such rows are not repaired and get a reason (the stream dead-letters them).
+    features:
+        Indices of the columns to repair; the other columns pass through. Default: all.
+    discrete:
+        ``"auto"`` (integer-valued research data), or one bool per repaired feature.
+    min_group_size:
+        A (u, s) cell with fewer research rows gets no plan; its records are refused with a reason.
+    columns:
+        Column names, used in error messages and reports.
+    """
+
+    def __init__(
+        self,
+        n_q: int = 250,
+        repair_amount: float = 1.0,
+        group_weights: Mapping | None = None,
+        smoothing: str | float = "auto",
+        prior_strength: float = 50.0,
+        pad: float = 0.0,
+        out_of_range: str = "clamp",
+        features: Sequence[int] | None = None,
+        discrete: str | Sequence[bool] = "auto",
+        min_group_size: int = 2,
+        columns: Sequence[str] | None = None,
+    ):
+        self.n_q = n_q
+        self.repair_amount = repair_amount
+        self.group_weights = group_weights
+        self.smoothing = smoothing
+        self.prior_strength = prior_strength
+        self.pad = pad
+        self.out_of_range = out_of_range
+        self.features = features
+        self.discrete = discrete
+        self.min_group_size = min_group_size
+        self.columns = columns
+
+    # ------------------------------------------------------------------ fit (Algorithm 1)
+
+    def fit(self, X, s, u) -> "DistributionalRepair":
+        """Design the grids, barycentres and plans on labelled research data."""
+        self._check_parameters()
+        X = as_2d(X, columns=self.columns)
+        names = column_names(X.shape[1], self.columns)
+        check_finite(X, names)
+        s = normalise_labels(as_labels(s, len(X), "s"))
+        u = normalise_labels(as_labels(u, len(X), "u"))
+        self.n_features_in_ = X.shape[1]
+        self.columns_ = names
+        self.features_ = self._feature_indices(X.shape[1])
+        self.discrete_ = self._discrete_mask(X[:, self.features_])
+        self.groups_ = np.unique(s)
+        self.strata_ = np.unique(u)
+        self.n_research_ = np.array([[np.sum((u == a) & (s == b)) for b in self.groups_] for a in self.strata_])
+        self.has_plan_ = self.n_research_ >= self.min_group_size
+        self._design(X, s, u)
+        self._prepare()
+        return self
+
+    def _design(self, X: np.ndarray, s: np.ndarray, u: np.ndarray) -> None:
+        n_u, n_s, n_k = len(self.strata_), len(self.groups_), len(self.features_)
+        grids = [[self._grid(X[u == a, col], self.discrete_[k]) for k, col in enumerate(self.features_)] for a in self.strata_]
+        n_max = max(len(g) for row in grids for g in row)
+        self.grid_start_ = np.array([[g[0] for g in row] for row in grids])
+        self.grid_step_ = np.array([[g[1] - g[0] if len(g) > 1 else 0.0 for g in row] for row in grids])
+        self.grid_size_ = np.array([[len(g) for g in row] for row in grids], dtype=np.int64)
+        self.source_pmf_ = np.zeros((n_u, n_s, n_k, n_max))
+        self.barycenter_ = np.zeros((n_u, n_k, n_max))
+        self.row_cdf_ = np.zeros((n_u, n_s, n_k, n_max, n_max))
+        weights = self._weights()
+        for a in range(n_u):
+            groups = np.flatnonzero(self.has_plan_[a])
+            for k, col in enumerate(self.features_):
+                nodes = grids[a][k]
+                m = len(nodes)
+                pmfs = np.array([self._pmf(X[(u == self.strata_[a]) & (s == self.groups_[b]), col], nodes, k) for b in groups])
+                if len(groups) == 0:
+                    continue
+                nu = barycenter(pmfs, nodes, weights[groups])
+                self.barycenter_[a, k, :m] = nu
+                for pmf, b in zip(pmfs, groups):
+                    self.source_pmf_[a, b, k, :m] = pmf
+                    self.row_cdf_[a, b, k, :m, :m] = row_cdfs(monotone_plan(pmf, nu, nodes), pmf, nu)
+
+    def _grid(self, x: np.ndarray, discrete: bool) -> np.ndarray:
+        """Uniform grid over the (padded) research range of one (stratum, feature)."""
+        lo, hi = float(x.min()), float(x.max())
+        margin = self.pad * (hi - lo)
+        lo, hi = lo - margin, hi + margin
+        if discrete:
+            lo, hi = np.floor(lo), np.ceil(hi)
+            if hi - lo + 1 <= self.n_q:
+                return lo + np.arange(int(hi - lo) + 1, dtype=np.float64)
+        if hi == lo:
+            return np.array([lo])
+        step = (hi - lo) / (self.n_q - 1)
+        return lo + step * np.arange(self.n_q)
+
+    def _pmf(self, x: np.ndarray, nodes: np.ndarray, k: int) -> np.ndarray:
+        smoothing = self.smoothing
+        if smoothing == "kde":
+            smoothing = 1.0
+        elif smoothing == "empirical":
+            smoothing = 0.0
+        elif smoothing == "auto":
+            smoothing = self.prior_strength / (self.prior_strength + len(x)) if self.discrete_[k] else 1.0
+        return source_pmf(x, nodes, float(smoothing), silverman_bandwidth(x))
+
+    def _weights(self) -> np.ndarray:
+        if self.group_weights is None:
+            return np.ones(len(self.groups_))
+        missing = [g for g in self.groups_.tolist() if g not in self.group_weights]
+        if missing:
+            raise RepairInputError(f"group_weights has no weight for s value {missing[0]!r}")
+        return np.array([float(self.group_weights[g]) for g in self.groups_.tolist()])
+
+    def _feature_indices(self, n_columns: int) -> np.ndarray:
+        if self.features is None:
+            return np.arange(n_columns)
+        idx = np.asarray(self.features, dtype=np.int64)
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= n_columns:
+            raise RepairInputError(f"features must index the {n_columns} columns of X, got {list(self.features)}")
+        return idx
+
+    def _discrete_mask(self, Xf: np.ndarray) -> np.ndarray:
+        if isinstance(self.discrete, str):
+            if self.discrete != "auto":
+                raise RepairInputError(f"discrete must be 'auto' or a list of bools, got {self.discrete!r}")
+            return np.all(Xf == np.round(Xf), axis=0)
+        mask = np.asarray(self.discrete, dtype=bool)
+        if mask.shape != (Xf.shape[1],):
+            raise RepairInputError(f"discrete needs one bool per repaired feature ({Xf.shape[1]}), got {mask.shape}")
+        return mask
+
+    def _check_parameters(self) -> None:
+        if not (isinstance(self.n_q, (int, np.integer)) and self.n_q >= 2):
+            raise RepairInputError(f"n_q must be an integer >= 2, got {self.n_q!r}")
+        if not 0.0 <= float(self.repair_amount) <= 1.0:
+            raise RepairInputError(f"repair_amount must be in [0, 1], got {self.repair_amount!r}")
+        if self.out_of_range not in OUT_OF_RANGE_POLICIES:
+            raise RepairInputError(f"out_of_range must be one of {OUT_OF_RANGE_POLICIES}, got {self.out_of_range!r}")
+        if self.pad < 0:
+            raise RepairInputError(f"pad must be >= 0, got {self.pad!r}")
+        if isinstance(self.smoothing, str):
+            if self.smoothing not in ("auto", "kde", "empirical"):
+                raise RepairInputError(f"smoothing must be 'auto', 'kde', 'empirical' or a float, got {self.smoothing!r}")
+        elif not 0.0 <= float(self.smoothing) <= 1.0:
+            raise RepairInputError(f"smoothing weight must be in [0, 1], got {self.smoothing!r}")
+
+    def _prepare(self) -> None:
+        """Derive the apply-time state from the learned arrays (also after loading an artifact)."""
+        self.fingerprint_ = artifacts.fingerprint_arrays(self.grid_start_, self.grid_step_, self.grid_size_, self.row_cdf_)
+        self._seed = int(self.fingerprint_[:16], 16)
+
+    # ------------------------------------------------------------------ apply (Algorithm 2)
+
+    def repair(self, X, s, u, keys=None) -> RepairResult:
+        """Repair what can be repaired and say, per row, why the rest could not.
+
+        Shape errors raise (they concern the batch); NaN/inf, unseen groups or strata, cells
+        without a plan and (with ``out_of_range="reject"``) out-of-range values are per-row reasons.
+        ``keys`` identify records for the deterministic draws; default: the row positions.
+        """
+        self._check_fitted()
+        X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
+        n = len(X)
+        s_codes, s_unseen = encode_mask(normalise_labels(as_labels(s, n, "s")), self.groups_)
+        u_codes, u_unseen = encode_mask(normalise_labels(as_labels(u, n, "u")), self.strata_)
+        key_hash = keys_to_uint64(np.arange(n) if keys is None else as_labels(keys, n, "keys"))
+        finite = np.isfinite(X).all(axis=1)
+        planned = ~s_unseen & ~u_unseen & self.has_plan_[u_codes, s_codes]
+        runnable = finite & planned
+        out_of_range = self._out_of_range(X, u_codes) & runnable[:, None]
+        rejected = out_of_range.any(axis=1) if self.out_of_range == "reject" else np.zeros(n, dtype=bool)
+        ok = runnable & ~rejected
+        values = X.copy()
+        values[ok] = self._apply(X[ok], s_codes[ok], u_codes[ok], key_hash[ok])
+        reasons = self._reasons(X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range)
+        return RepairResult(values=values, ok=ok, reasons=reasons, out_of_range=out_of_range)
+
+    def transform(self, X, s, u, keys=None) -> np.ndarray:
+        """Repaired copy of ``X``; raises :class:`RepairInputError` naming the first bad value."""
+        result = self.repair(X, s, u, keys)
+        if not result.ok.all():
+            raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
+        return result.values
+
+    def fit_transform(self, X, s, u, keys=None) -> np.ndarray:
+        return self.fit(X, s, u).transform(X, s, u, keys)
+
+    def _out_of_range(self, X: np.ndarray, u_codes: np.ndarray) -> np.ndarray:
+        lo = self.grid_start_[u_codes]
+        hi = lo + self.grid_step_[u_codes] * (self.grid_size_[u_codes] - 1)
+        x = X[:, self.features_]
+        with np.errstate(invalid="ignore"):
+            return (x < lo) | (x > hi)
+
+    def _apply(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Vectorised Algorithm 2 on valid rows: one pass per (u, s) cell and feature, none per row."""
+        out = X.copy()
+        draws = uniforms(self._seed, keys, 2 * len(self.features_))
+        cell = u_codes * len(self.groups_) + s_codes
+        order = np.argsort(cell, kind="stable")
+        cells, starts = np.unique(cell[order], return_index=True)
+        for c, rows in zip(cells, np.split(order, starts[1:])):
+            a, b = divmod(int(c), len(self.groups_))
+            for k, col in enumerate(self.features_):
+                out[rows, col] = self._move(X[rows, col], a, b, k, draws[rows, 2 * k], draws[rows, 2 * k + 1])
+        return out
+
+    def _move(self, x: np.ndarray, a: int, b: int, k: int, u_row: np.ndarray, u_col: np.ndarray) -> np.ndarray:
+        start, step, size = self.grid_start_[a, k], self.grid_step_[a, k], int(self.grid_size_[a, k])
+        q, tau = bin_position(x, start, step, size)
+        row = q + (u_row < tau) if size > 1 else q
+        target = start + step * sample_rows(self.row_cdf_[a, b, k, :size, :size], row, u_col)
+        t = float(self.repair_amount)
+        if t == 1.0:
+            return target
+        return x + t * (target - x)
+
+    def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range) -> list:
+        """Messages for the refused rows only (a loop over bad rows, which are rare by construction)."""
+        reasons: list = [None] * len(X)
+        s_all = as_labels(s, len(X), "s").tolist()
+        u_all = as_labels(u, len(X), "u").tolist()
+        for i in np.flatnonzero(~ok):
+            if not finite[i]:
+                k = int(np.argmin(np.isfinite(X[i])))
+                reasons[i] = f"column {self.columns_[k]!r} has a non-finite value {float(X[i, k])!r}"
+            elif s_unseen[i]:
+                reasons[i] = f"s value {s_all[i]!r} was not seen at fit time (known: {self.groups_.tolist()})"
+            elif u_unseen[i]:
+                reasons[i] = f"u value {u_all[i]!r} was not seen at fit time (known: {self.strata_.tolist()})"
+            elif not planned[i]:
+                reasons[i] = f"no plan for u={u_all[i]!r}, s={s_all[i]!r}: fewer than {self.min_group_size} research rows"
+            else:
+                k = int(np.argmax(out_of_range[i]))
+                col = self.features_[k]
+                a = int(np.flatnonzero(self.strata_ == normalise_labels(np.array(u_all[i:i + 1]))[0])[0])
+                lo = self.grid_start_[a, k]
+                hi = lo + self.grid_step_[a, k] * (self.grid_size_[a, k] - 1)
+                reasons[i] = f"column {self.columns_[col]!r} value {float(X[i, col])!r} is outside the plan range [{lo:g}, {hi:g}] of u={u_all[i]!r}"
+        return reasons
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "row_cdf_"):
+            raise RepairInputError("this DistributionalRepair is not fitted yet: call fit(X, s, u) first")
+
+    # ------------------------------------------------------------------ transport maps (monitoring)
+
+    def transport_map(self, x: np.ndarray, stratum, source, target) -> np.ndarray:
+        """Deterministic monotone map of feature values from group ``source`` to group ``target``.
+
+        ``x`` has one column per repaired feature. Used by the monitor's matched DP (spec 003):
+        ``T = F_target^-1 o F_source`` per feature on the stratum's grid, frozen at fit time.
+        """
+        self._check_fitted()
+        a = int(np.searchsorted(self.strata_, normalise_labels(np.array([stratum]))[0]))
+        b0, b1 = (int(np.searchsorted(self.groups_, normalise_labels(np.array([g]))[0])) for g in (source, target))
+        x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+        out = np.empty_like(x)
+        for k in range(len(self.features_)):
+            start, step, size = self.grid_start_[a, k], self.grid_step_[a, k], int(self.grid_size_[a, k])
+            nodes = start + step * np.arange(size)
+            cdf_src = np.cumsum(self.source_pmf_[a, b0, k, :size])
+            cdf_dst = np.cumsum(self.source_pmf_[a, b1, k, :size])
+            level = np.interp(x[:, k], nodes, cdf_src)
+            out[:, k] = np.interp(level, cdf_dst, nodes)
+        return out
+
+    # ------------------------------------------------------------------ artifacts
+
+    _LEARNED = ("features_", "discrete_", "groups_", "strata_", "n_research_", "has_plan_", "grid_start_",
+                "grid_step_", "grid_size_", "source_pmf_", "barycenter_", "row_cdf_")
+
+    def get_params(self) -> dict:
+        return {
+            "n_q": int(self.n_q),
+            "repair_amount": float(self.repair_amount),
+            "group_weights": None if self.group_weights is None else {str(k): float(v) for k, v in self.group_weights.items()},
+            "smoothing": self.smoothing,
+            "prior_strength": float(self.prior_strength),
+            "pad": float(self.pad),
+            "out_of_range": self.out_of_range,
+            "features": None if self.features is None else [int(i) for i in self.features],
+            "discrete": self.discrete if isinstance(self.discrete, str) else [bool(v) for v in self.discrete],
+            "min_group_size": int(self.min_group_size),
+            "columns": list(self.columns_ if hasattr(self, "columns_") else self.columns or []) or None,
+        }
+
+    def to_artifact(self, version: int = 1, metrics: dict | None = None, data_fingerprint: str | None = None):
+        """Freeze the fitted plans into an :class:`~fairstream.repair.artifacts.Artifact` of kind ``plan``."""
+        self._check_fitted()
+        arrays = {name.rstrip("_"): np.asarray(getattr(self, name)) for name in self._LEARNED}
+        arrays["n_features_in"] = np.array(self.n_features_in_)
+        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.get_params(), metrics=metrics or {},
+                              data_fingerprint=data_fingerprint, version=version)
+
+    @classmethod
+    def from_artifact(cls, artifact) -> "DistributionalRepair":
+        """Rebuild a fitted estimator from an artifact (bit-exact: same draws, same outputs)."""
+        if artifact.kind != ARTIFACT_KIND:
+            raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
+        params = dict(artifact.manifest.parameters)
+        columns = params.pop("columns")
+        weights = params.pop("group_weights")
+        est = cls(**params, columns=columns)
+        arrays = artifact.arrays
+        for name in cls._LEARNED:
+            setattr(est, name, arrays[name.rstrip("_")])
+        est.group_weights = None if weights is None else dict(zip(est.groups_.tolist(), [weights[str(g)] for g in est.groups_.tolist()]))
+        est.n_features_in_ = int(arrays["n_features_in"])
+        est.columns_ = column_names(est.n_features_in_, columns)
+        est._prepare()
+        return est

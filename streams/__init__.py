@@ -1,0 +1,1 @@
+"""fairstream.streams: the Faust/Kafka pipeline, monitor, Prometheus exporter, artifact registry and CLI."""

@@ -1,0 +1,243 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from scipy.stats import wasserstein_distance
+
+from fairstream.repair._validation import RepairInputError
+from fairstream.repair.distributional import DistributionalRepair
+
+
+def paper_simulation(n, seed):
+    """Spec 004 section 3.1: x ~ N(mu_{u,s}, I_2), s = 0 shifted by -1 (u = 0) or +1 (u = 1)."""
+    rng = np.random.default_rng(seed)
+    u = (rng.random(n) >= 0.5).astype(int)
+    s = (rng.random(n) >= np.where(u == 0, 0.3, 0.1)).astype(int)
+    shift = np.where(s == 0, np.where(u == 0, -1.0, 1.0), 0.0)
+    return rng.normal(shift[:, None], 1.0, size=(n, 2)), s, u
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, s, u = paper_simulation(2000, seed=1)
+    return DistributionalRepair(n_q=50).fit(X, s, u)
+
+
+def group_gap(X, s, u, k=0):
+    return max(wasserstein_distance(X[(u == a) & (s == 0), k], X[(u == a) & (s == 1), k]) for a in (0, 1))
+
+
+def test_repair_pushes_group_distributions_together(fitted):
+    X, s, u = paper_simulation(20_000, seed=2)
+    Xr = fitted.transform(X, s, u, keys=np.arange(len(X)))
+    for k in (0, 1):
+        assert group_gap(X, s, u, k) > 0.9
+        assert group_gap(Xr, s, u, k) < 0.2
+
+
+def test_repaired_values_are_grid_nodes_and_other_columns_pass_through():
+    X, s, u = paper_simulation(3000, seed=3)
+    X3 = np.column_stack([X, np.arange(3000.0)])
+    rep = DistributionalRepair(n_q=30, features=[0, 1]).fit(X3, s, u)
+    out = rep.transform(X3, s, u)
+    np.testing.assert_array_equal(out[:, 2], X3[:, 2])
+    for a in (0, 1):
+        nodes = rep.grid_start_[a, 0] + rep.grid_step_[a, 0] * np.arange(30)
+        assert np.all(np.isin(out[u == a, 0], nodes))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_output_is_a_function_of_the_record_key_not_the_batch(fitted, data):
+    X, s, u = paper_simulation(300, seed=4)
+    keys = np.array([f"rec-{i}" for i in range(300)])
+    whole = fitted.transform(X, s, u, keys=keys)
+    perm = data.draw(st.permutations(range(300)))
+    cut = data.draw(st.integers(1, 299))
+    parts = [perm[:cut], perm[cut:]]
+    for idx in parts:
+        idx = np.array(idx)
+        np.testing.assert_array_equal(fitted.transform(X[idx], s[idx], u[idx], keys=keys[idx]), whole[idx])
+
+
+def test_one_row_works_and_equals_its_batch_value(fitted):
+    X, s, u = paper_simulation(10, seed=5)
+    batch = fitted.transform(X, s, u, keys=np.arange(10))
+    one = fitted.transform(X[3], s[3], u[3], keys=[3])
+    np.testing.assert_array_equal(one[0], batch[3])
+
+
+def test_repair_amount_zero_is_identity_and_partial_repair_is_in_between():
+    X, s, u = paper_simulation(4000, seed=6)
+    gaps = []
+    for t in (0.0, 0.5, 1.0):
+        rep = DistributionalRepair(n_q=50, repair_amount=t).fit(X, s, u)
+        Xr = rep.transform(X, s, u)
+        if t == 0.0:
+            np.testing.assert_array_equal(Xr, X)
+        gaps.append(group_gap(Xr, s, u))
+    assert gaps[0] > gaps[1] > gaps[2]
+    assert abs(gaps[1] - gaps[0] / 2) < 0.15
+
+
+def test_any_number_of_groups_and_strata_with_string_labels():
+    rng = np.random.default_rng(7)
+    n = 9000
+    s = rng.choice(["a", "b", "c"], n)
+    u = rng.choice(["x", "y", "z"], n)
+    X = rng.normal(np.select([s == "a", s == "b"], [-2.0, 0.0], 3.0)[:, None], 1.0, size=(n, 1))
+    rep = DistributionalRepair(n_q=60).fit(X, s, u)
+    Xr = rep.transform(X, s, u)
+    means = [Xr[s == g, 0].mean() for g in "abc"]
+    assert max(means) - min(means) < 0.15
+    assert abs(np.mean(means) - 1 / 3) < 0.2
+
+
+def test_group_weights_move_the_barycentre():
+    X, s, u = paper_simulation(6000, seed=8)
+    rep = DistributionalRepair(n_q=50, group_weights={0: 1.0, 1: 0.0}).fit(X, s, u)
+    Xr = rep.transform(X, s, u)
+    # All mass on group 0: everyone is mapped onto group 0's distribution.
+    for a, mean0 in ((0, -1.0), (1, 1.0)):
+        assert abs(Xr[(u == a) & (s == 1), 0].mean() - mean0) < 0.15
+
+
+def atom_data(n, seed):
+    """Like Adult's hours-per-week: integers, with an atom at 40 whose share differs by group."""
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 2, n); u = rng.integers(0, 2, n)
+    atom = rng.random(n) < np.where(s == 1, 0.55, 0.35)
+    x = np.where(atom, 40, np.clip(np.round(rng.normal(35 + 8 * s, 12)), 1, 99)).astype(float)
+    return x[:, None], s, u
+
+
+def atom_gaps(x, s, u):
+    """Per stratum: W1 between groups and the gap in the share of records exactly at the atom."""
+    w = [wasserstein_distance(x[(u == a) & (s == 0)], x[(u == a) & (s == 1)]) for a in (0, 1)]
+    share = [abs(np.mean(x[(u == a) & (s == 0)] == 40) - np.mean(x[(u == a) & (s == 1)] == 40)) for a in (0, 1)]
+    return np.array(w), np.array(share)
+
+
+def permute_within(s, u, seed):
+    """s shuffled within each stratum: what a perfect repair looks like to a finite-sample estimator."""
+    rng = np.random.default_rng(seed)
+    out = s.copy()
+    for a in np.unique(u):
+        out[u == a] = rng.permutation(s[u == a])
+    return out
+
+
+def test_integer_features_with_atoms_stay_integers_and_are_repaired_off_sample():
+    XR, sR, uR = atom_data(10_000, seed=1)
+    XA, sA, uA = atom_data(15_000, seed=101)
+    rep = DistributionalRepair(n_q=250).fit(XR, sR, uR)
+    assert rep.discrete_[0] and rep.grid_step_[0, 0] == 1.0
+    xr = rep.transform(XA, sA, uA, keys=np.arange(len(XA)))[:, 0]
+    assert np.all(xr == np.round(xr))
+    w_before, share_before = atom_gaps(XA[:, 0], sA, uA)
+    w_after, share_after = atom_gaps(xr, sA, uA)
+    # The estimator's own noise floor: the same gaps with s permuted within each stratum.
+    w_floor = np.mean([atom_gaps(XA[:, 0], permute_within(sA, uA, seed), uA)[0] for seed in range(10)], axis=0)
+    assert np.all(w_before > 10 * w_floor) and np.all(share_before > 0.15)
+    assert np.all(w_after < 2.5 * w_floor)
+    assert np.all(share_after < 0.05)
+
+
+def test_a_kde_only_plan_does_not_repair_the_atom():
+    # Why the default is not the paper's KDE for integer features: the KDE melts the atom, so
+    # the plan sends the wrong share of records through the row at 40 and the groups stay apart.
+    XR, sR, uR = atom_data(10_000, seed=1)
+    XA, sA, uA = atom_data(15_000, seed=101)
+    kde = DistributionalRepair(n_q=250, smoothing="kde").fit(XR, sR, uR)
+    _, share = atom_gaps(kde.transform(XA, sA, uA)[:, 0], sA, uA)
+    assert np.all(share > 0.1)
+
+
+def test_bad_input_raises_naming_column_and_value(fitted):
+    X, s, u = paper_simulation(5, seed=10)
+    bad = X.copy(); bad[2, 1] = np.nan
+    with pytest.raises(RepairInputError, match=r"'x1'.*nan"):
+        fitted.transform(bad, s, u)
+    with pytest.raises(RepairInputError, match=r"s value 7"):
+        fitted.transform(X, np.array([0, 1, 7, 0, 1]), u)
+    with pytest.raises(RepairInputError, match=r"u value 'zz'"):
+        fitted.transform(X, s, np.array([0, 1, 0, 1, "zz"], dtype=object))
+    with pytest.raises(RepairInputError, match="3 feature columns"):
+        fitted.transform(np.zeros((5, 3)), s, u)
+    with pytest.raises(RepairInputError, match=r"'x0' has a non-numeric value 'abc'"):
+        fitted.transform(np.array([["abc", 1.0]], dtype=object), [0], [0])
+    with pytest.raises(RepairInputError, match="one value per row"):
+        fitted.transform(X, s[:3], u)
+    with pytest.raises(RepairInputError, match="not fitted"):
+        DistributionalRepair().transform(X, s, u)
+
+
+def test_repair_returns_a_reason_per_refused_row(fitted):
+    X, s, u = paper_simulation(6, seed=11)
+    X[1, 0] = np.inf
+    s = s.astype(object); s[3] = 5
+    res = fitted.repair(X, s, u, keys=np.arange(6))
+    assert res.ok.tolist() == [True, False, True, False, True, True]
+    assert "non-finite" in res.reasons[1] and "'x0'" in res.reasons[1]
+    assert "s value 5" in res.reasons[3]
+    assert res.reasons[0] is None
+    np.testing.assert_array_equal(res.values[1], X[1])
+    good = fitted.transform(X[[0, 2, 4, 5]], s[[0, 2, 4, 5]].astype(int), u[[0, 2, 4, 5]], keys=[0, 2, 4, 5])
+    np.testing.assert_array_equal(res.values[[0, 2, 4, 5]], good)
+
+
+def test_out_of_range_is_clamped_and_counted_or_rejected():
+    X, s, u = paper_simulation(2000, seed=12)
+    far = np.array([[100.0, 0.0], [0.0, 0.0]])
+    clamp = DistributionalRepair(n_q=40).fit(X, s, u)
+    res = clamp.repair(far, [0, 0], [0, 0])
+    assert res.ok.all() and res.n_out_of_range == 1
+    assert res.values[0, 0] <= clamp.grid_start_[0, 0] + 39 * clamp.grid_step_[0, 0]
+    reject = DistributionalRepair(n_q=40, out_of_range="reject").fit(X, s, u)
+    res = reject.repair(far, [0, 0], [0, 0])
+    assert res.ok.tolist() == [False, True]
+    assert "'x0' value 100.0 is outside the plan range" in res.reasons[0]
+
+
+def test_small_cells_get_no_plan_and_are_refused_with_a_reason():
+    X, s, u = paper_simulation(500, seed=13)
+    s = s.copy(); u = u.copy()
+    s[:3] = 2; u[:3] = 0
+    rep = DistributionalRepair(n_q=30, min_group_size=5).fit(X, s, u)
+    res = rep.repair(X[:5], s[:5], u[:5])
+    assert not res.ok[:3].any() and "no plan for u=0, s=2" in res.reasons[0]
+    assert res.ok[3:].all()
+
+
+def test_constant_feature_is_left_at_its_value():
+    X, s, u = paper_simulation(400, seed=14)
+    X[:, 1] = 5.0
+    out = DistributionalRepair(n_q=20).fit(X, s, u).transform(X, s, u)
+    assert np.all(out[:, 1] == 5.0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n_q": 1}, "n_q"), ({"repair_amount": 1.5}, "repair_amount"), ({"out_of_range": "drop"}, "out_of_range"),
+    ({"smoothing": "lots"}, "smoothing"), ({"pad": -1}, "pad"), ({"features": [5]}, "features"),
+])
+def test_invalid_parameters_are_named(kwargs, message):
+    X, s, u = paper_simulation(100, seed=15)
+    with pytest.raises(RepairInputError, match=message):
+        DistributionalRepair(**kwargs).fit(X, s, u)
+
+
+@pytest.mark.parametrize("labels", ["int", "str"])
+def test_artifact_round_trip_is_bit_exact(tmp_path, labels):
+    from fairstream.repair import artifacts
+
+    X, s, u = paper_simulation(1500, seed=16)
+    if labels == "str":
+        s = np.where(s == 1, "m", "f"); u = np.where(u == 1, "college", "none")
+    rep = DistributionalRepair(n_q=40, group_weights={s[0]: 2.0, s[s != s[0]][0]: 1.0}, columns=["a", "b"]).fit(X, s, u)
+    art = rep.to_artifact(version=3, metrics={"E_after": 0.1})
+    for loaded in (artifacts.decode(artifacts.encode(art), kind="plan"),
+                   artifacts.load(artifacts.save(art, tmp_path / "plan"), kind="plan")):
+        again = DistributionalRepair.from_artifact(loaded)
+        assert again.fingerprint_ == rep.fingerprint_ and loaded.version == 3
+        assert again.get_params() == rep.get_params()
+        keys = np.array([f"k{i}" for i in range(len(X))])
+        np.testing.assert_array_equal(again.transform(X, s, u, keys=keys), rep.transform(X, s, u, keys=keys))
