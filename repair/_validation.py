@@ -108,7 +108,8 @@ def encode(values: np.ndarray, classes: np.ndarray, name: str) -> np.ndarray:
     codes, unseen = encode_mask(values, classes)
     if unseen.any():
         bad = np.asarray(values)[np.argmax(unseen)]
-        raise RepairInputError(f"{name} has a value {bad!r} not seen at fit time (known: {classes.tolist()})")
+        bad = bad.item() if hasattr(bad, "item") else bad
+        raise RepairInputError(f"{name} has an unknown value {bad!r} (known: {classes.tolist()})")
     return codes
 
 

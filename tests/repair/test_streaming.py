@@ -1,0 +1,252 @@
+"""Tests of the mergeable streaming accumulators against the batch metrics."""
+
+import doctest
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fairstream.repair import streaming
+from fairstream.repair._validation import RepairInputError
+from fairstream.repair.metrics import damage, demographic_parity, dependence_e, equal_width_edges
+from fairstream.repair.streaming import (
+    DamageAccumulator,
+    HistogramDependenceAccumulator,
+    PositiveRateAccumulator,
+)
+
+from .test_metrics import grouped_data
+
+PROPERTY = settings(max_examples=50, deadline=None)
+
+
+@st.composite
+def stream_data(draw):
+    """(X, s, u, y) plus cut points splitting it into three consecutive batches."""
+    X, s, u = draw(grouped_data())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    y = rng.integers(0, 2, len(s))
+    cuts = sorted(draw(st.lists(st.integers(0, len(s)), min_size=2, max_size=2)))
+    return X, s, u, y, cuts
+
+
+def narrow_edges(X, bins=5):
+    """Edges over the middle of the data, so some values fall outside them."""
+    lo, hi = np.quantile(X, [0.2, 0.8], axis=0)
+    return [np.linspace(a, b if b > a else a + 1.0, bins + 1) for a, b in zip(lo, hi)]
+
+
+def dependence_accumulator(X, s, u):
+    return HistogramDependenceAccumulator(narrow_edges(X), groups=np.unique(s), strata=np.unique(u))
+
+
+def assert_same_dependence(a, b):
+    np.testing.assert_array_equal(a.per_stratum, b.per_stratum)
+    np.testing.assert_array_equal(a.per_feature, b.per_feature)
+    np.testing.assert_array_equal(a.weights, b.weights)
+    assert a.total == b.total
+
+
+def assert_same_dp(a, b):
+    for field in ("rates", "stratum_rates", "stratum_difference", "stratum_ratio", "weights"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+    for field in ("difference", "ratio", "conditional_difference", "conditional_difference_max",
+                  "conditional_ratio", "conditional_ratio_min"):
+        assert getattr(a, field) == getattr(b, field)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(streaming)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# HistogramDependenceAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(stream_data())
+def test_dependence_accumulator_equals_batch_with_the_same_edges(data):
+    X, s, u, _, _ = data
+    acc = dependence_accumulator(X, s, u).update(X, s, u)
+    assert_same_dependence(acc.value(), dependence_e(X, s, u, edges=acc.edges))
+
+
+@PROPERTY
+@given(stream_data())
+def test_dependence_merge_of_parts_equals_one_pass(data):
+    X, s, u, _, (i, j) = data
+    parts = [dependence_accumulator(X, s, u).update(X[a:b], s[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    whole = dependence_accumulator(X, s, u).update(X, s, u)
+    left_first = parts[0].merge(parts[1]).merge(parts[2])
+    right_first = parts[0].merge(parts[1].merge(parts[2]))
+    for merged in (left_first, right_first):
+        for got, want in zip(merged.counts_, whole.counts_):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(merged.out_of_range_, whole.out_of_range_)
+        assert_same_dependence(merged.value(), whole.value())
+
+
+@PROPERTY
+@given(stream_data())
+def test_dependence_updates_in_batches_equal_one_update(data):
+    X, s, u, _, (i, j) = data
+    acc = dependence_accumulator(X, s, u)
+    for a, b in [(0, i), (i, j), (j, None)]:
+        acc.update(X[a:b], s[a:b], u[a:b])
+    assert_same_dependence(acc.value(), dependence_accumulator(X, s, u).update(X, s, u).value())
+
+
+def test_merge_leaves_its_inputs_unchanged():
+    X = np.array([[0.1], [0.6], [0.2]])
+    a = HistogramDependenceAccumulator([[0.0, 0.5, 1.0]], groups=[0, 1]).update(X, [0, 1, 1])
+    b = HistogramDependenceAccumulator([[0.0, 0.5, 1.0]], groups=[0, 1]).update(X, [1, 1, 0])
+    before = [c.copy() for c in a.counts_]
+    a.merge(b)
+    np.testing.assert_array_equal(a.counts_[0], before[0])
+
+
+def test_out_of_range_values_go_to_end_bins_and_are_counted():
+    acc = HistogramDependenceAccumulator([[0.0, 1.0, 2.0], [0.0, 1.0]], groups=["a", "b"], strata=[0, 1])
+    X = np.array([[-5.0, 0.5], [0.5, 3.0], [2.0, 0.5], [9.0, 0.5]])
+    acc.update(X, s=["a", "b", "a", "b"], u=[0, 0, 1, 1])
+    np.testing.assert_array_equal(acc.counts_[0][0], [[1, 0], [1, 0]])  # -5 clipped into bin 0
+    np.testing.assert_array_equal(acc.counts_[0][1], [[0, 1], [0, 1]])  # 2.0 (right edge) and 9 in bin 1
+    np.testing.assert_array_equal(acc.out_of_range_, [[1, 1], [1, 0]])  # 2.0 is in range
+    np.testing.assert_allclose(acc.out_of_range_fraction(), [[0.5, 0.5], [0.5, 0.0]])
+
+
+def test_from_reference_uses_the_reference_range_and_reset_empties():
+    rng = np.random.default_rng(0)
+    X_ref = rng.normal(size=(200, 2))
+    acc = HistogramDependenceAccumulator.from_reference(X_ref, groups=[0, 1], bins=8)
+    for got, want in zip(acc.edges, equal_width_edges(X_ref, bins=8)):
+        np.testing.assert_array_equal(got, want)
+    acc.update(X_ref + np.arange(200)[:, None] % 2, s=np.arange(200) % 2)
+    assert acc.value().total > 0
+    assert acc.reset().value().total == 0.0
+    assert all(c.sum() == 0 for c in acc.counts_) and acc.out_of_range_.sum() == 0
+
+
+def test_dependence_accumulator_rejects_unknown_labels_naming_them():
+    acc = HistogramDependenceAccumulator([[0.0, 1.0]], groups=["f", "m"], strata=["low", "high"])
+    with pytest.raises(RepairInputError, match="'x'"):
+        acc.update([[0.5], [0.5]], s=["f", "x"], u=["low", "low"])
+    with pytest.raises(RepairInputError, match="'mid'"):
+        acc.update([[0.5], [0.5]], s=["f", "m"], u=["low", "mid"])
+    assert acc.counts_[0].sum() == 0  # a refused batch leaves no partial counts
+
+
+def test_dependence_accumulator_rejects_bad_configuration_and_input():
+    with pytest.raises(RepairInputError, match="one array of bin edges per feature"):
+        HistogramDependenceAccumulator([0.0, 1.0, 2.0], groups=[0, 1])
+    with pytest.raises(RepairInputError, match="duplicate"):
+        HistogramDependenceAccumulator([[0.0, 1.0]], groups=[0, 1, 1])
+    with pytest.raises(RepairInputError, match="alpha"):
+        HistogramDependenceAccumulator([[0.0, 1.0]], groups=[0, 1], alpha=-1.0)
+    acc = HistogramDependenceAccumulator([[0.0, 1.0], [0.0, 1.0]], groups=[0, 1], strata=[0, 1])
+    with pytest.raises(RepairInputError, match="feature columns"):
+        acc.update(np.zeros((2, 3)), s=[0, 1], u=[0, 1])
+    with pytest.raises(RepairInputError, match="s must have one value per row"):
+        acc.update(np.zeros((2, 2)), s=[0, 1, 0], u=[0, 1])
+    with pytest.raises(RepairInputError, match="u is required"):
+        acc.update(np.zeros((2, 2)), s=[0, 1])
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(HistogramDependenceAccumulator([[0.0, 2.0], [0.0, 1.0]], groups=[0, 1], strata=[0, 1]))
+
+
+# ---------------------------------------------------------------------------------------------
+# PositiveRateAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(stream_data())
+def test_positive_rate_accumulator_equals_batch_dp(data):
+    _, s, u, y, _ = data
+    acc = PositiveRateAccumulator(groups=np.unique(s), strata=np.unique(u)).update(y, s, u)
+    assert_same_dp(acc.value(), demographic_parity(y, s, u))
+
+
+@PROPERTY
+@given(stream_data())
+def test_positive_rate_merge_of_parts_equals_one_pass(data):
+    _, s, u, y, (i, j) = data
+    def fresh():
+        return PositiveRateAccumulator(groups=np.unique(s), strata=np.unique(u))
+    parts = [fresh().update(y[a:b], s[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    whole = fresh().update(y, s, u)
+    for merged in (parts[0].merge(parts[1]).merge(parts[2]), parts[0].merge(parts[1].merge(parts[2]))):
+        np.testing.assert_array_equal(merged.positives_, whole.positives_)
+        np.testing.assert_array_equal(merged.totals_, whole.totals_)
+        assert_same_dp(merged.value(), whole.value())
+
+
+@PROPERTY
+@given(stream_data())
+def test_streamed_dp_lies_in_unit_interval(data):
+    _, s, u, y, _ = data
+    result = PositiveRateAccumulator(groups=np.unique(s), strata=np.unique(u)).update(y, s, u).value()
+    assert 0.0 <= result.difference <= 1.0 and 0.0 <= result.ratio <= 1.0
+    assert 0.0 <= result.conditional_difference <= 1.0 and 0.0 <= result.conditional_ratio_min <= 1.0
+
+
+def test_positive_rate_accumulator_without_strata_and_reset():
+    acc = PositiveRateAccumulator(groups=["a", "b"])
+    acc.update([1, 0, 1, 1], s=["a", "a", "b", "b"])
+    assert acc.value().difference == pytest.approx(0.5)
+    with pytest.raises(RepairInputError, match="without u labels"):
+        acc.update([1], s=["a"], u=[0])
+    acc.reset()
+    assert acc.totals_.sum() == 0 and acc.value().difference == 0.0 and acc.value().ratio == 1.0
+
+
+def test_positive_rate_accumulator_rejects_unknown_group_naming_it():
+    acc = PositiveRateAccumulator(groups=[0, 1], strata=["x", "y"])
+    with pytest.raises(RepairInputError, match=r"s has an unknown value 7 "):
+        acc.update([1, 0], s=[0, 7], u=["x", "y"])
+    with pytest.raises(RepairInputError, match="'z'"):
+        acc.update([1, 0], s=[0, 1], u=["x", "z"])
+    with pytest.raises(RepairInputError, match="binary"):
+        acc.update([1, 3], s=[0, 1], u=["x", "y"])
+    with pytest.raises(RepairInputError, match="y must have one value per row"):
+        acc.update([1, 0, 1], s=[0, 1], u=["x", "y"])
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(PositiveRateAccumulator(groups=[0, 1]))
+    assert acc.totals_.sum() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# DamageAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(stream_data(), st.floats(-3, 3))
+def test_damage_accumulator_matches_batch_and_merges(data, scale):
+    X, _, _, _, (i, j) = data
+    X_repaired = X + scale * np.sin(X)
+    def fresh():
+        return DamageAccumulator(n_features=X.shape[1])
+    parts = [fresh().update(X[a:b], X_repaired[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    merged = parts[0].merge(parts[1]).merge(parts[2])
+    batch = damage(X, X_repaired)
+    # Sums of floats: equal to the batch up to rounding, the row count exactly.
+    assert merged.n_rows_ == len(X)
+    np.testing.assert_allclose(merged.value().per_feature, batch.per_feature, rtol=1e-12, atol=1e-12)
+    assert merged.value().overall == pytest.approx(batch.overall, rel=1e-12, abs=1e-12)
+
+
+def test_damage_accumulator_rejects_mismatched_shapes_and_resets():
+    acc = DamageAccumulator(n_features=2)
+    with pytest.raises(RepairInputError, match="feature columns"):
+        acc.update(np.zeros((3, 2)), np.zeros((3, 3)))
+    with pytest.raises(RepairInputError, match="differ in shape"):
+        acc.update(np.zeros((3, 2)), np.zeros((2, 2)))
+    acc.update([[0.0, 0.0]], [[2.0, 1.0]])
+    assert acc.value().overall == pytest.approx(1.5)
+    assert acc.reset().value().n_rows == 0 and acc.value().overall == 0.0
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(DamageAccumulator(n_features=3))
