@@ -38,7 +38,7 @@ from ._validation import (
 )
 from .density import bin_position, silverman_bandwidth, source_pmf
 from .hashing import keys_to_uint64, uniforms
-from .transport import barycenter, monotone_plan, row_cdfs, sample_rows
+from .transport import MonotonePlan, barycenter
 
 ARTIFACT_KIND = "plan"
 OUT_OF_RANGE_POLICIES = ("clamp", "reject")
@@ -159,7 +159,6 @@ class DistributionalRepair:
         self.grid_size_ = np.array([[len(g) for g in row] for row in grids], dtype=np.int64)
         self.source_pmf_ = np.zeros((n_u, n_s, n_k, n_max))
         self.barycenter_ = np.zeros((n_u, n_k, n_max))
-        self.row_cdf_ = np.zeros((n_u, n_s, n_k, n_max, n_max))
         weights = self._weights()
         for a in range(n_u):
             groups = np.flatnonzero(self.has_plan_[a])
@@ -173,7 +172,6 @@ class DistributionalRepair:
                 self.barycenter_[a, k, :m] = nu
                 for pmf, b in zip(pmfs, groups):
                     self.source_pmf_[a, b, k, :m] = pmf
-                    self.row_cdf_[a, b, k, :m, :m] = row_cdfs(monotone_plan(pmf, nu, nodes), pmf, nu)
 
     def _grid(self, x: np.ndarray, discrete: bool) -> np.ndarray:
         """Uniform grid over the (padded) research range of one (stratum, feature)."""
@@ -242,8 +240,17 @@ class DistributionalRepair:
 
     def _prepare(self) -> None:
         """Derive the apply-time state from the learned arrays (also after loading an artifact)."""
-        self.fingerprint_ = artifacts.fingerprint_arrays(self.grid_start_, self.grid_step_, self.grid_size_, self.row_cdf_)
+        self.fingerprint_ = artifacts.fingerprint_arrays(self.grid_start_, self.grid_step_, self.grid_size_,
+                                                         self.source_pmf_, self.barycenter_, self.has_plan_)
         self._seed = int(self.fingerprint_[:16], 16)
+        self.grid_stop_ = self.grid_start_ + self.grid_step_ * (self.grid_size_ - 1)
+        self._plans = {(a, b, k): self.plan(a, b, k) for a, b in zip(*np.nonzero(self.has_plan_))
+                       for k in range(len(self.features_))}
+
+    def plan(self, a: int, b: int, k: int) -> MonotonePlan:
+        """The frozen plan of stratum index ``a``, group index ``b`` and repaired feature index ``k``."""
+        size = int(self.grid_size_[a, k])
+        return MonotonePlan.between(self.source_pmf_[a, b, k, :size], self.barycenter_[a, k, :size])
 
     # ------------------------------------------------------------------ apply (Algorithm 2)
 
@@ -263,11 +270,16 @@ class DistributionalRepair:
         finite = np.isfinite(X).all(axis=1)
         planned = ~s_unseen & ~u_unseen & self.has_plan_[u_codes, s_codes]
         runnable = finite & planned
-        out_of_range = self._out_of_range(X, u_codes) & runnable[:, None]
-        rejected = out_of_range.any(axis=1) if self.out_of_range == "reject" else np.zeros(n, dtype=bool)
-        ok = runnable & ~rejected
-        values = X.copy()
-        values[ok] = self._apply(X[ok], s_codes[ok], u_codes[ok], key_hash[ok])
+        out_of_range = np.zeros((n, len(self.features_)), dtype=bool)
+        if runnable.all():  # the common case: no masked copies
+            values, out_of_range = self._apply(X, s_codes, u_codes, key_hash)
+        else:
+            values = X.copy()
+            values[runnable], out_of_range[runnable] = self._apply(X[runnable], s_codes[runnable], u_codes[runnable], key_hash[runnable])
+        ok = runnable
+        if self.out_of_range == "reject":
+            ok = runnable & ~out_of_range.any(axis=1)
+            values[~ok] = X[~ok]
         reasons = self._reasons(X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range)
         return RepairResult(values=values, ok=ok, reasons=reasons, out_of_range=out_of_range)
 
@@ -281,31 +293,33 @@ class DistributionalRepair:
     def fit_transform(self, X, s, u, keys=None) -> np.ndarray:
         return self.fit(X, s, u).transform(X, s, u, keys)
 
-    def _out_of_range(self, X: np.ndarray, u_codes: np.ndarray) -> np.ndarray:
-        lo = self.grid_start_[u_codes]
-        hi = lo + self.grid_step_[u_codes] * (self.grid_size_[u_codes] - 1)
-        x = X[:, self.features_]
-        with np.errstate(invalid="ignore"):
-            return (x < lo) | (x > hi)
+    def _apply(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, keys: np.ndarray):
+        """Vectorised Algorithm 2 on valid rows: one pass per (u, s) cell and feature, none per row.
 
-    def _apply(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """Vectorised Algorithm 2 on valid rows: one pass per (u, s) cell and feature, none per row."""
+        Returns the repaired rows and the (row, feature) mask of values outside the stratum's grid.
+        """
         out = X.copy()
+        out_of_range = np.zeros((len(X), len(self.features_)), dtype=bool)
         draws = uniforms(self._seed, keys, 2 * len(self.features_))
-        cell = u_codes * len(self.groups_) + s_codes
+        # Small integer codes let numpy's stable sort use radix sort: O(n) grouping by cell.
+        cell = (u_codes * len(self.groups_) + s_codes).astype(np.int16 if self.has_plan_.size < 2**15 else np.int64)
         order = np.argsort(cell, kind="stable")
-        cells, starts = np.unique(cell[order], return_index=True)
-        for c, rows in zip(cells, np.split(order, starts[1:])):
-            a, b = divmod(int(c), len(self.groups_))
+        bounds = np.flatnonzero(np.diff(cell[order])) + 1
+        for rows in np.split(order, bounds):
+            if rows.size == 0:
+                continue
+            a, b = divmod(int(cell[rows[0]]), len(self.groups_))
             for k, col in enumerate(self.features_):
-                out[rows, col] = self._move(X[rows, col], a, b, k, draws[rows, 2 * k], draws[rows, 2 * k + 1])
-        return out
+                x = X[rows, col]
+                out_of_range[rows, k] = (x < self.grid_start_[a, k]) | (x > self.grid_stop_[a, k])
+                out[rows, col] = self._move(x, a, b, k, draws[rows, 2 * k], draws[rows, 2 * k + 1])
+        return out, out_of_range
 
     def _move(self, x: np.ndarray, a: int, b: int, k: int, u_row: np.ndarray, u_col: np.ndarray) -> np.ndarray:
         start, step, size = self.grid_start_[a, k], self.grid_step_[a, k], int(self.grid_size_[a, k])
         q, tau = bin_position(x, start, step, size)
         row = q + (u_row < tau) if size > 1 else q
-        target = start + step * sample_rows(self.row_cdf_[a, b, k, :size, :size], row, u_col)
+        target = start + step * self._plans[a, b, k].sample(row, u_col)
         t = float(self.repair_amount)
         if t == 1.0:
             return target
@@ -314,6 +328,8 @@ class DistributionalRepair:
     def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range) -> list:
         """Messages for the refused rows only (a loop over bad rows, which are rare by construction)."""
         reasons: list = [None] * len(X)
+        if ok.all():
+            return reasons
         s_all = as_labels(s, len(X), "s").tolist()
         u_all = as_labels(u, len(X), "u").tolist()
         for i in np.flatnonzero(~ok):
@@ -330,13 +346,12 @@ class DistributionalRepair:
                 k = int(np.argmax(out_of_range[i]))
                 col = self.features_[k]
                 a = int(np.flatnonzero(self.strata_ == normalise_labels(np.array(u_all[i:i + 1]))[0])[0])
-                lo = self.grid_start_[a, k]
-                hi = lo + self.grid_step_[a, k] * (self.grid_size_[a, k] - 1)
+                lo, hi = self.grid_start_[a, k], self.grid_stop_[a, k]
                 reasons[i] = f"column {self.columns_[col]!r} value {float(X[i, col])!r} is outside the plan range [{lo:g}, {hi:g}] of u={u_all[i]!r}"
         return reasons
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "row_cdf_"):
+        if not hasattr(self, "source_pmf_"):
             raise RepairInputError("this DistributionalRepair is not fitted yet: call fit(X, s, u) first")
 
     # ------------------------------------------------------------------ transport maps (monitoring)
@@ -364,7 +379,7 @@ class DistributionalRepair:
     # ------------------------------------------------------------------ artifacts
 
     _LEARNED = ("features_", "discrete_", "groups_", "strata_", "n_research_", "has_plan_", "grid_start_",
-                "grid_step_", "grid_size_", "source_pmf_", "barycenter_", "row_cdf_")
+                "grid_step_", "grid_size_", "source_pmf_", "barycenter_")
 
     def get_params(self) -> dict:
         return {

@@ -14,6 +14,8 @@ array([0., 0., 1., 0., 0.])
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import ot
 
@@ -62,37 +64,43 @@ def monotone_plan(source: np.ndarray, target: np.ndarray, nodes: np.ndarray) -> 
     return ot.emd_1d(nodes, nodes, a, b, metric="sqeuclidean", dense=True)
 
 
-def row_cdfs(plan: np.ndarray, source: np.ndarray, target: np.ndarray, min_mass: float = 1e-12) -> np.ndarray:
-    """Per-row conditional CDFs of a plan, for O(log n) sampling of Eq. 15.
+@dataclass(frozen=True)
+class MonotonePlan:
+    """The exact 1-D plan from ``source`` to ``target`` (pmfs on the same nodes), ready to sample.
 
-    A row with (almost) no source mass has no conditional distribution; the paper leaves this open
-    and a public port falls back to the identity, which does not repair. Here such a row becomes
-    a point mass at the target quantile of the source CDF at that node: the continuous limit of
-    the monotone map, so an unseen value is mapped where its rank says it belongs.
+    The monotone (north-west corner) plan couples source level L with target quantile F_t^-1(L),
+    so row r's conditional distribution is the target restricted to the source levels
+    [S_{r-1}, S_r). Drawing L uniformly in that interval and reading off the target quantile
+    samples the row exactly (Eq. 15), with one binary search in a CDF of n entries instead of a
+    table of n x n row CDFs, and O(n) storage. A row without source mass (a value no research
+    record had) has a degenerate interval and goes to the target quantile at its rank: the
+    continuous limit of the monotone map. (The paper leaves such rows open; a public port falls
+    back to the identity, which does not repair.)
+
+    >>> plan = MonotonePlan.between(np.array([0.5, 0.5, 0.0]), np.array([0.0, 0.5, 0.5]))
+    >>> plan.sample(np.array([0, 1, 2]), np.array([0.3, 0.3, 0.3])).tolist()
+    [1, 2, 2]
     """
-    n = len(source)
-    rows = plan.sum(axis=1)
-    empty = rows <= min_mass
-    cond = np.where(empty[:, None], 0.0, plan / np.where(empty, 1.0, rows)[:, None])
-    if empty.any():
-        level = np.maximum(_cdf(source)[empty], min_mass)
-        cond[np.flatnonzero(empty), quantile_indices(_cdf(target), level)] = 1.0
-    return _cdf(cond) if n > 0 else cond
 
+    lower: np.ndarray
+    upper: np.ndarray
+    target_cdf: np.ndarray
+    last_target: int
 
-def sample_rows(cdfs: np.ndarray, rows: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Column index drawn from each selected row's CDF with the given uniforms (inverse CDF).
+    @classmethod
+    def between(cls, source: np.ndarray, target: np.ndarray) -> "MonotonePlan":
+        upper = _cdf(np.asarray(source, dtype=np.float64))
+        positive = np.flatnonzero(np.asarray(target) > 0)
+        return cls(lower=np.concatenate([[0.0], upper[:-1]]), upper=upper, target_cdf=_cdf(np.asarray(target, dtype=np.float64)),
+                   last_target=int(positive[-1]) if positive.size else len(target) - 1)
 
-    All rows are searched at once: CDF values are quantised to 40-bit integers and row r is
-    offset by r * 2^41, so the flattened array is sorted and one exact ``searchsorted`` serves the
-    whole batch (a float offset would round away the small masses of late rows).
-    """
-    n = cdfs.shape[1]
-    shifted = (_quantise(cdfs) + (np.arange(len(cdfs), dtype=np.int64) << 41)[:, None]).ravel()
-    flat = np.searchsorted(shifted, _quantise(u) + (np.asarray(rows, dtype=np.int64) << 41), side="right")
-    return flat - rows * n
+    def sample(self, rows: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Target node index for each selected source row, given uniforms ``v`` in [0, 1)."""
+        levels = self.lower[rows] + v * (self.upper[rows] - self.lower[rows])
+        return np.minimum(np.searchsorted(self.target_cdf, levels, side="right"), self.last_target)
 
-
-def _quantise(p: np.ndarray) -> np.ndarray:
-    """Probabilities in [0, 1] as integers in [0, 2^40] (exact for the pinned final CDF value 1)."""
-    return np.floor(np.asarray(p) * float(1 << 40)).astype(np.int64)
+    def dense(self) -> np.ndarray:
+        """The plan as an n x n matrix (for audit and tests): mass of [lower_r, upper_r) in each target bin."""
+        t_lower = np.concatenate([[0.0], self.target_cdf[:-1]])
+        overlap = np.minimum(self.upper[:, None], self.target_cdf[None, :]) - np.maximum(self.lower[:, None], t_lower[None, :])
+        return np.clip(overlap, 0.0, None)

@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fairstream.repair.transport import barycenter, monotone_plan, row_cdfs, sample_rows
+from fairstream.repair.transport import MonotonePlan, barycenter, monotone_plan
 
 N = 12
 pmf_arrays = arrays(np.float64, N, elements=st.floats(0, 1)).filter(lambda p: p.sum() > 1e-3).map(lambda p: p / p.sum())
@@ -49,26 +49,35 @@ def test_barycenter_of_translates_is_the_midway_translate():
 
 
 @given(pmf_arrays, pmf_arrays)
-def test_row_cdfs_are_cdfs_and_empty_rows_follow_the_monotone_map(a, b):
-    plan = monotone_plan(a, b, NODES)
-    cdfs = row_cdfs(plan, a, b)
-    assert np.all(np.diff(cdfs, axis=1) >= -1e-12)
-    assert np.all(cdfs[:, -1] == 1.0)
-    # A row without source mass is a point mass on a node where the target has mass.
-    for r in np.flatnonzero(a <= 1e-12):
-        j = int(np.argmax(cdfs[r] > 0))
-        assert cdfs[r, j] == 1.0 and b[j] > 0
+def test_sampled_plan_is_the_exact_ot_plan(a, b):
+    # The quantile-interval form used at apply time is the same plan POT's exact solver returns.
+    np.testing.assert_allclose(MonotonePlan.between(a, b).dense(), monotone_plan(a, b, NODES), atol=1e-9)
 
 
-def test_sample_rows_matches_row_distribution_and_skips_zero_mass():
+@given(pmf_arrays, pmf_arrays)
+def test_rows_without_source_mass_go_to_a_target_node_with_mass_at_their_rank(a, b):
+    plan = MonotonePlan.between(a, b)
+    empty = np.flatnonzero(a <= 0)
+    for v in (0.0, 0.5, 0.999):
+        cols = plan.sample(empty, np.full(len(empty), v))
+        assert np.all(b[cols] > 0)
+    # ... namely a target quantile at the row's rank (either side of it when the rank is a boundary).
+    level, t_cdf = np.cumsum(a)[empty], np.cumsum(b)
+    cols = plan.sample(empty, np.zeros(len(empty)))
+    lo = np.searchsorted(t_cdf, level - 1e-9, side="left")
+    hi = np.searchsorted(t_cdf, level + 1e-9, side="right")
+    assert np.all((cols >= np.minimum(lo, len(b) - 1)) & (cols <= hi))
+
+
+def test_sampling_matches_row_distribution_and_skips_zero_mass():
     rng = np.random.default_rng(0)
     a = np.array([0.2, 0.0, 0.5, 0.3]); b = np.array([0.1, 0.4, 0.0, 0.5])
-    nodes = np.arange(4.0)
-    cdfs = row_cdfs(monotone_plan(a, b, nodes), a, b)
-    rows = np.repeat(np.arange(4), 50_000)
-    cols = sample_rows(cdfs, rows, rng.random(len(rows)))
-    for r in range(4):
+    plan = MonotonePlan.between(a, b)
+    dense = plan.dense()
+    rows = np.repeat([0, 2, 3], 50_000)
+    cols = plan.sample(rows, rng.random(len(rows)))
+    for r in (0, 2, 3):
         freq = np.bincount(cols[rows == r], minlength=4) / 50_000
-        expected = np.diff(np.concatenate([[0.0], cdfs[r]]))
+        expected = dense[r] / dense[r].sum()
         np.testing.assert_allclose(freq, expected, atol=0.01)
         assert np.all(freq[expected == 0] == 0)
