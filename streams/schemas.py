@@ -1,0 +1,91 @@
+"""The wire format of every topic, as Faust records.
+
+These classes are the single statement of which fields a message has: the batch codec derives its
+required and allowed field sets from them, producers build messages with them, and tests read
+messages back with them. The hot path does not instantiate them per message (the agents decode
+batches of raw bytes into numpy arrays), which is why the agents' topics use raw bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import faust
+
+
+class _Schema(faust.Record, serializer="json"):
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return list(cls._options.fields)
+
+    @classmethod
+    def required_fields(cls) -> list[str]:
+        return [name for name in cls._options.fields if name not in cls._options.defaults]
+
+
+class InputRecord(_Schema):
+    """A record on ``records.in``: features of one person, protected group s, stratum u, label y."""
+
+    id: Any  # str or int; its text is the record key of the deterministic repair
+    features: dict
+    s: Any
+    u: Any
+    ts: Optional[float] = None
+    y: Optional[int] = None
+
+
+class Provenance(_Schema):
+    kind: str
+    version: int
+    sha256: str
+    seed: str
+
+
+class RepairedRecord(_Schema):
+    """A record on ``records.repaired``: repaired features plus the artifact that produced them."""
+
+    id: Any
+    s: Any
+    u: Any
+    features: dict
+    provenance: dict
+    ts: Optional[float] = None
+    y: Optional[int] = None
+    original: Optional[dict] = None
+
+
+class EmbeddingRecord(_Schema):
+    """A vector on ``embeddings.in``."""
+
+    id: Any
+    vector: list
+    group: Any = None
+
+
+class DeadLetter(_Schema):
+    """A message on ``dlq``: the original bytes, why it was refused, and where it came from."""
+
+    reason: str
+    agent: str
+    topic: str
+    partition: int
+    offset: int
+    original_b64: str
+    key_b64: Optional[str] = None
+
+
+class ControlRecord(_Schema):
+    """A message on ``control`` (key = artifact kind): which artifact version is active.
+
+    The artifact travels inline (``blob_b64``, the single-blob encoding of
+    :func:`fairstream.repair.artifacts.encode`) while small, otherwise as a path in the
+    content-addressed artifact store; ``sha256`` is always checked against the payload.
+    """
+
+    kind: str
+    version: int
+    sha256: str
+    action: str = "publish"  # "publish" or "rollback"
+    blob_b64: Optional[str] = None
+    path: Optional[str] = None
+    published_at: Optional[float] = None

@@ -1,0 +1,256 @@
+"""Topic names and their explicit creation.
+
+Every topic name comes from one :class:`TopicConfig`, so a deployment can run several pipelines on
+one cluster by changing the prefix. Topics are created explicitly with fixed partition counts
+rather than left to broker auto-creation: Tansu auto-creates with 4 partitions and Apache Kafka
+with ``num.partitions``, and Faust needs the counts it was configured with.
+
+The admin calls use aiokafka (a dependency of Faust, so always present) because it works against
+both Tansu and Apache Kafka, and its async API can run inside a Faust worker's startup as well as
+from the CLI through :func:`ensure_topics`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError, for_code
+
+log = logging.getLogger(__name__)
+
+COMPACT = {"cleanup.policy": "compact"}
+_TOPIC_ALREADY_EXISTS = 36
+# Brokers that reject a topic's configs answer with one of these; the topic is then created
+# without them (and a warning says so) rather than not at all.
+_CONFIG_REJECTED = {
+    40,  # INVALID_CONFIG
+    42,  # INVALID_REQUEST
+    44,  # POLICY_VIOLATION
+}
+
+
+class TopicConfigError(RuntimeError):
+    """Topics could not be created, or exist with a layout the pipeline cannot use."""
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic as the pipeline needs it."""
+
+    name: str
+    partitions: int
+    replication: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """Names and layout of every topic, all under one prefix (``fairstream.records.in``, ...)."""
+
+    prefix: str = "fairstream"
+    partitions: int = 4
+    replication: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.prefix or self.prefix != self.prefix.strip("."):
+            raise ValueError(f"topic prefix {self.prefix!r} must be non-empty, without outer dots")
+        if self.partitions < 1 or self.replication < 1:
+            raise ValueError("partitions and replication must be at least 1")
+
+    def name(self, suffix: str) -> str:
+        return f"{self.prefix}.{suffix}"
+
+    @property
+    def records_in(self) -> str:
+        return self.name("records.in")
+
+    @property
+    def records_repaired(self) -> str:
+        return self.name("records.repaired")
+
+    @property
+    def embeddings_in(self) -> str:
+        return self.name("embeddings.in")
+
+    @property
+    def embeddings_repaired(self) -> str:
+        return self.name("embeddings.repaired")
+
+    @property
+    def dlq(self) -> str:
+        return self.name("dlq")
+
+    @property
+    def control(self) -> str:
+        return self.name("control")
+
+    @property
+    def refit_requests(self) -> str:
+        return self.name("refit.requests")
+
+    @property
+    def research(self) -> str:
+        return self.name("research")
+
+    def specs(self) -> list[TopicSpec]:
+        """Every topic with its partition count, replication and topic configs."""
+        data_topics = [
+            self.records_in,
+            self.records_repaired,
+            self.embeddings_in,
+            self.embeddings_repaired,
+            self.dlq,
+            self.refit_requests,
+            self.research,
+        ]
+        specs = [TopicSpec(name, self.partitions, self.replication) for name in data_topics]
+        # One partition so every worker reads every artifact version in publication order;
+        # compacted so a new worker replays only the latest version per artifact kind.
+        specs.append(TopicSpec(self.control, 1, self.replication, dict(COMPACT)))
+        return specs
+
+    def spec(self, name: str) -> TopicSpec:
+        for spec in self.specs():
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- creation
+
+
+def ensure_topics(bootstrap: str, config: TopicConfig = TopicConfig(), timeout: float = 30.0) -> dict[str, int]:
+    """Create the missing topics and check all of them; return ``{name: partitions}``.
+
+    Idempotent: topics that already exist with the right partition count are left alone. Raises
+    :class:`TopicConfigError` when a topic exists with another partition count. Synchronous
+    wrapper for the CLI; inside a running event loop await :func:`ensure_topics_async`.
+    """
+    return asyncio.run(ensure_topics_async(bootstrap, config, timeout))
+
+
+async def ensure_topics_async(
+    bootstrap: str, config: TopicConfig = TopicConfig(), timeout: float = 30.0
+) -> dict[str, int]:
+    """Async form of :func:`ensure_topics`."""
+    specs = config.specs()
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="fairstream-admin", request_timeout_ms=int(timeout * 1000)
+    )
+    try:
+        await admin.start()
+    except KafkaConnectionError as exc:
+        await admin.close()
+        raise TopicConfigError(f"cannot reach a Kafka broker at {bootstrap}: {exc}") from exc
+    try:
+        existing = set(await admin.list_topics())
+        missing = [spec for spec in specs if spec.name not in existing]
+        if missing:
+            await _create(admin, missing, timeout)
+        counts = await _wait_for_partitions(admin, [spec.name for spec in specs], timeout)
+        _check_partition_counts(specs, counts)
+        await _warn_about_missing_configs(admin, specs)
+        return counts
+    finally:
+        await admin.close()
+
+
+async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec], timeout: float) -> None:
+    errors = await _send_create(admin, specs, timeout)
+    rejected = [spec for spec in specs if errors.get(spec.name) in _CONFIG_REJECTED and spec.configs]
+    if rejected:
+        for spec in rejected:
+            log.warning(
+                "broker rejected configs %s for topic %s (%s); creating it without them",
+                spec.configs, spec.name, for_code(errors[spec.name]).__name__,
+            )
+        plain = [TopicSpec(spec.name, spec.partitions, spec.replication) for spec in rejected]
+        errors.update(await _send_create(admin, plain, timeout))
+    _raise_on_create_errors(errors)
+    for spec in specs:
+        if errors.get(spec.name) == 0:
+            log.info("created topic %s (%d partitions, configs %s)", spec.name, spec.partitions, spec.configs)
+
+
+async def _send_create(admin: AIOKafkaAdminClient, specs: list[TopicSpec], timeout: float) -> dict[str, int]:
+    new_topics = [NewTopic(s.name, s.partitions, s.replication, topic_configs=s.configs) for s in specs]
+    response = await admin.create_topics(new_topics, timeout_ms=int(timeout * 1000))
+    # Each entry starts (name, error_code[, message]) in every CreateTopicsResponse version.
+    return {entry[0]: entry[1] for entry in response.topic_errors}
+
+
+def _raise_on_create_errors(errors: dict[str, int]) -> None:
+    # TOPIC_ALREADY_EXISTS is success here: another worker created it between our list and create.
+    failed = {name: code for name, code in errors.items() if code not in (0, _TOPIC_ALREADY_EXISTS)}
+    if failed:
+        details = ", ".join(f"{name}: {for_code(code).__name__}" for name, code in failed.items())
+        raise TopicConfigError(f"could not create topics: {details}")
+
+
+async def _wait_for_partitions(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> dict[str, int]:
+    """Partition counts once every topic is in metadata with a leader for each partition."""
+    deadline = time.monotonic() + timeout
+    while True:
+        described = await admin.describe_topics(names)
+        counts = {t["topic"]: len(t["partitions"]) for t in described if _is_ready(t)}
+        if len(counts) == len(names):
+            return counts
+        if time.monotonic() >= deadline:
+            pending = sorted(set(names) - set(counts))
+            raise TopicConfigError(f"topics not ready after {timeout:.0f}s: {pending}")
+        await asyncio.sleep(0.1)
+
+
+def _is_ready(topic: dict) -> bool:
+    partitions = topic.get("partitions") or []
+    return (
+        topic.get("error_code", 0) == 0
+        and bool(partitions)
+        and all(p.get("error_code", 0) == 0 and p.get("leader", -1) >= 0 for p in partitions)
+    )
+
+
+def _check_partition_counts(specs: list[TopicSpec], counts: dict[str, int]) -> None:
+    wrong = [f"{s.name} has {counts[s.name]}, expected {s.partitions}" for s in specs if counts[s.name] != s.partitions]
+    if wrong:
+        raise TopicConfigError(
+            "topics exist with the wrong partition count (" + "; ".join(wrong) + "). Delete and re-create "
+            "them, or configure TopicConfig(partitions=...) to match; Faust cannot repartition a live topic."
+        )
+
+
+async def _warn_about_missing_configs(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Warn, not fail, when a topic lacks a config it asked for: the pipeline still works without it."""
+    wanted = {spec.name: spec.configs for spec in specs if spec.configs}
+    if not wanted:
+        return
+    try:
+        actual = await describe_topic_configs(admin, list(wanted))
+    except Exception as exc:  # brokers without DescribeConfigs: cannot check, say so
+        log.warning("could not read topic configs to check %s: %s", sorted(wanted), exc)
+        return
+    for name, configs in wanted.items():
+        for key, value in configs.items():
+            if actual.get(name, {}).get(key) != value:
+                log.warning(
+                    "topic %s has %s=%s, wanted %s; readers must still keep only the newest value per key",
+                    name, key, actual.get(name, {}).get(key), value,
+                )
+
+
+async def describe_topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, dict[str, str]]:
+    """``{topic: {config: value}}`` as the broker reports it."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in names]
+    result: dict[str, dict[str, str]] = {}
+    for response in await admin.describe_configs(resources):
+        for error_code, _message, _type, name, entries, *_ in response.resources:
+            if error_code:
+                raise TopicConfigError(f"describe configs of {name}: {for_code(error_code).__name__}")
+            # Entries start (name, value, ...) in every DescribeConfigsResponse version.
+            result[name] = {entry[0]: entry[1] for entry in entries}
+    return result
