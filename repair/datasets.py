@@ -123,8 +123,8 @@ class Dataset:
         return {(int(u), int(s)): int(c) for (u, s), c in zip(pairs, counts)}
 
     def subset(self, rows) -> Dataset:
-        """The rows selected by an index array or boolean mask, as a new Dataset."""
-        rows = np.asarray(rows)
+        """The rows selected by a slice, an index array or a boolean mask, as a new Dataset."""
+        rows = np.arange(len(self))[rows] if isinstance(rows, slice) else np.asarray(rows)
         return Dataset(
             name=self.name,
             X=self.X[rows],

@@ -56,9 +56,12 @@ def _parse(value: bytes | None, limit: int) -> dict:
     if len(value) > limit:
         raise Invalid(f"message of {len(value)} bytes exceeds the limit of {limit} bytes")
     try:
-        obj = json.loads(value)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise Invalid(f"malformed JSON: {exc}") from None
+        # Decode explicitly: json.loads(bytes) would also accept UTF-16/32 by guessing the encoding.
+        obj = json.loads(value.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise Invalid(f"message is not UTF-8: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, the int digit limit, deep nesting
+        raise Invalid(f"malformed JSON: {str(exc)[:200]}") from None
     if not isinstance(obj, dict):
         raise Invalid(f"a record must be a JSON object, got {type(obj).__name__}")
     return obj
@@ -78,7 +81,10 @@ def _number(value, what: str) -> float:
     # bool is an int in Python but never a valid measurement.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise Invalid(f"{what} has a non-numeric value {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise Invalid(f"{what} has a value beyond the float range") from None
     if not math.isfinite(number):
         raise Invalid(f"{what} has a non-finite value {value!r}")
     return number
@@ -88,7 +94,16 @@ def _key(obj: dict) -> str:
     rid = obj["id"]
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
         raise Invalid(f"id must be a non-empty string or an integer, got {rid!r}")
+    if isinstance(rid, str) and "\x00" in rid:  # NUL would be lost in the fixed-width key arrays
+        raise Invalid(f"id must not contain NUL characters, got {rid!r}")
     return str(rid)
+
+
+def _label(value, configured: frozenset, name: str, listed: tuple) -> None:
+    # Only ints and strings are labels: 1.0 and True must not pass as group 1.
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value not in configured:
+        kind = "group" if name == "s" else "stratum"
+        raise Invalid(f"{name} value {value!r} is not a configured {kind} {list(listed)}")
 
 
 def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: frozenset) -> list[float]:
@@ -101,14 +116,13 @@ def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: 
         missing = sorted(set(config.features) - features.keys())
         raise Invalid(f"missing feature(s) {missing}" if missing else f"unexpected feature(s) {sorted(features.keys() - set(config.features))}")
     row = [_number(features[name], f"feature {name!r}") for name in config.features]
-    if obj["s"] not in groups or isinstance(obj["s"], bool):
-        raise Invalid(f"s value {obj['s']!r} is not a configured group {list(config.groups)}")
-    if obj["u"] not in strata or isinstance(obj["u"], bool):
-        raise Invalid(f"u value {obj['u']!r} is not a configured stratum {list(config.strata)}")
+    _label(obj["s"], groups, "s", config.groups)
+    _label(obj["u"], strata, "u", config.strata)
     if obj.get("ts") is not None:
         _number(obj["ts"], "ts")
-    if obj.get("y") is not None and (obj["y"] not in (0, 1) or isinstance(obj["y"], float)):
-        raise Invalid(f"y must be 0 or 1, got {obj['y']!r}")
+    y = obj.get("y")
+    if y is not None and (isinstance(y, bool) or not isinstance(y, int) or y not in (0, 1)):
+        raise Invalid(f"y must be 0 or 1, got {y!r}")
     return row
 
 
@@ -194,15 +208,20 @@ def _scalar(value) -> str:
     return repr(value)  # int, or a finite float (validated): repr is valid, exact JSON
 
 
+def _literal(text: str) -> str:
+    """Constant text inside a %-format template ('%' in a feature name must stay a '%')."""
+    return text.replace("%", "%%")
+
+
 def encode_repaired(records: list[dict], X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
                     prov: dict) -> list[bytes]:
     """Repaired records as JSON bytes, one precompiled template for the whole batch."""
-    names = [json.dumps(n) for n in config.features]
+    names = [_literal(json.dumps(n)) for n in config.features]
     features = ",".join(f"{n}:%r" for n in names)
     template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
     if config.include_original:
         template += ',"original":{' + features + "}"
-    template += ',"provenance":' + json.dumps(prov, separators=(",", ":")) + "}"
+    template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
     new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
     old_rows = X.tolist() if config.include_original else [[]] * len(records)
     return [

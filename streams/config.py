@@ -53,8 +53,10 @@ class AgentConfig:
     batch_within: float = 0.05  # seconds to wait for a batch to fill before processing what is there
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.batch_within <= 0:
-            raise ConfigError(f"batch_size must be >= 1 and batch_within > 0, got {self.batch_size}, {self.batch_within}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if isinstance(self.batch_within, bool) or not isinstance(self.batch_within, (int, float)) or self.batch_within <= 0:
+            raise ConfigError(f"batch_within must be a number of seconds > 0, got {self.batch_within!r}")
 
 
 @dataclass(frozen=True)
@@ -87,8 +89,8 @@ class PipelineConfig:
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
 
     def __post_init__(self) -> None:
-        if not self.features:
-            raise ConfigError("pipeline.features must name at least one feature")
+        if not self.features or not all(isinstance(f, str) and f for f in self.features):
+            raise ConfigError(f"pipeline.features must be a list of non-empty names, got {self.features!r}")
         if len(set(self.features)) != len(self.features):
             raise ConfigError(f"pipeline.features has duplicates: {list(self.features)}")
         for key in ("groups", "strata"):
@@ -110,6 +112,9 @@ class PipelineConfig:
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}")
         agents = data.get("agents", {})
+        unknown_agents = set(agents) - {"records", "embeddings"}
+        if unknown_agents:
+            raise ConfigError(f"unknown agent section(s) {sorted(unknown_agents)}; known: ['embeddings', 'records']")
         try:
             return cls(
                 **_known(cls, pipeline, "pipeline", tuples=("features", "groups", "strata")),
@@ -119,6 +124,10 @@ class PipelineConfig:
             )
         except TypeError as exc:  # a missing required key
             raise ConfigError(f"invalid pipeline configuration: {exc}") from None
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"invalid [topics] section: {exc}") from None
 
     def to_toml(self) -> str:
         """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
@@ -137,6 +146,9 @@ def _known(cls, section: dict, name: str, tuples: tuple[str, ...] = ()) -> dict:
     unknown = set(section) - allowed
     if unknown:
         raise ConfigError(f"[{name}] has unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
+    for key in tuples:
+        if key in section and not isinstance(section[key], list):
+            raise ConfigError(f"[{name}] {key} must be a list, got {section[key]!r}")
     return {k: tuple(v) if k in tuples else v for k, v in section.items()}
 
 

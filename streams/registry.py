@@ -121,10 +121,10 @@ class ArtifactStore:
         try:
             blob = path.read_bytes()
         except FileNotFoundError:
-            raise ArtifactError(f"artifact {sha256[:12]} is not in the store {self.root} (no file {path.name})") from None
+            raise ArtifactError(f"artifact {sha256[:12]} is not in the store {self.root} (no {path.name})") from None
         artifact = artifacts.decode(blob)
         if artifact.sha256 != sha256:
-            raise ArtifactError(f"store file {path} holds payload {artifact.sha256[:12]}, not {sha256[:12]}; refusing it")
+            raise ArtifactError(f"store file {path} holds payload {artifact.sha256[:12]}, not {sha256[:12]}; refused")
         return artifact
 
     def _readable(self, sha256: str) -> Artifact | None:
@@ -230,7 +230,9 @@ def _published_at(value) -> float | None:
 def _check_one_transport(data: dict) -> None:
     given = [name for name in ("blob_b64", "path") if data.get(name) is not None]
     if len(given) != 1:
-        raise ControlError(f"a control record carries its artifact as exactly one of blob_b64 or path, got {given or 'neither'}")
+        raise ControlError(
+            f"a control record carries its artifact as exactly one of blob_b64 or path, got {given or 'neither'}"
+        )
 
 
 def _is_stale(record: ControlRecord, active_version: int | None) -> bool:
@@ -315,7 +317,9 @@ class ArtifactRegistry:
         if artifact.kind != record.kind:
             raise ControlError(f"the record is for kind {record.kind!r}, the artifact is a {artifact.kind!r}")
         if artifact.sha256 != record.sha256:
-            raise ControlError(f"the record names sha256 {record.sha256[:12]}, the artifact's payload is {artifact.sha256[:12]}")
+            raise ControlError(
+                f"the record names sha256 {record.sha256[:12]}, the artifact's payload is {artifact.sha256[:12]}"
+            )
         if artifact.version != record.version:
             # The store keeps one file per payload, so a re-published payload may carry an older
             # number in its manifest; the control record is what numbers versions.
@@ -407,7 +411,7 @@ async def follow_control(
         log.info("following %s from the beginning (%d records to replay)", topic, end)
         caught_up = False
         while True:
-            if not caught_up and await consumer.position(partition) >= end and end == 0:
+            if not caught_up and await consumer.position(partition) >= end:
                 caught_up = True
                 log.info("caught up with %s at offset %d", topic, end)
                 if ready is not None:
@@ -493,7 +497,7 @@ class ControlClient:
             raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
         stack = stacks[kind]
         if len(stack) < 2:
-            raise ControlError(f"nothing to roll back to: {kind} version {stack[-1].version} is the only one active so far")
+            raise ControlError(f"nothing to roll back to: no {kind} version was active before version {stack[-1].version}")
         target = stack[-2]
         self._check_loadable(target)
         record = ControlRecord(
@@ -582,7 +586,9 @@ class ControlClient:
         except (ArtifactError, binascii.Error) as exc:
             raise ControlError(f"cannot roll back to {record.kind} version {record.version}: {exc}") from None
         if artifact.sha256 != record.sha256:
-            raise ControlError(f"cannot roll back to {record.kind} version {record.version}: its blob does not match its sha256")
+            raise ControlError(
+                f"cannot roll back to {record.kind} version {record.version}: its blob does not match its sha256"
+            )
 
 
 def _parse_history(messages: list) -> list[ControlRecord]:

@@ -1,0 +1,283 @@
+"""The pipeline configuration: the deployed TOML loads, and every mistake is a ConfigError naming the key."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from fairstream.streams.config import AgentConfig, ConfigError, EmbeddingConfig, PipelineConfig, adult_config
+from fairstream.streams.topics import TopicConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
+SECTIONS = ("topics", "records", "embeddings")
+PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
+
+
+def adult_data() -> dict:
+    """The parsed TOML of the Adult pipeline, a fresh copy to break."""
+    with open(ADULT_TOML, "rb") as fh:
+        return copy.deepcopy(tomllib.load(fh))
+
+
+def as_config_value(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def config_error(data: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        PipelineConfig.from_dict(data)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- the deployed file
+
+
+def test_adult_toml_loads():
+    config = PipelineConfig.from_toml(ADULT_TOML)
+    assert config.name == "adult"
+    assert config.features == ("age", "hours-per-week")
+    assert config.groups == (0, 1) and config.strata == (0, 1)
+    assert (config.s_name, config.u_name, config.label) == ("sex", "education-num > 9", True)
+    assert config.max_message_bytes == 65536 and config.include_original is True
+    assert config.topics == TopicConfig(prefix="fairstream", partitions=4)
+    assert config.records == AgentConfig(artifact="plan", batch_size=1000, batch_within=0.05)
+    assert config.embeddings == EmbeddingConfig(artifact="identity", dimension=8, batch_size=500)
+
+
+def test_adult_toml_loads_from_a_string_path_too():
+    assert PipelineConfig.from_toml(str(ADULT_TOML)) == PipelineConfig.from_toml(ADULT_TOML)
+
+
+def test_every_key_of_the_toml_file_is_used():
+    data = adult_data()
+    config = PipelineConfig.from_toml(ADULT_TOML)
+    for key, value in data["pipeline"].items():
+        assert getattr(config, key) == as_config_value(value), key
+    for key, value in data["topics"].items():
+        assert getattr(config.topics, key) == value, key
+    for agent in ("records", "embeddings"):
+        for key, value in data["agents"][agent].items():
+            assert getattr(getattr(config, agent), key) == value, (agent, key)
+
+
+def test_adult_config_matches_the_toml_pipeline():
+    from_file, built = PipelineConfig.from_toml(ADULT_TOML), adult_config()
+    assert {name: getattr(built, name) for name in PIPELINE_FIELDS} == {
+        name: getattr(from_file, name) for name in PIPELINE_FIELDS}
+    data = adult_data()["pipeline"]
+    assert {k: getattr(built, k) for k in data} == {k: as_config_value(v) for k, v in data.items()}
+    assert built.topics == from_file.topics and built.records == from_file.records
+
+
+def test_adult_config_accepts_changes():
+    config = adult_config(include_original=False, max_message_bytes=100)
+    assert (config.include_original, config.max_message_bytes, config.name) == (False, 100, "adult")
+
+
+def test_to_toml_reads_back_equal(tmp_path):
+    for config in (PipelineConfig.from_toml(ADULT_TOML), adult_config(groups=("f", "m"), features=('a"b', "ü"))):
+        path = tmp_path / "pipeline.toml"
+        path.write_text(config.to_toml(), encoding="utf-8")
+        assert PipelineConfig.from_toml(path) == config
+
+
+# --------------------------------------------------------------------------- topic names
+
+
+def test_topic_names_come_from_the_prefix():
+    topics = PipelineConfig.from_toml(ADULT_TOML).topics
+    assert topics.records_in == "fairstream.records.in"
+    assert topics.records_repaired == "fairstream.records.repaired"
+    assert topics.embeddings_in == "fairstream.embeddings.in"
+    assert topics.embeddings_repaired == "fairstream.embeddings.repaired"
+    assert topics.dlq == "fairstream.dlq"
+    assert topics.control == "fairstream.control"
+
+
+def test_another_prefix_renames_every_topic(tmp_path):
+    data = adult_data()
+    path = tmp_path / "acme.toml"
+    path.write_text(ADULT_TOML.read_text().replace('prefix = "fairstream"', 'prefix = "acme.tenant1"'))
+    config = PipelineConfig.from_toml(path)
+    assert config.topics.prefix == "acme.tenant1"
+    assert config.topics.records_in == "acme.tenant1.records.in"
+    assert config.topics.dlq == "acme.tenant1.dlq"
+    names = [spec.name for spec in config.topics.specs()]
+    assert names and all(name.startswith("acme.tenant1.") for name in names)
+    assert len(set(names)) == len(names)
+    assert config.with_topics(prefix="other").topics.records_in == "other.records.in"
+    assert PipelineConfig.from_dict(data).topics.records_in == "fairstream.records.in"
+
+
+# --------------------------------------------------------------------------- mistakes
+
+
+def test_unknown_section(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(ADULT_TOML.read_text() + '\n[monitor]\nport = 9000\n')
+    with pytest.raises(ConfigError, match=r"unknown top-level section\(s\): \['monitor'\]"):
+        PipelineConfig.from_toml(path)
+
+
+@pytest.mark.parametrize("name", ["recods", "record", "embedding"])
+def test_unknown_agent_section(name):
+    # A misspelt [agents.records] would otherwise silently fall back to the defaults.
+    data = adult_data()
+    data["agents"][name] = {"batch_size": 10}
+    assert name in config_error(data)
+
+
+@pytest.mark.parametrize("section, key", [
+    ("pipeline", "featurs"),
+    ("pipeline", "group"),
+    ("topics", "partition"),
+    ("agents.records", "batchsize"),
+    ("agents.embeddings", "dim"),
+])
+def test_unknown_key_is_named(section, key):
+    data = adult_data()
+    table = data
+    for part in section.split("."):
+        table = table[part]
+    table[key] = 1
+    message = config_error(data)
+    assert repr(key) in message and section in message
+
+
+def test_unknown_key_in_a_file_is_named(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(ADULT_TOML.read_text().replace("label = true", "lable = true"))
+    with pytest.raises(ConfigError, match="'lable'"):
+        PipelineConfig.from_toml(path)
+
+
+@pytest.mark.parametrize("key", ["name", "features", "groups", "strata"])
+def test_missing_required_key_is_named(key):
+    data = adult_data()
+    del data["pipeline"][key]
+    assert repr(key) in config_error(data)
+
+
+def test_missing_pipeline_section():
+    data = adult_data()
+    del data["pipeline"]
+    assert "required" in config_error(data)
+
+
+@pytest.mark.parametrize("key", ["s_name", "u_name", "label", "max_message_bytes", "include_original", "artifact_dir"])
+def test_optional_pipeline_keys_have_defaults(key):
+    data = adult_data()
+    del data["pipeline"][key]
+    config = PipelineConfig.from_dict(data)
+    default = next(f.default for f in fields(PipelineConfig) if f.name == key)
+    assert getattr(config, key) == default
+
+
+def test_minimal_config_uses_every_default():
+    config = PipelineConfig.from_dict({"pipeline": {"name": "m", "features": ["x"], "groups": [0, 1], "strata": [0]}})
+    assert config.topics == TopicConfig() and config.records == AgentConfig(artifact="plan")
+    assert config.embeddings == EmbeddingConfig()
+
+
+@pytest.mark.parametrize("features, fragment", [
+    (["age", "age"], "duplicates"),
+    (["age", "hours-per-week", "age"], "duplicates"),
+    ([], "non-empty names"),
+])
+def test_bad_features(features, fragment):
+    data = adult_data()
+    data["pipeline"]["features"] = features
+    message = config_error(data)
+    assert "pipeline.features" in message and fragment in message
+
+
+@pytest.mark.parametrize("features", ["age", [1, 2], ["age", 2.5], ["age", ["x"]]], ids=["a string", "ints", "float", "list"])
+def test_features_must_be_a_list_of_strings(features):
+    # JSON object keys are strings: any other feature name can never match a record, and
+    # features = "age" would silently become the three features 'a', 'g', 'e'.
+    data = adult_data()
+    data["pipeline"]["features"] = features
+    assert "features" in config_error(data)
+
+
+@pytest.mark.parametrize("key", ["groups", "strata"])
+@pytest.mark.parametrize("values, fragment", [
+    ([True, False], "integers or strings"),
+    ([0, True], "integers or strings"),
+    ([0.0, 1.0], "integers or strings"),
+    ([0, 1.5], "integers or strings"),
+    ([], "non-empty"),
+    ([0, 0], "distinct"),
+    (["f", "f"], "distinct"),
+])
+def test_bad_groups_and_strata(key, values, fragment):
+    data = adult_data()
+    data["pipeline"][key] = values
+    message = config_error(data)
+    assert f"pipeline.{key}" in message and fragment in message
+
+
+@pytest.mark.parametrize("groups", [["f", "m"], [0, 1, 2], ["0", "1"], [-1, 7]])
+def test_good_groups(groups):
+    data = adult_data()
+    data["pipeline"]["groups"] = groups
+    assert PipelineConfig.from_dict(data).groups == tuple(groups)
+
+
+@pytest.mark.parametrize("agent", ["records", "embeddings"])
+@pytest.mark.parametrize("batch_size", [0, -1, -1000])
+def test_bad_batch_size(agent, batch_size):
+    data = adult_data()
+    data["agents"][agent]["batch_size"] = batch_size
+    message = config_error(data)
+    assert "batch_size" in message and str(batch_size) in message
+
+
+@pytest.mark.parametrize("batch_size", [True, 1.5, "10"], ids=["bool", "float", "string"])
+def test_batch_size_must_be_an_integer(batch_size):
+    data = adult_data()
+    data["agents"]["records"]["batch_size"] = batch_size
+    assert "batch_size" in config_error(data)
+
+
+@pytest.mark.parametrize("batch_within", [0, -0.5])
+def test_bad_batch_within(batch_within):
+    data = adult_data()
+    data["agents"]["records"]["batch_within"] = batch_within
+    assert "batch_within" in config_error(data)
+
+
+@pytest.mark.parametrize("artifact", ["plan", "", "Identity", "embeddings"])
+def test_bad_embedding_artifact(artifact):
+    data = adult_data()
+    data["agents"]["embeddings"]["artifact"] = artifact
+    message = config_error(data)
+    assert "agents.embeddings.artifact" in message and repr(artifact) in message
+    assert "'identity'" in message and "'embedding'" in message
+
+
+@pytest.mark.parametrize("artifact", ["identity", "embedding"])
+def test_good_embedding_artifact(artifact):
+    data = adult_data()
+    data["agents"]["embeddings"]["artifact"] = artifact
+    assert PipelineConfig.from_dict(data).embeddings.artifact == artifact
+
+
+@pytest.mark.parametrize("dimension", [0, -3])
+def test_bad_embedding_dimension(dimension):
+    data = adult_data()
+    data["agents"]["embeddings"]["dimension"] = dimension
+    assert "agents.embeddings.dimension" in config_error(data)
+
+
+@pytest.mark.parametrize("key, value", [("partitions", 0), ("replication", 0), ("prefix", ""), ("prefix", ".x")])
+def test_bad_topics_are_config_errors(key, value):
+    # Loading a pipeline file reports every mistake the same way, as a ConfigError naming the key.
+    data = adult_data()
+    data["topics"][key] = value
+    assert key in config_error(data)
