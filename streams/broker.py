@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 LOG_NAME = "broker.log"
 PID_NAME = "broker.pid"
-BROKER_PROCESS_MARKER = "tansu"  # substring of the binary's name; guards against pid reuse
 _LOG_TAIL_LINES = 30
 _POLL_SECONDS = 0.05
 
@@ -160,11 +159,12 @@ def is_kafka_ready(host: str, port: int, timeout: float = 1.0) -> bool:
 # --------------------------------------------------------------------------- process helpers
 
 
-def _process_cmdline(pid: int) -> str:
+def _process_args(pid: int) -> list[str]:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return ""
+        return []
+    return raw.decode(errors="replace").rstrip("\0").split("\0")
 
 
 def _is_alive(pid: int) -> bool:
@@ -183,9 +183,10 @@ def _is_alive(pid: int) -> bool:
 
 
 def _looks_like_broker(pid: int) -> bool:
-    cmdline = _process_cmdline(pid)
-    # Without /proc (macOS) we cannot tell, so trust the pid file rather than refuse to stop.
-    return BROKER_PROCESS_MARKER in cmdline if Path("/proc").is_dir() else True
+    """Guard against pid reuse: our broker always runs as ``<binary> broker``, whatever the binary."""
+    if not Path("/proc").is_dir():
+        return True  # no /proc (macOS): trust the pid file rather than refuse to stop
+    return _process_args(pid)[-1:] == ["broker"]
 
 
 def _signal_group(pid: int, sig: int) -> None:
@@ -238,7 +239,7 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
         return False
     if not _looks_like_broker(pid):
         # The broker died and the pid was reused by an unrelated process: do not kill that.
-        log.warning("pid %d in %s is not a broker (%s); removing stale pid file", pid, pid_file, _process_cmdline(pid))
+        log.warning("pid %d in %s is not a broker (%s); removing stale pid file", pid, pid_file, " ".join(_process_args(pid)))
         pid_file.unlink(missing_ok=True)
         return False
     terminate_process_group(pid, timeout)

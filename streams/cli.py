@@ -84,7 +84,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     config = _config(args)
     with _broker(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        run_worker(create_app(config, broker.bootstrap, app_id=args.app_id), loglevel=args.loglevel)
+        app = create_app(config, broker.bootstrap, app_id=args.app_id, datadir=str(Path(args.run_dir) / "faust-data"))
+        run_worker(app, loglevel=args.loglevel)
     return 0
 
 
