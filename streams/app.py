@@ -19,13 +19,12 @@ import logging
 from typing import Iterable
 
 import faust
-from prometheus_client import Counter, Gauge
-
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.embedding import FairnessModule
 
 from .broker import parse_broker_url
 from .config import PipelineConfig
+from .metrics import ARTIFACT_REFUSED, ARTIFACT_VERSION, RECORDS_DEAD, RECORDS_IN, RECORDS_REPAIRED
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 from .registry import ArtifactRegistry, ArtifactStore, follow_control
 
@@ -33,11 +32,6 @@ log = logging.getLogger(__name__)
 
 LOADERS = {"plan": DistributionalRepair.from_artifact, "embedding": FairnessModule.from_artifact}
 
-RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
-RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", ["agent"])
-RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic", ["agent"])
-ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use", ["kind"])
-ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)", ["kind"])
 
 
 def app_settings(config: PipelineConfig, bootstrap: str, datadir: str | None = None) -> dict:

@@ -73,6 +73,27 @@ class EmbeddingConfig(AgentConfig):
 
 
 @dataclass(frozen=True)
+class MonitorConfig:
+    """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
+
+    metrics_port: int = 0  # the worker's Prometheus /metrics port; 0 = no HTTP endpoint
+    window_records: int = 5000  # count-based window of the statistics
+    window_seconds: float = 120.0  # time-based window of the statistics
+    buckets: int = 10  # windows slide by 1/buckets of their length
+    statistic: str = "dependence_e"  # the statistic fed to the drift detector
+    detector: str = "adwin"  # adwin | page_hinkley | kswin (river)
+    threshold: float = 0.05  # fairness gap above which the statistic counts as unfair
+    cooldown_seconds: float = 60.0  # hysteresis: at most one drift event per cooldown
+    min_records: int = 500  # no statistic is reported before the window holds this many records
+
+    def __post_init__(self) -> None:
+        if self.detector not in ("adwin", "page_hinkley", "kswin"):
+            raise ConfigError(f"monitor.detector must be adwin, page_hinkley or kswin, got {self.detector!r}")
+        if self.window_records < 1 or self.window_seconds <= 0 or self.buckets < 1 or self.min_records < 1:
+            raise ConfigError("monitor windows, buckets and min_records must be positive")
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     name: str
     features: tuple[str, ...]
@@ -87,6 +108,7 @@ class PipelineConfig:
     topics: TopicConfig = field(default_factory=TopicConfig)
     records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self) -> None:
         if not self.features or not all(isinstance(f, str) and f for f in self.features):
@@ -108,7 +130,7 @@ class PipelineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
         pipeline = dict(data.get("pipeline", {}))
-        unknown = set(data) - {"pipeline", "topics", "agents"}
+        unknown = set(data) - {"pipeline", "topics", "agents", "monitor"}
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}")
         agents = data.get("agents", {})
@@ -121,6 +143,7 @@ class PipelineConfig:
                 topics=TopicConfig(**_known(TopicConfig, data.get("topics", {}), "topics")),
                 records=AgentConfig(**_known(AgentConfig, {"artifact": "plan", **agents.get("records", {})}, "agents.records")),
                 embeddings=EmbeddingConfig(**_known(EmbeddingConfig, agents.get("embeddings", {}), "agents.embeddings")),
+                monitor=MonitorConfig(**_known(MonitorConfig, data.get("monitor", {}), "monitor")),
             )
         except TypeError as exc:  # a missing required key
             raise ConfigError(f"invalid pipeline configuration: {exc}") from None
@@ -131,18 +154,24 @@ class PipelineConfig:
 
     def to_toml(self) -> str:
         """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
-        pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("topics", "records", "embeddings")}
+        pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS}
         sections = {"pipeline": pipeline, "topics": _asdict(self.topics), "agents.records": _asdict(self.records),
-                    "agents.embeddings": _asdict(self.embeddings)}
+                    "agents.embeddings": _asdict(self.embeddings), "monitor": _asdict(self.monitor)}
         return "\n".join(f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
     def with_topics(self, **changes) -> "PipelineConfig":
         return replace(self, topics=replace(self.topics, **changes))
 
+    def with_monitor(self, **changes) -> "PipelineConfig":
+        return replace(self, monitor=replace(self.monitor, **changes))
+
+
+_SECTIONS = ("topics", "records", "embeddings", "monitor")
+
 
 def _known(cls, section: dict, name: str, tuples: tuple[str, ...] = ()) -> dict:
-    allowed = {f.name for f in fields(cls)} - {"topics", "records", "embeddings"}
+    allowed = {f.name for f in fields(cls)} - set(_SECTIONS)
     unknown = set(section) - allowed
     if unknown:
         raise ConfigError(f"[{name}] has unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")

@@ -14,7 +14,7 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = ("topics", "records", "embeddings")
+SECTIONS = {"topics", "records", "embeddings", "monitor"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 
@@ -119,8 +119,8 @@ def test_another_prefix_renames_every_topic(tmp_path):
 
 def test_unknown_section(tmp_path):
     path = tmp_path / "bad.toml"
-    path.write_text(ADULT_TOML.read_text() + '\n[monitor]\nport = 9000\n')
-    with pytest.raises(ConfigError, match=r"unknown top-level section\(s\): \['monitor'\]"):
+    path.write_text(ADULT_TOML.read_text() + '\n[alerts]\nport = 9000\n')
+    with pytest.raises(ConfigError, match=r"unknown top-level section\(s\): \['alerts'\]"):
         PipelineConfig.from_toml(path)
 
 

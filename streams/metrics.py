@@ -1,0 +1,38 @@
+"""Every Prometheus metric a worker exports, in one place (names follow Prometheus conventions).
+
+Labels are bounded: ``agent`` (records, embeddings, monitor), ``kind`` (artifact kinds), and for
+fairness statistics ``statistic``, ``stage`` (before/after repair), ``stratum`` (configured strata
+and "all"), ``feature`` (configured features and "all") and ``group_pair`` (pairs of configured
+groups and "all"). Record ids or values never become labels.
+
+Statistics (label ``statistic``): ``dependence_e``, ``w1``, ``dp_difference``, ``dp_ratio``,
+``conditional_dp``, ``mdp``, ``out_of_range_rate``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
+RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", ["agent"])
+RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic", ["agent"])
+BATCH_SECONDS = Histogram("fairstream_batch_duration_seconds", "Time to process one batch, decode to delivered output",
+                          ["agent"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+RECORD_LATENCY = Histogram("fairstream_record_latency_seconds", "Time from a record's ts to its repaired output",
+                           ["agent"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use (absent: none loaded)", ["kind"])
+ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)", ["kind"])
+CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed", ["agent"])
+
+FAIRNESS = Gauge("fairstream_fairness", "A fairness statistic over the monitor's sliding window",
+                 ["statistic", "stage", "stratum", "feature", "group_pair", "window"])
+WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", ["window"])
+DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fairness statistic (after hysteresis)",
+                       ["statistic", "detector"])
+REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on ``port`` (0: do not serve)."""
+    if port:
+        start_http_server(port)
