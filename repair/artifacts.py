@@ -313,6 +313,7 @@ class Artifact:
     def __post_init__(self) -> None:
         _verify_payload(self.manifest, self.payload)
         _verify_arrays(self.manifest, self.arrays)
+        _verify_sealed_parameters(self.manifest, self.arrays)
         frozen = {}
         for name, array in self.arrays.items():
             array = array.view()  # a view, so the caller's own array stays writable
@@ -398,6 +399,26 @@ def _verify_arrays(manifest: Manifest, arrays: Mapping[str, np.ndarray]) -> None
             )
 
 
+PARAMETERS_ARRAY = "__parameters__"
+
+
+def _seal(parameters: Mapping[str, Any]) -> np.ndarray:
+    """The parameters as canonical JSON in a 0-d string array, so the payload hash covers them.
+
+    Estimators rebuild their behaviour from ``parameters`` (a plan's repair amount, its
+    out-of-range policy); without the seal, editing the manifest would change what an artifact
+    does while its payload hash still verified.
+    """
+    return np.array(json.dumps(parameters, sort_keys=True, separators=(",", ":"), allow_nan=False))
+
+
+def _verify_sealed_parameters(manifest: Manifest, arrays: Mapping[str, np.ndarray]) -> None:
+    if PARAMETERS_ARRAY not in arrays:
+        raise ArtifactError(f"payload has no sealed parameters ({PARAMETERS_ARRAY!r}); refusing to load")
+    if json.loads(str(arrays[PARAMETERS_ARRAY])) != manifest.parameters:
+        raise ArtifactError("manifest parameters differ from the parameters sealed in the payload; refusing to load")
+
+
 def _open(manifest: Manifest, payload: bytes, kind: str | None) -> Artifact:
     """Check kind, size and hash, and only then parse the payload."""
     _check_expected_kind(manifest, kind)
@@ -448,13 +469,16 @@ def pack(
     >>> a == b, a.to_bytes() == b.to_bytes()
     (True, True)
     """
-    plain = _plain_arrays(arrays)
+    if PARAMETERS_ARRAY in arrays:
+        raise ArtifactError(f"array name {PARAMETERS_ARRAY!r} is reserved for the sealed parameters")
+    parameters = _json_clean(parameters, "parameters")
+    plain = _plain_arrays({**arrays, PARAMETERS_ARRAY: _seal(parameters)})
     payload = _write_npz(plain, compress)
     manifest = Manifest(
         kind=kind,
         version=version,
         created=_format_created(created),
-        parameters=_json_clean(parameters, "parameters"),
+        parameters=parameters,
         metrics=_json_clean(metrics or {}, "metrics"),
         data_fingerprint=data_fingerprint,
         payload_sha256=hashlib.sha256(payload).hexdigest(),
@@ -555,8 +579,8 @@ def save(artifact: Artifact, path: str | os.PathLike) -> Path:
     manifest_path, payload_path = _file_pair(target)
     manifest_path.parent.mkdir(parents=True, exist_ok=True)
     manifest_json, payload = artifact.to_bytes()
-    _atomic_write(payload_path, payload)
-    _atomic_write(manifest_path, manifest_json)
+    atomic_write(payload_path, payload)
+    atomic_write(manifest_path, manifest_json)
     return manifest_path
 
 
@@ -593,7 +617,8 @@ def _read_file(path: Path, what: str, max_size: int) -> tuple[bytes, int]:
         raise ArtifactError(f"artifact {what} file not found: {path}") from None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never half of one."""
     # A temp file in the same directory, then os.replace: readers see the old file or the new one,
     # never a half-written one.
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

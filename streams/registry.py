@@ -103,8 +103,8 @@ class ArtifactStore:
         """Store ``artifact`` (atomic write) and return its path; storing it again changes nothing.
 
         A file already holding the same payload is kept even if its version number differs
-        (workers take the version from the control record). One whose parameters differ is
-        refused: the file name covers only the payload, and the parameters change what it does.
+        (workers take the version from the control record). The parameters are sealed in the
+        payload, so the same hash means the same behaviour; a different kind or extra is refused.
         """
         path = self.path_for(artifact.sha256)
         existing = self._readable(artifact.sha256) if path.exists() else None
@@ -112,7 +112,7 @@ class ArtifactStore:
             _check_same_behaviour(existing, artifact)
             return path
         self.root.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, artifacts.encode(artifact))
+        artifacts.atomic_write(path, artifacts.encode(artifact))
         return path
 
     def get(self, sha256: str) -> Artifact:
@@ -143,23 +143,6 @@ def _check_same_behaviour(stored: Artifact, new: Artifact) -> None:
             f"the store already holds payload {new.sha256[:12]} with different {', '.join(differing)}; a store "
             "keyed by payload hash cannot hold both (re-fit, or change the arrays, to publish these settings)"
         )
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    # Temp file in the same directory + os.replace: a worker reads the old file or the new one,
-    # never half of one.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; workers may run as another user
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- control messages

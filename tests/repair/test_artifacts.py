@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import (
+    PARAMETERS_ARRAY,
     SCHEMA_VERSION,
     Artifact,
     ArtifactError,
@@ -49,7 +50,7 @@ def make_plan(**overrides) -> Artifact:
 
 
 def assert_bit_exact(expected: dict, actual) -> None:
-    assert list(actual) == list(expected)
+    assert list(actual) == list(expected) + [PARAMETERS_ARRAY]
     for name, array in expected.items():
         array = np.asarray(array)
         assert actual[name].dtype == array.dtype, name
@@ -116,7 +117,7 @@ def test_special_floats_and_empty_arrays_keep_their_bits():
 def test_artifact_without_arrays_round_trips():
     artifact = pack("scorer", {}, {"threshold": 0.5})
     assert decode(encode(artifact)) == artifact
-    assert dict(artifact.arrays) == {}
+    assert list(artifact.arrays) == [PARAMETERS_ARRAY]
 
 
 def test_payload_bytes_do_not_depend_on_the_clock(monkeypatch):
@@ -151,12 +152,25 @@ def test_manifest_records_what_was_packed():
     assert manifest["created"] == CREATED
     assert manifest["payload_sha256"] == hashlib.sha256(artifact.payload).hexdigest() == artifact.sha256
     assert manifest["payload_size"] == len(artifact.payload)
-    assert manifest["arrays"] == [
+    assert manifest["arrays"][:-1] == [
         {"name": "coupling", "dtype": "<f8", "shape": [3, 3]},
         {"name": "support", "dtype": "<f8", "shape": [3]},
         {"name": "groups", "dtype": "<U1", "shape": [2]},
     ]
+    assert manifest["arrays"][-1]["name"] == PARAMETERS_ARRAY and manifest["arrays"][-1]["shape"] == []
     assert manifest["metrics"] == {"dp_before": 0.21, "dp_after": 0.02}
+
+
+def test_parameters_are_sealed_in_the_payload():
+    # Editing the manifest's parameters (which drive behaviour) must not pass verification.
+    artifact = make_plan()
+    manifest_json, payload = artifact.to_bytes()
+    forged = json.loads(manifest_json)
+    forged["parameters"] = {**forged["parameters"], "repair_amount": 0.0}
+    with pytest.raises(ArtifactError, match="parameters sealed in the payload"):
+        Artifact.from_bytes(json.dumps(forged).encode(), payload)
+    with pytest.raises(ArtifactError, match="reserved"):
+        pack("plan", {PARAMETERS_ARRAY: np.zeros(1)}, {})
 
 
 def test_parameters_are_normalised_to_their_json_form():
@@ -211,7 +225,7 @@ def test_save_into_a_directory_names_files_by_kind_and_version(tmp_path):
 def test_saved_payload_is_a_plain_npz(tmp_path):
     save(make_plan(), tmp_path / "p")
     with np.load(tmp_path / "p.npz", allow_pickle=False) as npz:
-        assert npz.files == ["coupling", "support", "groups"]
+        assert npz.files == ["coupling", "support", "groups", PARAMETERS_ARRAY]
 
 
 def test_overwriting_replaces_both_files(tmp_path):

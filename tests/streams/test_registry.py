@@ -145,14 +145,17 @@ def test_store_keeps_the_file_when_only_the_version_differs(store, plans):
     assert store.get(artifact.sha256).version == 1
 
 
-def test_store_refuses_same_payload_with_other_parameters(store, plans):
-    store.put(plans[0].to_artifact())
+def test_other_parameters_are_another_payload_in_the_store(store, plans):
+    # Parameters are sealed in the payload: the same arrays with another repair amount hash differently.
+    full = plans[0].to_artifact()
     plans[0].repair_amount = 0.5
     try:
-        with pytest.raises(ArtifactError, match="different parameters"):
-            store.put(plans[0].to_artifact())
+        half = plans[0].to_artifact()
     finally:
         plans[0].repair_amount = 1.0
+    assert half.sha256 != full.sha256 and store.put(half) != store.put(full)
+    assert store.get(half.sha256).parameters["repair_amount"] == 0.5
+    assert store.get(full.sha256).parameters["repair_amount"] == 1.0
 
 
 def test_store_refuses_a_file_tampered_on_disk(store, plans):
