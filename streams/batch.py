@@ -37,6 +37,8 @@ class BatchRepairConfig:
 def load_split(config: BatchRepairConfig):
     """The configured data set, split into research and archive parts."""
     kwargs = {"features": tuple(config.features)} if config.features else {}
+    if config.dataset == "simulation":
+        kwargs = {"seed": config.seed}  # the simulation draws its data: same seed, same job
     data = datasets.load(config.dataset, **kwargs)
     if config.n_research >= len(data):
         raise ValueError(f"--n-research {config.n_research} leaves no archive: {config.dataset} has {len(data)} rows")

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -108,6 +109,37 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if sent == len(messages) else 1
 
 
+def _control(args: argparse.Namespace, bootstrap: str):
+    from .registry import ArtifactStore, ControlClient
+
+    config = _config(args)
+    return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+
+
+def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from fairstream.repair import artifacts
+
+    with _broker(args) as broker:
+        control = _control(args, broker.bootstrap)
+        if args.action == "publish":
+            record = control.publish_sync(artifacts.load(args.file))
+            print(f"published {record.kind} version {record.version} (sha256 {record.sha256[:12]}, "
+                  f"{'inline' if record.blob_b64 else 'by path'}) to {control.topic}")
+        elif args.action == "rollback":
+            record = control.rollback_sync(args.kind)
+            print(f"rolled {record.kind} back to version {record.version} (sha256 {record.sha256[:12]})")
+        else:
+            rows = control.listing_sync()
+            print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}active")
+            for row in rows:
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["published_at"])) if row["published_at"] else "-"
+                print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
+                      f"{when:<22}{'*' if row['active'] else ''}")
+            if not rows:
+                print(f"(no artifacts published on {control.topic})")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import DemoOptions, format_report, run_demo
 
@@ -185,6 +217,21 @@ def build_parser() -> argparse.ArgumentParser:
     rpl.add_argument("--id-prefix", default="adult")
     rpl.add_argument("--quiet", action="store_true")
     rpl.set_defaults(func=_cmd_replay)
+
+    art = sub.add_parser("artifacts", help="publish, list and roll back artifact versions on the control topic",
+                         description="Artifacts (manifest JSON + .npz payload, sha256-checked) reach workers through "
+                                     "the compacted control topic: inline while small, else by a path in the "
+                                     "content-addressed artifact store. Every worker swaps to a new version between "
+                                     "two batches; a refused artifact leaves the old version serving.")
+    art_sub = art.add_subparsers(dest="action", required=True, metavar="ACTION")
+    publish = art_sub.add_parser("publish", help="publish a saved artifact (its manifest .json or .npz path) as the next version")
+    publish.add_argument("file")
+    art_sub.add_parser("list", help="every version published, and which one is active")
+    rollback = art_sub.add_parser("rollback", help="re-activate the version that was active before the current one")
+    rollback.add_argument("kind", help="artifact kind, e.g. plan")
+    for p in (publish, art_sub.choices["list"], rollback):
+        _add_common(p)
+        p.set_defaults(func=_cmd_artifacts)
 
     demo = sub.add_parser("demo", help="the streaming demo end to end on the embedded default (what make run runs)",
                           description="Start a broker (embedded unless --broker), create the topics, start a worker, "
