@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Iterable
 
 import faust
@@ -24,7 +25,8 @@ from fairstream.repair.embedding import FairnessModule
 
 from .broker import parse_broker_url
 from .config import PipelineConfig
-from .metrics import ARTIFACT_REFUSED, ARTIFACT_VERSION, RECORDS_DEAD, RECORDS_IN, RECORDS_REPAIRED
+from .metrics import (ARTIFACT_REFUSED, ARTIFACT_VERSION, BATCH_SECONDS, CONSUMER_LAG, RECORD_LATENCY, RECORDS_DEAD,
+                      RECORDS_IN, RECORDS_OUT_OF_RANGE, RECORDS_REPAIRED)
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 from .registry import ArtifactRegistry, ArtifactStore, follow_control
 
@@ -78,6 +80,17 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         await asyncio.gather(*futures)  # delivered before the batch is acknowledged
         RECORDS_REPAIRED.labels(agent).inc(len(outcome.repaired))
         RECORDS_DEAD.labels(agent).inc(len(outcome.dead))
+        RECORDS_OUT_OF_RANGE.labels(agent).inc(outcome.out_of_range)
+        now = time.time()
+        for ts in outcome.event_times[:: max(1, len(outcome.event_times) // 50)]:  # a sample keeps this O(1) per batch
+            if 0 <= now - ts < 86_400:  # only event times on the wall clock mean latency
+                RECORD_LATENCY.labels(agent).observe(now - ts)
+
+    def record_lag(events, agent: str) -> None:
+        last = {}
+        for event in events:
+            last[event.message.tp] = event.message.offset
+        CONSUMER_LAG.labels(agent).set(sum(max(app.consumer.highwater(tp) - offset - 1, 0) for tp, offset in last.items()))
 
     async def active(kind: str):
         """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
@@ -94,8 +107,11 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         async for events in stream.take_events(config.records.batch_size, within=config.records.batch_within):
             messages = [event.message for event in events]
             RECORDS_IN.labels("records").inc(len(messages))
-            outcome = records_logic.process(messages, await active(config.records.artifact))
-            await send_all(outcome, topics.records_repaired, "records")
+            plan = await active(config.records.artifact)
+            with BATCH_SECONDS.labels("records").time():
+                outcome = records_logic.process(messages, plan)
+                await send_all(outcome, topics.records_repaired, "records")
+            record_lag(events, "records")
 
     embedding_logic = EmbeddingRepairer(config)
 
@@ -105,7 +121,9 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             messages = [event.message for event in events]
             RECORDS_IN.labels("embeddings").inc(len(messages))
             module = None if config.embeddings.artifact == "identity" else await active("embedding")
-            await send_all(embedding_logic.process(messages, module), topics.embeddings_repaired, "embeddings")
+            with BATCH_SECONDS.labels("embeddings").time():
+                await send_all(embedding_logic.process(messages, module), topics.embeddings_repaired, "embeddings")
+            record_lag(events, "embeddings")
 
     return app
 

@@ -37,11 +37,13 @@ class SimpleMessage:
 
 @dataclass
 class BatchOutcome:
-    """(key, value) pairs for the output topic and for the dead-letter topic."""
+    """(key, value) pairs for the output topic and for the dead-letter topic, and what the batch saw."""
 
     repaired: list[tuple[bytes | None, bytes]] = field(default_factory=list)
     dead: list[tuple[bytes | None, bytes]] = field(default_factory=list)
     version: int | None = None
+    out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
+    event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
@@ -76,6 +78,8 @@ class RecordRepairer:
             records = [batch.records[i] for i in ok]
             values = encode_repaired(records, batch.X[ok], result.values[ok], self.config, prov)
             outcome.repaired = [(_output_key(messages[batch.index[i]], r), v) for i, r, v in zip(ok, records, values)]
+            outcome.out_of_range = int(result.out_of_range.any(axis=1).sum())
+            outcome.event_times = [r["ts"] for r in records if r.get("ts") is not None]
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 

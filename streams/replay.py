@@ -19,8 +19,14 @@ from fairstream.repair.datasets import Dataset
 from .config import PipelineConfig
 
 
-def record_messages(data: Dataset, config: PipelineConfig, id_prefix: str, start_ts: float = 0.0) -> list[tuple[bytes, bytes]]:
-    """(key, value) pairs for every row of ``data``; the key is the record id."""
+def record_messages(data: Dataset, config: PipelineConfig, id_prefix: str, start_ts: float | None = None,
+                    spacing: float = 0.0) -> list[tuple[bytes, bytes]]:
+    """(key, value) pairs for every row of ``data``; the key is the record id.
+
+    Event times ``ts`` start at ``start_ts`` (default: now, on the wall clock, so the worker's
+    latency histogram measures event time to output) and advance by ``spacing`` seconds per record.
+    """
+    start_ts = time.time() if start_ts is None else start_ts
     if list(data.feature_names) != list(config.features):
         raise ValueError(f"data set features {list(data.feature_names)} differ from the pipeline's {list(config.features)}")
     ids = [f"{id_prefix}-{i}" for i in range(len(data))]
@@ -28,7 +34,7 @@ def record_messages(data: Dataset, config: PipelineConfig, id_prefix: str, start
     ys = data.y.tolist() if data.y is not None else [None] * len(data)
     messages = []
     for i, (rid, row, s, u, y) in enumerate(zip(ids, rows, data.s.tolist(), data.u.tolist(), ys)):
-        record = {"id": rid, "ts": start_ts + i, "features": dict(zip(config.features, row)), "s": s, "u": u}
+        record = {"id": rid, "ts": start_ts + i * spacing, "features": dict(zip(config.features, row)), "s": s, "u": u}
         if config.label and y is not None:
             record["y"] = y
         messages.append((rid.encode(), json.dumps(record).encode()))
