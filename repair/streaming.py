@@ -23,15 +23,19 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from itertools import combinations
 
 import numpy as np
 
-from ._validation import RepairInputError, as_labels, encode, normalise_labels
+from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from .metrics import (
     ALL_STRATA,
     DamageResult,
     DemographicParityResult,
     DependenceResult,
+    WassersteinResult,
+    _safe_ratio,
     as_binary,
     as_edges,
     bin_index,
@@ -46,7 +50,16 @@ from .metrics import (
     repair_displacement,
 )
 
-__all__ = ["DamageAccumulator", "HistogramDependenceAccumulator", "PositiveRateAccumulator"]
+__all__ = [
+    "DamageAccumulator",
+    "HistogramDependenceAccumulator",
+    "MatchedGapAccumulator",
+    "MatchedGapResult",
+    "PositiveRateAccumulator",
+    "RateAccumulator",
+    "RateResult",
+    "WassersteinAccumulator",
+]
 
 
 def configured_labels(values, name: str) -> np.ndarray:
@@ -271,3 +284,200 @@ class DamageAccumulator(_Mergeable):
     def value(self) -> DamageResult:
         """Mean |x' - x| per feature and overall, from the sums so far."""
         return damage_from_sums(self.abs_sums_, self.n_rows_)
+
+
+# ---------------------------------------------------------------------------------------------
+# W1 between groups, matched-pair gaps (MDP), flagged-record rates
+# ---------------------------------------------------------------------------------------------
+
+
+def _stratum_weights(stratum_totals: np.ndarray) -> np.ndarray:
+    """Pr[u] from the records per stratum (all 0 before any record)."""
+    return _safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
+
+
+class WassersteinAccumulator(_Mergeable):
+    """Counts per (stratum, group, feature, fine bin) for W1 between groups from binned CDFs.
+
+    Each group's values are binned on fixed edges (e.g. 200 bins over the research range; values
+    outside the edges are counted in the end bins). For a pair of groups, ``value()`` computes
+    ``W1 = sum_b |F_a(b) - F_b(b)| * (c_{b+1} - c_b)`` from the binned CDFs F, with the mass of
+    each bin at its centre c_b (for equal-width bins, the bin width). For values inside the edges
+    it is within one bin width of :func:`fairstream.repair.metrics.wasserstein_between_groups`,
+    and it returns the same :class:`~fairstream.repair.metrics.WassersteinResult`: per pair,
+    the max over pairs per (stratum, feature), and the Pr[u]-weighted value per feature.
+
+    >>> acc = WassersteinAccumulator(edges=[[0.0, 1.0, 2.0, 3.0, 4.0]], groups=[0, 1])
+    >>> acc.update([[0.5], [1.5], [2.5], [3.5]], s=[0, 0, 1, 1]).value().per_feature.tolist()
+    [2.0]
+    """
+
+    _counts = ("counts_",)
+
+    def __init__(self, edges, groups, strata=None):
+        self.edges = _per_feature_edges(edges)
+        self.groups = configured_labels(groups, "groups")
+        self.strata = configured_labels(strata, "strata")
+        self._has_strata = strata is not None
+        self.counts_ = [np.zeros((len(self.strata), len(self.groups), len(e) - 1), dtype=np.int64)
+                        for e in self.edges]
+
+    @classmethod
+    def from_reference(cls, X, groups, strata=None, bins: int = 200):
+        """An accumulator with ``bins`` equal-width bins over each column's range in ``X``."""
+        return cls(equal_width_edges(X, bins), groups, strata)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.edges)
+
+    def _settings(self) -> tuple:
+        return (self.edges, self.groups, self.strata, self._has_strata)
+
+    def update(self, X, s, u=None) -> "WassersteinAccumulator":
+        """Count a batch of records ``X`` (n, d) with groups ``s`` and strata ``u``."""
+        X = features(X, n_features=self.n_features)
+        s_codes = label_codes(s, self.groups, X.shape[0], "s")
+        u_codes = label_codes(u, self.strata, X.shape[0], "u", configured=self._has_strata)
+        n_groups, n_strata = len(self.groups), len(self.strata)
+        for k, e in enumerate(self.edges):
+            self.counts_[k] += histogram_counts(bin_index(X[:, k], e), s_codes, u_codes, n_groups, n_strata,
+                                                len(e) - 1)
+        return self
+
+    def value(self) -> WassersteinResult:
+        """W1 per (stratum, pair, feature), max over pairs per stratum, Pr[u]-weighted per feature."""
+        pairs = list(combinations(range(len(self.groups)), 2))
+        a, b = (np.array(pairs, dtype=np.intp).reshape(-1, 2).T)
+        per_pair = np.stack([_binned_w1(c, e, a, b) for c, e in zip(self.counts_, self.edges)], axis=-1)
+        per_stratum = np.where(np.isnan(per_pair), -np.inf, per_pair).max(axis=1, initial=-np.inf)
+        per_stratum = np.where(np.isfinite(per_stratum), per_stratum, 0.0)
+        weights = _stratum_weights(self.counts_[0].sum(axis=(1, 2)))
+        return WassersteinResult(per_feature=weights @ per_stratum, per_stratum=per_stratum, per_pair=per_pair,
+                                 pairs=[(self.groups[i].item(), self.groups[j].item()) for i, j in pairs],
+                                 weights=weights, groups=self.groups, strata=self.strata)
+
+
+def _binned_w1(counts: np.ndarray, edges: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """W1 between groups ``a[p]`` and ``b[p]`` per stratum, shape (n_strata, n_pairs); NaN if one is empty."""
+    totals = counts.sum(axis=-1, keepdims=True)
+    cdf = _safe_ratio(np.cumsum(counts, axis=-1), totals, empty=np.nan)
+    centre_gaps = np.diff((edges[:-1] + edges[1:]) / 2)
+    return np.abs(cdf[:, a, :-1] - cdf[:, b, :-1]) @ centre_gaps
+
+
+def _scores(values, name: str, n_rows: int | None = None) -> np.ndarray:
+    """A 1-D finite float array (a scalar is one row); errors name the argument."""
+    arr = np.asarray(values)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1 or (n_rows is not None and arr.shape[0] != n_rows):
+        expected = "a 1-D array" if n_rows is None else f"one value per row ({n_rows})"
+        raise RepairInputError(f"{name} must be {expected}, got shape {arr.shape}")
+    column = as_2d(arr, columns=[name])
+    check_finite(column, [name])
+    return column[:, 0]
+
+
+@dataclass(frozen=True, eq=False)
+class MatchedGapResult:
+    """Mean |f(x) - f(T(x))| per stratum (NaN where empty) and Pr[u]-weighted (``overall``)."""
+
+    per_stratum: np.ndarray
+    overall: float
+    weights: np.ndarray
+    n_rows: np.ndarray
+    strata: np.ndarray
+
+
+class MatchedGapAccumulator(_Mergeable):
+    """Sums of |f(x) - f(T(x))| and counts per stratum, for matched demographic parity.
+
+    MDP(f, T) = E |f(x) - f(T(x))| (spec 003, Definition 3.2): the caller scores the records
+    ``x`` of the source group and their transport images ``T(x)`` (both vectorised) and passes the
+    two score arrays. The sums are floats, so a merge equals one pass up to rounding.
+
+    >>> acc = MatchedGapAccumulator(strata=["lo", "hi"])
+    >>> result = acc.update([0.9, 0.2, 0.5], [0.6, 0.2, 0.4], u=["lo", "lo", "hi"]).value()
+    >>> result.per_stratum.round(3).tolist(), round(result.overall, 3)
+    ([0.1, 0.15], 0.133)
+    """
+
+    _counts = ("abs_sums_", "totals_")
+
+    def __init__(self, strata=None):
+        self.strata = configured_labels(strata, "strata")
+        self._has_strata = strata is not None
+        self.abs_sums_ = np.zeros(len(self.strata))
+        self.totals_ = np.zeros(len(self.strata), dtype=np.int64)
+
+    def _settings(self) -> tuple:
+        return (self.strata, self._has_strata)
+
+    def update(self, scores, matched_scores, u=None) -> "MatchedGapAccumulator":
+        """Add f(x) (``scores``) and f(T(x)) (``matched_scores``) of a batch with strata ``u``."""
+        scores = _scores(scores, "scores")
+        matched = _scores(matched_scores, "matched_scores", n_rows=scores.shape[0])
+        u_codes = label_codes(u, self.strata, scores.shape[0], "u", configured=self._has_strata)
+        n_strata = len(self.strata)
+        self.abs_sums_ = self.abs_sums_ + np.bincount(u_codes, weights=np.abs(scores - matched), minlength=n_strata)
+        self.totals_ = self.totals_ + np.bincount(u_codes, minlength=n_strata)
+        return self
+
+    def value(self) -> MatchedGapResult:
+        """MDP per stratum and its Pr[u]-weighted mean, from the sums so far (0 overall before any record)."""
+        weights = _stratum_weights(self.totals_)
+        return MatchedGapResult(per_stratum=_safe_ratio(self.abs_sums_, self.totals_, empty=np.nan),
+                                overall=float(_safe_ratio(self.abs_sums_.sum(), self.totals_.sum(), empty=0.0)),
+                                weights=weights, n_rows=self.totals_.copy(), strata=self.strata)
+
+
+@dataclass(frozen=True, eq=False)
+class RateResult:
+    """Share of flagged records per stratum (NaN where empty) and overall (0 before any record)."""
+
+    per_stratum: np.ndarray
+    overall: float
+    weights: np.ndarray
+    flagged: np.ndarray
+    totals: np.ndarray
+    strata: np.ndarray
+
+
+class RateAccumulator(_Mergeable):
+    """Flagged records and totals per stratum, e.g. the rate of records outside a plan's grid.
+
+    >>> flags = np.array([[True, False], [False, False], [False, False], [True, True]]).any(axis=1)
+    >>> result = RateAccumulator(strata=[0, 1]).update(flags, u=[0, 0, 1, 1]).value()
+    >>> result.per_stratum.tolist(), result.overall
+    ([0.5, 0.5], 0.5)
+    """
+
+    _counts = ("flagged_", "totals_")
+
+    def __init__(self, strata=None):
+        self.strata = configured_labels(strata, "strata")
+        self._has_strata = strata is not None
+        self.flagged_ = np.zeros(len(self.strata), dtype=np.int64)
+        self.totals_ = np.zeros(len(self.strata), dtype=np.int64)
+
+    def _settings(self) -> tuple:
+        return (self.strata, self._has_strata)
+
+    def update(self, flags, u=None) -> "RateAccumulator":
+        """Count a batch of 0/1 (or boolean) ``flags`` with strata ``u``."""
+        flag_arr = np.asarray(flags)
+        n_rows = flag_arr.shape[0] if flag_arr.ndim else 1
+        flag_arr = as_binary(flag_arr, n_rows, "flags")
+        u_codes = label_codes(u, self.strata, n_rows, "u", configured=self._has_strata)
+        flagged, totals = rate_counts(flag_arr, np.zeros(n_rows, dtype=np.intp), u_codes, 1, len(self.strata))
+        self.flagged_ += flagged[:, 0]
+        self.totals_ += totals[:, 0]
+        return self
+
+    def value(self) -> RateResult:
+        """Flagged share per stratum and overall, from the counts so far."""
+        return RateResult(per_stratum=_safe_ratio(self.flagged_, self.totals_, empty=np.nan),
+                          overall=float(_safe_ratio(self.flagged_.sum(), self.totals_.sum(), empty=0.0)),
+                          weights=_stratum_weights(self.totals_), flagged=self.flagged_.copy(),
+                          totals=self.totals_.copy(), strata=self.strata)

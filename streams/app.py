@@ -22,17 +22,22 @@ from typing import Iterable
 import faust
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.embedding import FairnessModule
+from fairstream.repair.scorer import LogisticScorer
 
 from .broker import parse_broker_url
 from .config import PipelineConfig
-from .metrics import (ARTIFACT_REFUSED, ARTIFACT_VERSION, BATCH_SECONDS, CONSUMER_LAG, RECORD_LATENCY, RECORDS_DEAD,
-                      RECORDS_IN, RECORDS_OUT_OF_RANGE, RECORDS_REPAIRED)
+from .metrics import (ARTIFACT_REFUSED, ARTIFACT_VERSION, BATCH_SECONDS, CONSUMER_LAG, DRIFT_EVENTS, FAIRNESS,
+                      RECORD_LATENCY, RECORDS_DEAD, RECORDS_IN, RECORDS_OUT_OF_RANGE, RECORDS_REPAIRED, REFIT_REQUESTS,
+                      WINDOW_RECORDS, serve)
+from .monitor import DriftEvent, FairnessMonitor
+from .refit import RefitRequest
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 from .registry import ArtifactRegistry, ArtifactStore, follow_control
 
 log = logging.getLogger(__name__)
 
-LOADERS = {"plan": DistributionalRepair.from_artifact, "embedding": FairnessModule.from_artifact}
+LOADERS = {"plan": DistributionalRepair.from_artifact, "embedding": FairnessModule.from_artifact,
+           "scorer": LogisticScorer.from_artifact}
 
 
 
@@ -65,6 +70,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     raw = dict(value_type=bytes, key_type=bytes, value_serializer="raw", key_serializer="raw", partitions=topics.partitions)
     records_in = app.topic(topics.records_in, **raw)
     embeddings_in = app.topic(topics.embeddings_in, **raw)
+    records_repaired = app.topic(topics.records_repaired, **raw)
     registry = ArtifactRegistry(LOADERS, ArtifactStore(config.artifact_dir), on_change=_on_artifact_change,
                                 on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     ready = asyncio.Event()
@@ -72,6 +78,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
 
     @app.task
     async def control() -> None:
+        serve(config.monitor.metrics_port)
         await follow_control(registry, bootstrap, topics.control, ready=ready)
 
     async def send_all(outcome: BatchOutcome, output_topic: str, agent: str) -> None:
@@ -125,7 +132,42 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                 await send_all(embedding_logic.process(messages, module), topics.embeddings_repaired, "embeddings")
             record_lag(events, "embeddings")
 
+    monitor = FairnessMonitor(config)
+    app.fairstream_monitor = monitor
+    # Created at 0 so that Prometheus' increase() sees the first drift event as an increase.
+    DRIFT_EVENTS.labels(config.monitor.statistic, config.monitor.detector).inc(0)
+
+    async def on_drift(event: DriftEvent) -> None:
+        DRIFT_EVENTS.labels(event.statistic, event.detector).inc()
+        reason = f"drift of {event.statistic} (after repair) to {event.value:.4f} under plan version {event.version}"
+        request = RefitRequest.new(reason, kind="plan", statistic=event.statistic, value=event.value,
+                                   source=f"monitor@{app.conf.id}")
+        await app.producer.send(topics.refit_requests, b"plan", request.to_json(), None, None, None)
+        REFIT_REQUESTS.labels("plan", "drift").inc()
+        log.warning("fairness drift confirmed: %s; re-fit requested (%s)", reason, request.request_id)
+
+    @app.agent(records_repaired)
+    async def monitor_fairness(stream) -> None:
+        # The monitor's own consumer group position: each worker monitors the repaired partitions it owns.
+        async for values in stream.take(config.monitor.window_records // config.monitor.buckets or 1,
+                                        within=1.0):
+            plan = registry.current(config.records.artifact)
+            if plan is None:
+                continue
+            RECORDS_IN.labels("monitor").inc(len(values))
+            for event in monitor.observe(values, plan, registry.current("scorer")):
+                await on_drift(event)
+            export_fairness(monitor)
+
     return app
+
+
+def export_fairness(monitor: FairnessMonitor) -> None:
+    """Set the fairness gauges from both windows (a window below min_records exports nothing)."""
+    for window in ("count", "time"):
+        WINDOW_RECORDS.labels(window).set(monitor.windows[window].n_records if monitor.version is not None else 0)
+        for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
+            FAIRNESS.labels(statistic, stage, stratum, feature, pair, window).set(float(value))
 
 
 def _on_artifact_change(current) -> None:

@@ -77,12 +77,12 @@ class MonitorConfig:
     """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
 
     metrics_port: int = 0  # the worker's Prometheus /metrics port; 0 = no HTTP endpoint
-    window_records: int = 5000  # count-based window of the statistics
+    window_records: int = 8000  # count-based window of the statistics
     window_seconds: float = 120.0  # time-based window of the statistics
     buckets: int = 10  # windows slide by 1/buckets of their length
     statistic: str = "dependence_e"  # the statistic fed to the drift detector
     detector: str = "adwin"  # adwin | page_hinkley | kswin (river)
-    threshold: float = 0.05  # fairness gap above which the statistic counts as unfair
+    threshold: float = 0.1  # fairness gap above which the statistic counts as unfair (above the window's noise)
     cooldown_seconds: float = 60.0  # hysteresis: at most one drift event per cooldown
     min_records: int = 500  # no statistic is reported before the window holds this many records
 

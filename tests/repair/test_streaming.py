@@ -6,14 +6,24 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import wasserstein_distance
 
 from fairstream.repair import streaming
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.metrics import damage, demographic_parity, dependence_e, equal_width_edges
+from fairstream.repair.metrics import (
+    damage,
+    demographic_parity,
+    dependence_e,
+    equal_width_edges,
+    wasserstein_between_groups,
+)
 from fairstream.repair.streaming import (
     DamageAccumulator,
     HistogramDependenceAccumulator,
+    MatchedGapAccumulator,
     PositiveRateAccumulator,
+    RateAccumulator,
+    WassersteinAccumulator,
 )
 
 from .test_metrics import grouped_data
@@ -250,3 +260,180 @@ def test_damage_accumulator_rejects_mismatched_shapes_and_resets():
     assert acc.reset().value().n_rows == 0 and acc.value().overall == 0.0
     with pytest.raises(RepairInputError, match="different settings"):
         acc.merge(DamageAccumulator(n_features=3))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# WassersteinAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+def covering_edges(X, bins=200):
+    """Equal-width edges over each column's range (a constant column gets a unit range)."""
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    return [np.linspace(a, b if b > a else a + 1.0, bins + 1) for a, b in zip(lo, hi)]
+
+
+def wasserstein_accumulator(X, s, u, bins=200):
+    return WassersteinAccumulator(covering_edges(X, bins), groups=np.unique(s), strata=np.unique(u))
+
+
+@PROPERTY
+@given(stream_data())
+def test_binned_w1_is_within_one_bin_width_of_the_exact_w1(data):
+    X, s, u, _, _ = data
+    acc = wasserstein_accumulator(X, s, u).update(X, s, u)
+    got, want = acc.value(), wasserstein_between_groups(X, s, u)
+    tolerance = max(np.diff(e).max() for e in acc.edges) * (1 + 1e-9)
+    np.testing.assert_array_equal(np.isnan(got.per_pair), np.isnan(want.per_pair))
+    np.testing.assert_allclose(got.per_pair, want.per_pair, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(got.per_stratum, want.per_stratum, rtol=0, atol=tolerance)
+    np.testing.assert_allclose(got.per_feature, want.per_feature, rtol=0, atol=tolerance)
+    np.testing.assert_array_equal(got.weights, want.weights)
+    assert got.pairs == want.pairs
+
+
+@PROPERTY
+@given(stream_data())
+def test_wasserstein_merge_of_parts_equals_one_pass(data):
+    X, s, u, _, (i, j) = data
+    parts = [wasserstein_accumulator(X, s, u).update(X[a:b], s[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    whole = wasserstein_accumulator(X, s, u).update(X, s, u)
+    for merged in (parts[0].merge(parts[1]).merge(parts[2]), parts[0].merge(parts[1].merge(parts[2]))):
+        for got, want in zip(merged.counts_, whole.counts_):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(merged.value().per_pair, whole.value().per_pair)
+        np.testing.assert_array_equal(merged.value().per_feature, whole.value().per_feature)
+
+
+def test_wasserstein_accumulator_matches_scipy_on_continuous_data():
+    rng = np.random.default_rng(3)
+    s = rng.integers(0, 2, 5000)
+    u = rng.integers(0, 2, 5000)
+    X = np.column_stack([rng.normal(s * 0.8 + u, 1.0), rng.gamma(2.0 + s, 1.0)])
+    acc = WassersteinAccumulator.from_reference(X, groups=[0, 1], strata=[0, 1], bins=200).update(X, s, u)
+    result = acc.value()
+    for j in range(2):
+        for k in range(2):
+            a, b = X[(u == j) & (s == 0), k], X[(u == j) & (s == 1), k]
+            width = np.diff(acc.edges[k]).max()
+            assert abs(result.per_pair[j, 0, k] - wasserstein_distance(a, b)) <= width
+            assert result.per_stratum[j, k] == result.per_pair[j, 0, k]
+    np.testing.assert_allclose(result.weights, np.bincount(u) / len(u))
+    np.testing.assert_allclose(result.per_feature, result.weights @ result.per_stratum)
+
+
+def test_wasserstein_accumulator_out_of_range_values_go_to_end_bins_and_absent_groups_are_nan():
+    acc = WassersteinAccumulator([[0.0, 1.0, 2.0]], groups=["a", "b", "c"], strata=[0, 1])
+    acc.update([[-50.0], [50.0], [0.5]], s=["a", "b", "a"], u=[0, 0, 1])
+    np.testing.assert_array_equal(acc.counts_[0][0], [[1, 0], [0, 1], [0, 0]])
+    result = acc.value()
+    assert result.pairs == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert result.per_pair[0, 0, 0] == 1.0  # the centres 0.5 and 1.5, not -50 and 50
+    assert np.isnan(result.per_pair[0, 1:, 0]).all() and np.isnan(result.per_pair[1]).all()
+    np.testing.assert_array_equal(result.per_stratum, [[1.0], [0.0]])  # one group in stratum 1
+    assert result.per_feature.tolist() == [pytest.approx(2 / 3)]
+
+
+def test_wasserstein_accumulator_empty_reset_and_errors():
+    acc = WassersteinAccumulator([[0.0, 1.0, 2.0]], groups=[0, 1])
+    assert acc.value().per_feature.tolist() == [0.0]
+    acc.update([[0.5], [1.5]], s=[0, 1])
+    assert acc.value().per_feature.tolist() == [1.0]
+    assert acc.reset().value().per_feature.tolist() == [0.0] and acc.counts_[0].sum() == 0
+    single = WassersteinAccumulator([[0.0, 1.0]], groups=["only"]).update([[0.5]], s=["only"]).value()
+    assert single.per_pair.shape == (1, 0, 1) and single.per_feature.tolist() == [0.0]
+    with pytest.raises(RepairInputError, match="'x'"):
+        acc.update([[0.5], [0.5]], s=[0, "x"])
+    with pytest.raises(RepairInputError, match="non-finite"):
+        acc.update([[np.nan]], s=[0])
+    with pytest.raises(RepairInputError, match="one array of bin edges per feature"):
+        WassersteinAccumulator([0.0, 1.0], groups=[0, 1])
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(WassersteinAccumulator([[0.0, 1.0, 3.0]], groups=[0, 1]))
+    assert acc.counts_[0].sum() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# MatchedGapAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(stream_data())
+def test_matched_gap_equals_the_mean_absolute_score_gap(data):
+    X, _, u, _, (i, j) = data
+    f, f_matched = np.tanh(X[:, 0]), np.tanh(X[:, -1] + 0.5)
+    strata = np.unique(u)
+    parts = [MatchedGapAccumulator(strata).update(f[a:b], f_matched[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    merged = parts[0].merge(parts[1]).merge(parts[2]).value()
+    gap = np.abs(f - f_matched)
+    np.testing.assert_allclose(merged.per_stratum, [gap[u == v].mean() for v in strata], rtol=1e-12)
+    assert merged.overall == pytest.approx(gap.mean(), rel=1e-12)
+    np.testing.assert_allclose(merged.overall, merged.weights @ merged.per_stratum, rtol=1e-12)
+    np.testing.assert_array_equal(merged.n_rows, [np.sum(u == v) for v in strata])
+
+
+def test_matched_gap_of_an_identity_matching_is_zero_and_empty_strata_are_nan():
+    acc = MatchedGapAccumulator(strata=["lo", "mid", "hi"])
+    result = acc.update([0.2, 0.7, 0.4], [0.2, 0.7, 0.4], u=["lo", "hi", "hi"]).value()
+    assert result.strata.tolist() == ["hi", "lo", "mid"]  # sorted, as every accumulator keeps them
+    assert result.overall == 0.0 and result.per_stratum[:2].tolist() == [0.0, 0.0]
+    assert np.isnan(result.per_stratum[2]) and result.weights.tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])
+    one = MatchedGapAccumulator().update(0.9, 0.1).value()  # one record, scalar scores, no strata
+    assert one.overall == pytest.approx(0.8) and one.n_rows.tolist() == [1]
+    assert MatchedGapAccumulator().value().overall == 0.0
+
+
+def test_matched_gap_rejects_bad_scores_naming_them():
+    acc = MatchedGapAccumulator(strata=[0, 1])
+    with pytest.raises(RepairInputError, match="'matched_scores' has a non-finite value"):
+        acc.update([0.1, 0.2], [0.1, np.nan], u=[0, 1])
+    with pytest.raises(RepairInputError, match="'scores' has a non-numeric value .*high"):
+        acc.update(["0.1", "high"], [0.1, 0.2], u=[0, 1])
+    with pytest.raises(RepairInputError, match=r"matched_scores must be one value per row \(2\)"):
+        acc.update([0.1, 0.2], [0.1], u=[0, 1])
+    with pytest.raises(RepairInputError, match="scores must be a 1-D array"):
+        acc.update([[0.1, 0.2]], [0.1, 0.2], u=[0, 1])
+    with pytest.raises(RepairInputError, match="u is required"):
+        acc.update([0.1], [0.2])
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(MatchedGapAccumulator())
+    assert acc.totals_.sum() == 0 and acc.reset().abs_sums_.sum() == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# RateAccumulator
+# ---------------------------------------------------------------------------------------------
+
+
+@PROPERTY
+@given(stream_data())
+def test_rate_accumulator_counts_flags_per_stratum_and_merges_exactly(data):
+    _, _, u, y, (i, j) = data
+    strata = np.unique(u)
+    flags = y.astype(bool)
+    parts = [RateAccumulator(strata).update(flags[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
+    whole = RateAccumulator(strata).update(flags, u)
+    merged = parts[0].merge(parts[1].merge(parts[2]))
+    np.testing.assert_array_equal(merged.flagged_, whole.flagged_)
+    np.testing.assert_array_equal(merged.totals_, whole.totals_)
+    result = merged.value()
+    np.testing.assert_array_equal(result.per_stratum, [flags[u == v].mean() for v in strata])
+    assert result.overall == flags.mean() == whole.value().overall
+
+
+def test_rate_accumulator_empty_reset_and_errors():
+    acc = RateAccumulator()
+    assert acc.value().overall == 0.0 and np.isnan(acc.value().per_stratum).all()
+    acc.update([1, 0, 0, 0])
+    assert acc.value().overall == 0.25 and acc.value().per_stratum.tolist() == [0.25]
+    assert acc.reset().value().totals.tolist() == [0]
+    with pytest.raises(RepairInputError, match="flags must be binary"):
+        acc.update([0, 2])
+    with pytest.raises(RepairInputError, match="without u labels"):
+        acc.update([0], u=[1])
+    with pytest.raises(RepairInputError, match="'c'"):
+        RateAccumulator(strata=["a", "b"]).update([1, 1], u=["a", "c"])
+    with pytest.raises(RepairInputError, match="different settings"):
+        acc.merge(RateAccumulator(strata=[0]))

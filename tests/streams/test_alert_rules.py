@@ -1,0 +1,151 @@
+"""The Prometheus config and alert rules in deploy/prometheus: valid, unit-tested, and on the metrics contract.
+
+``promtool`` comes from the Debian package ``prometheus`` (``make setup`` installs it).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+from fairstream.streams import metrics
+
+from .prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
+
+
+def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:
+    return subprocess.run([binary("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def assert_ok(result: subprocess.CompletedProcess) -> str:
+    output = f"$ {' '.join(result.args)}\n{result.stdout}\n{result.stderr}"
+    assert result.returncode == 0, output
+    return output
+
+
+def test_promtool_check_rules():
+    output = assert_ok(promtool("check", "rules", str(ALERTS_YML)))
+    assert "SUCCESS: 6 rules found" in output, output
+
+
+def test_promtool_check_config():
+    # rule_files in prometheus.yml are relative to the config file: run from its folder, as documented.
+    output = assert_ok(promtool("check", "config", PROMETHEUS_YML.name))
+    assert "SUCCESS: 1 rule files found" in output and "SUCCESS: 6 rules found" in output, output
+
+
+def test_promtool_unit_tests_of_the_rules():
+    output = assert_ok(promtool("test", "rules", str(ALERTS_TEST_YML)))
+    assert "SUCCESS" in output, output
+
+
+def test_every_rule_has_unit_tests_that_fire_and_do_not_fire():
+    """alerts_test.yml names every alert in a firing (non-empty exp_alerts) and a quiet (exp_alerts: []) case."""
+    tests = ALERTS_TEST_YML.read_text()
+    for name in alert_names(ALERTS_YML.read_text()):
+        cases = re.findall(rf"alertname:\s*{name}\s*\n\s*exp_alerts:(.*)", tests)
+        assert any(case.strip() == "[]" for case in cases), f"{name}: no case where it does not fire"
+        assert any(case.strip() == "" for case in cases), f"{name}: no case where it fires"
+
+
+# --------------------------------------------------------------------------- metric names in the rules
+
+# PromQL words that look like names but are not metrics: functions, aggregations, keywords.
+PROMQL_WORDS = {
+    "sum", "min", "max", "avg", "count", "stddev", "stdvar", "topk", "bottomk", "quantile", "count_values", "group",
+    "by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset",
+    "rate", "irate", "increase", "delta", "idelta", "deriv", "absent", "absent_over_time", "changes", "resets",
+    "clamp_min", "clamp_max", "histogram_quantile", "label_replace", "label_join", "vector", "scalar", "time",
+    "avg_over_time", "max_over_time", "min_over_time", "sum_over_time", "count_over_time", "last_over_time",
+    "abs", "ceil", "floor", "round", "sqrt", "exp", "ln", "log2", "log10", "sort", "sort_desc", "timestamp",
+    "inf", "nan",
+}
+# Series Prometheus makes itself (not exported by a worker).
+PROMETHEUS_SERIES = {"up"}
+
+
+def alert_names(rules_text: str) -> list[str]:
+    return re.findall(r"^\s*-\s*alert:\s*(\S+)\s*$", rules_text, flags=re.M)
+
+
+def rule_exprs(rules_text: str) -> list[str]:
+    """Every ``expr:`` of a rule file: one-line, or a ``|`` / ``>`` block of deeper-indented lines."""
+    exprs, lines = [], rules_text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.match(r"^(\s*)expr:\s*(.*?)\s*$", line)
+        if not match:
+            continue
+        indent, value = len(match[1]), match[2]
+        if value[:1] not in ("|", ">"):
+            exprs.append(value.strip("'\""))
+            continue
+        block = []
+        for following in lines[i + 1:]:
+            if following.strip() and len(following) - len(following.lstrip()) <= indent:
+                break
+            block.append(following.strip())
+        exprs.append("\n".join(block).strip())
+    return exprs
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (regex-based; enough for rule files, not a full parser)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)                 # string literals
+    expr = re.sub(r"\{[^}]*\}", " ", expr)                           # label matchers
+    expr = re.sub(r"\[[^\]]*\]", " ", expr)                          # range and subquery windows
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)  # label lists
+    expr = re.sub(r"\boffset\s+-?[0-9a-z]+", " ", expr)               # offset durations
+    expr = re.sub(r"\b\d[0-9.e+-]*[a-z]*\b", " ", expr)             # numbers and durations
+    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", expr))
+    return {name for name in names if name.lower() not in PROMQL_WORDS}
+
+
+def exported_sample_names() -> set[str]:
+    """Names of the samples the metrics in fairstream.streams.metrics put on /metrics."""
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
+                "summary": ("", "_sum", "_count", "_created"), "info": ("_info",), "stateset": ("",), "enum": ("",)}
+    names = set()
+    for value in vars(metrics).values():
+        if hasattr(value, "describe") and hasattr(value, "_labelnames"):
+            for family in value.describe():
+                names.update(family.name + suffix for suffix in suffixes[family.type])
+    return names
+
+
+def test_rule_file_parsing_finds_every_expression():
+    text = ALERTS_YML.read_text()
+    exprs = rule_exprs(text)
+    assert len(exprs) == len(alert_names(text)) == 6
+    assert all(exprs), exprs
+    assert metric_names(exprs[0]) == {"fairstream_fairness"}
+
+
+def test_metric_name_parser_sees_names_and_skips_promql():
+    expr = ('sum by (agent, instance) (increase(fairstream_a_total{agent="x:y"}[5m])) / on (instance) '
+            'max(fairstream_b offset 5m) > 0.05 or absent(fairstream_c) unless up == 1e3')
+    assert metric_names(expr) == {"fairstream_a_total", "fairstream_b", "fairstream_c", "up"}
+
+
+def test_exported_names_come_from_the_metrics_module():
+    names = exported_sample_names()
+    assert {"fairstream_records_in_total", "fairstream_fairness", "fairstream_batch_duration_seconds_bucket",
+            "fairstream_drift_events_total", "fairstream_artifact_version"} <= names
+    assert "fairstream_records_in" not in names  # a counter's samples carry _total
+
+
+def test_every_metric_in_the_alert_rules_is_exported():
+    """Renaming a metric in streams/metrics.py without updating alerts.yml fails here."""
+    exported = exported_sample_names()
+    used = {name for expr in rule_exprs(ALERTS_YML.read_text()) for name in metric_names(expr)}
+    assert {"fairstream_fairness", "fairstream_drift_events_total", "fairstream_records_dead_lettered_total",
+            "fairstream_records_in_total", "fairstream_artifact_version", "fairstream_consumer_lag_records"} <= used
+    unknown = sorted(used - exported - PROMETHEUS_SERIES)
+    assert not unknown, f"alerts.yml uses metrics that fairstream.streams.metrics does not export: {unknown}"
+
+
+@pytest.mark.parametrize("renamed", ["fairstream_drift_event_total", "fairstream_fairnes"])
+def test_a_renamed_metric_is_caught(renamed):
+    """The check above can fail: a rule on a name the exporter does not have is reported."""
+    exported = exported_sample_names()
+    assert metric_names(f"increase({renamed}[5m]) > 0") - exported - PROMETHEUS_SERIES == {renamed}
