@@ -245,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rate", type=float, help="replay rate in records/s (default: as fast as possible)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     demo.set_defaults(func=_cmd_demo)
+
+    from .refit import add_refit_parser  # light (numpy only); fitting and Kafka load when the command runs
+
+    add_refit_parser(sub, broker_context=_broker, add_common=_add_common, load_config=_config)
     return parser
 
 

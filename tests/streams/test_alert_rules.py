@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from fairstream.streams import metrics
 
-from .prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
+from fairstream.streams.alerting import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
 
 
 def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:

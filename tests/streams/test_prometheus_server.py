@@ -2,7 +2,7 @@
 
 Three targets: a worker with a plan whose fairness drifts on command, a worker without a plan, and
 a port where nothing listens. The rules are deploy/prometheus/alerts.yml with only the ``for:``
-durations capped at 5s (tests/streams/prometheus.py: rules_with_short_for).
+durations capped at 5s (fairstream.streams.alerting.rules_with_short_for).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from .prometheus import ALERTS_YML, PrometheusServer, duration_seconds, free_port, parse_time, rules_with_short_for
+from fairstream.streams.alerting import ALERTS_YML, PrometheusServer, duration_seconds, free_port, parse_time, rules_with_short_for
 
 pytestmark = pytest.mark.integration
 

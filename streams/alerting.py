@@ -1,6 +1,6 @@
-"""A real Prometheus server for tests: start it on a loopback port, point it at targets, ask it things.
+"""A real Prometheus server for the demo and the tests: start it on loopback, point it at workers, ask it things.
 
-    from tests.streams.prometheus import ALERTS_YML, PrometheusServer, rules_with_short_for
+    from fairstream.streams.alerting import ALERTS_YML, PrometheusServer, rules_with_short_for
 
     rules = rules_with_short_for(ALERTS_YML, tmp_path)          # alerts.yml, `for:` capped at 5s
     with PrometheusServer(tmp_path / "prom", ["127.0.0.1:9464"], [rules]) as prom:
@@ -49,7 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]  # the checkout: deploy/ sits next to streams/
 DEPLOY = REPO / "deploy" / "prometheus"
 ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"

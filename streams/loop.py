@@ -1,0 +1,189 @@
+"""The loop the product exists for: drift -> detection -> alert -> re-fit -> hot swap -> recovery.
+
+:func:`run_fairness_loop` runs it for real: a worker (with its monitor and /metrics), a re-fit
+service answering ``refit.requests``, optionally a Prometheus server with the production alert
+rules, and a stream whose distribution shifts half way while the labelling process keeps feeding
+the ``research`` topic. It polls the worker's /metrics and records a timeline of what happened
+when, and the monitored statistic over time (for the demo's plot and for the end-to-end test).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairstream.repair.datasets import Dataset
+from fairstream.repair.scorer import LogisticScorer
+
+from .alerting import ALERTS_YML, PrometheusServer, rules_with_short_for
+from .broker import free_port
+from .config import PipelineConfig
+from .refit import RefitJob, RefitService, TopicSource
+from .registry import ArtifactStore, ControlClient
+from .replay import record_messages, replay
+from .supervise import WorkerProcess
+from .topics import ensure_topics
+
+STATISTIC = ("dependence_e", "after", "all", "all", "all", "count")
+
+
+def shift_group(data: Dataset, feature: int, group, stratum, amount: float, lo: float, hi: float) -> Dataset:
+    """Drift: ``feature`` of one group in one stratum moves by ``amount`` (clipped to [lo, hi])."""
+    X = data.X.copy()
+    rows = (data.s == group) & (data.u == stratum)
+    X[rows, feature] = np.clip(X[rows, feature] + amount, lo, hi)
+    return replace(data, X=X)
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """A worker's /metrics as {(name, sorted label items): value}."""
+    with urllib.request.urlopen(url, timeout=2) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def metric(samples: dict, name: str, **labels) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@dataclass
+class LoopReport:
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds since start, event, detail)
+    series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, plan version)
+    threshold: float = 0.0
+    refit_outcomes: list[str] = field(default_factory=list)
+
+    def first(self, event: str) -> float | None:
+        return next((t for t, e, _ in self.events if e == event), None)
+
+
+class MetricsPoller(threading.Thread):
+    """Polls a worker's /metrics and turns what changes into timeline events."""
+
+    def __init__(self, url: str, report: LoopReport, start: float, config: PipelineConfig, interval: float = 0.5):
+        super().__init__(daemon=True)
+        self.url, self.report, self.start_time, self.interval = url, report, start, interval
+        self.monitor = config.monitor
+        self.stop_event = threading.Event()
+        self.version, self.drifts, self.recovered_version = None, 0.0, None
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                samples = scrape(self.url)
+            except OSError:
+                continue
+            self._observe(samples, time.monotonic() - self.start_time)
+
+    def _observe(self, samples: dict, t: float) -> None:
+        version = metric(samples, "fairstream_artifact_version", kind="plan")
+        value = metric(samples, "fairstream_fairness", statistic=STATISTIC[0], stage=STATISTIC[1], stratum=STATISTIC[2],
+                       feature=STATISTIC[3], group_pair=STATISTIC[4], window=STATISTIC[5])
+        drifts = metric(samples, "fairstream_drift_events_total", statistic=self.monitor.statistic,
+                        detector=self.monitor.detector) or 0.0
+        if version is not None and version != self.version:
+            self.report.events.append((t, "plan version in use", f"version {int(version)}"))
+            self.version = version
+        if drifts > self.drifts:
+            self.report.events.append((t, "drift detected by the monitor", f"{self.monitor.statistic} = {value:.3f}"))
+            self.drifts = drifts
+        if value is not None and version is not None:
+            self.report.series.append((t, value, int(version)))
+            if version > 1 and value < self.monitor.threshold and self.recovered_version != version:
+                self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.monitor.threshold}"))
+                self.recovered_version = version
+
+
+def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, job: RefitJob) -> None:
+    """Version 1 of the plan comes from the research topic, like every later one; plus a scorer."""
+    replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
+    outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
+    if not outcome.published:
+        raise RuntimeError(f"the initial plan was not published: {outcome.reason}")
+    scorer = LogisticScorer().fit(research.X, research.y, columns=list(config.features))
+    ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(scorer.to_artifact())
+
+
+def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
+                      drifted: Dataset, drifted_research: Dataset, rate: float = 2000.0, recovery_timeout: float = 120.0,
+                      prometheus: bool = True, short_for: bool = False, say: Callable[[str], None] = print) -> LoopReport:
+    """Run the whole loop; returns the timeline and the statistic over time."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = config.with_monitor(metrics_port=port)
+    ensure_topics(bootstrap, config.topics)
+    report, start = LoopReport(threshold=config.monitor.threshold), time.monotonic()
+    note = lambda event, detail="": (report.events.append((time.monotonic() - start, event, detail)),  # noqa: E731
+                                     say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
+    job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir))
+    with WorkerProcess(config, bootstrap, run_dir) as worker, contextlib_prometheus(prometheus, run_dir, port, short_for) as prom:
+        publish_initial(config, bootstrap, research, job)
+        note("initial plan and scorer published", f"research rows {len(research)}")
+        poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config)
+        poller.start()
+        stop_refits = threading.Event()
+        service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
+        refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
+        refits.start()
+        try:
+            replay(bootstrap, config.topics.records_in, record_messages(stable, config, "stable"), rate=rate, progress=False)
+            note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
+            replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
+                   progress=False)
+            sender = threading.Thread(target=replay, args=(bootstrap, config.topics.records_in,
+                                                           record_messages(drifted, config, "drifted"), rate, False))
+            sender.start()
+            if prom is not None:
+                alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
+                note("Prometheus alert firing", f"{alert['labels']['alertname']} ({alert['labels'].get('statistic', '')})")
+            sender.join()
+            _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
+        finally:
+            stop_refits.set()
+            refits.join(timeout=30)
+            service.close()
+            poller.stop_event.set()
+            poller.join()
+    epoch = time.time() - (time.monotonic() - start)  # wall-clock time of the loop's start
+    for record in ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync():
+        if record.kind == "plan" and record.version > 1 and record.published_at:
+            report.events.append((record.published_at - epoch, "re-fit published", f"plan version {record.version}"))
+    report.events.sort()
+    report.refit_outcomes = [o.reason for o in service.outcomes]
+    return report
+
+
+def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        if not worker.running:
+            raise RuntimeError(f"the worker exited; last lines of its log:\n{worker.log_tail()}")
+        time.sleep(0.5)
+
+
+class contextlib_prometheus:
+    """A Prometheus server scraping the worker with the production rules (or nothing, if disabled)."""
+
+    def __init__(self, enabled: bool, run_dir: Path, port: int, short_for: bool):
+        self.enabled, self.run_dir, self.port, self.short_for = enabled, run_dir, port, short_for
+        self.server = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        rules = rules_with_short_for(ALERTS_YML, self.run_dir) if self.short_for else ALERTS_YML
+        self.server = PrometheusServer(self.run_dir / "prometheus", [f"127.0.0.1:{self.port}"], [rules]).start()
+        return self.server
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()
