@@ -162,8 +162,18 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     return app
 
 
+_exported_version: list = [None]
+
+
 def export_fairness(monitor: FairnessMonitor) -> None:
-    """Set the fairness gauges from both windows (a window below min_records exports nothing)."""
+    """Set the fairness gauges from both windows (a window below min_records exports nothing).
+
+    A new plan version starts empty windows: the old version's values are removed rather than left
+    standing, so Prometheus never reads a statistic of the previous plan as the current one.
+    """
+    if monitor.version != _exported_version[0]:
+        FAIRNESS.clear()
+        _exported_version[0] = monitor.version
     for window in ("count", "time"):
         WINDOW_RECORDS.labels(window).set(monitor.windows[window].n_records if monitor.version is not None else 0)
         for statistic, stage, stratum, feature, pair, value in monitor.rows(window):

@@ -9,6 +9,7 @@ when, and the monitored statistic over time (for the demo's plot and for the end
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import urllib.request
@@ -130,6 +131,7 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         note("initial plan and scorer published", f"research rows {len(research)}")
         poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config)
         poller.start()
+        _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
         stop_refits = threading.Event()
         service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
         refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
@@ -139,14 +141,16 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
             replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
                    progress=False)
-            sender = threading.Thread(target=replay, args=(bootstrap, config.topics.records_in,
-                                                           record_messages(drifted, config, "drifted"), rate, False))
+            # Data keeps arriving from the shifted distribution until the repair has caught up with it.
+            stop_sending = threading.Event()
+            sender = threading.Thread(target=_keep_sending, args=(bootstrap, config, drifted, rate, stop_sending), daemon=True)
             sender.start()
             if prom is not None:
                 alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
                 note("Prometheus alert firing", f"{alert['labels']['alertname']} ({alert['labels'].get('statistic', '')})")
-            sender.join()
             _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
+            stop_sending.set()
+            sender.join()
         finally:
             stop_refits.set()
             refits.join(timeout=30)
@@ -160,6 +164,18 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report
+
+
+def _keep_sending(bootstrap: str, config: PipelineConfig, data: Dataset, rate: float, stop: threading.Event,
+                  chunk: int = 2000) -> None:
+    """Replay ``data`` in chunks, round after round with fresh ids, until ``stop`` is set."""
+    for round_ in itertools.count():
+        for start in range(0, len(data), chunk):
+            if stop.is_set():
+                return
+            part = data.subset(slice(start, start + chunk))
+            replay(bootstrap, config.topics.records_in, record_messages(part, config, f"drifted-{round_}-{start}"),
+                   rate=rate, progress=False)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) -> None:
