@@ -162,18 +162,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     return app
 
 
-_exported_version: list = [None]
-
-
 def export_fairness(monitor: FairnessMonitor) -> None:
-    """Set the fairness gauges from both windows (a window below min_records exports nothing).
-
-    A new plan version starts empty windows: the old version's values are removed rather than left
-    standing, so Prometheus never reads a statistic of the previous plan as the current one.
-    """
-    if monitor.version != _exported_version[0]:
-        FAIRNESS.clear()
-        _exported_version[0] = monitor.version
+    """Set the fairness gauges from both windows (a window below min_records exports nothing)."""
     for window in ("count", "time"):
         WINDOW_RECORDS.labels(window).set(monitor.windows[window].n_records if monitor.version is not None else 0)
         for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
@@ -181,6 +171,10 @@ def export_fairness(monitor: FairnessMonitor) -> None:
 
 
 def _on_artifact_change(current) -> None:
+    if current.kind == "plan":
+        # The monitor starts empty windows for the new plan: the old plan's statistics are removed
+        # at the swap, so Prometheus never reads them as the new version's.
+        FAIRNESS.clear()
     ARTIFACT_VERSION.labels(current.kind).set(current.version)
     log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
 

@@ -146,6 +146,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     config = _config(args)
     options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
                           bad=args.bad, rate=args.rate, timeout=args.timeout)
+    config = config.with_topics(prefix=f"{config.topics.prefix}-demo-{int(time.time())}")  # a fresh run each time
     with _broker(args) as broker:
         try:
             report = run_demo(config, broker.bootstrap, options)
@@ -242,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--n-research", type=int, default=10_000)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
-    demo.add_argument("--rate", type=float, help="replay rate in records/s (default: as fast as possible)")
+    demo.add_argument("--rate", type=float, default=2000.0, help="replay rate in records/s (default: 2000)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     demo.set_defaults(func=_cmd_demo)
 

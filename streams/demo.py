@@ -1,16 +1,20 @@
-"""``fairstream demo``: the streaming product end to end on the embedded default.
+"""``fairstream demo``: the product end to end on the embedded default (what ``make run`` runs).
 
-Broker, topics, a worker process, an initial plan fitted on the Adult research split and
-published on the control topic, the archive replayed through the stream (with some bad records
-mixed in), a live summary while it runs, then a report with E before/after computed from what
-the repaired topic actually holds. Ctrl-C stops everything cleanly.
+Broker, topics, a worker (record agent, monitor, /metrics), a re-fit service, and a Prometheus
+server with the production alert rules when the ``prometheus`` binary is installed. The plan is
+fitted on the Adult research split (read back from the research topic) and published; the archive
+is replayed with invalid records mixed in; half way the distribution shifts (in the college
+stratum, women's hours-per-week rise by 15) while labelled records of the new distribution reach
+the research topic. The monitor detects the drift, Prometheus fires the alert, the re-fit service
+publishes a new plan, the worker swaps it, and the statistic comes back under the threshold. A live
+line shows progress; the report gives the accounting (in = repaired + dead-lettered), E before/after
+per plan version computed from what the repaired topic holds, the timeline, and two plots.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
+import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,111 +22,96 @@ from pathlib import Path
 import numpy as np
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.evaluation import evaluate_repair
 
 from .collect import TopicReader, collect_until
 from .config import PipelineConfig
-from .plots import plot_group_distributions
-from .registry import ArtifactStore, ControlClient
-from .replay import bad_messages, interleave, record_messages, replay
-from .supervise import WorkerProcess
-from .topics import ensure_topics
+from .loop import LoopReport, run_fairness_loop, shift_group
+from .plots import plot_group_distributions, plot_timeline
+from .replay import bad_messages
 
 
 @dataclass
 class DemoOptions:
     run_dir: Path = Path("runs/demo")
     n_research: int = 10_000
-    n_q: int = 250
+    n_stable: int = 15_000
+    n_drifted_research: int = 6_000
+    shift: float = 15.0
     seed: int = 0
     bad: int = 100
-    rate: float | None = None
+    rate: float = 2000.0
     timeout: float = 300.0
-    progress: bool = True
-    # Out-of-range values are refused (dead-lettered with a reason) rather than clamped, so a
-    # corrupted measurement never turns into a plausible repaired value.
-    out_of_range: str = "reject"
-
-
-def fit_initial_plan(config: PipelineConfig, options: DemoOptions):
-    data = datasets.load(config.name, features=config.features)
-    research, archive = data.split(options.n_research, seed=options.seed)
-    plan = DistributionalRepair(n_q=options.n_q, columns=list(config.features), out_of_range=options.out_of_range)
-    plan.fit(research.X, research.s, research.u)
-    return plan, research, archive
 
 
 def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=print) -> dict:
     """Run the demo against the broker at ``bootstrap``; returns (and saves) the report."""
     run_dir = Path(options.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ensure_topics(bootstrap, config.topics)
-    say(f"topics ready under prefix {config.topics.prefix!r} on {bootstrap}")
-    with WorkerProcess(config, bootstrap, run_dir) as worker:
-        say(f"worker started (pid log {worker.log_path}); a Faust worker takes about 30 s to join its group")
-        plan, research, archive = fit_initial_plan(config, options)
-        control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
-        record = control.publish_sync(plan.to_artifact(metrics={"n_research": len(research)}))
-        say(f"published plan version {record.version} (sha256 {record.sha256[:12]}) fitted on {len(research)} research rows")
-        good = record_messages(archive, config, id_prefix=f"{config.name}-archive")
-        messages = interleave(good, bad_messages(config, options.bad, id_prefix="bad"), seed=options.seed)
-        summary = _live_summary(bootstrap, config, messages, options, worker, say)
-    report = _report(config, archive, summary, run_dir)
+    data = datasets.load(config.name, features=config.features)
+    research, archive = data.split(options.n_research, seed=options.seed)
+    hours = list(config.features).index("hours-per-week")
+    shifted = shift_group(archive.subset(slice(options.n_stable, None)), feature=hours, group=0, stratum=1,
+                          amount=options.shift, lo=1, hi=99)
+    prometheus = shutil.which("prometheus") is not None
+    if not prometheus:
+        say("(no prometheus binary: the alerting step is skipped; `make setup` installs it)")
+    loop = run_fairness_loop(
+        config, bootstrap, run_dir, research, archive.subset(slice(0, options.n_stable)),
+        shifted.subset(slice(options.n_drifted_research, None)), shifted.subset(slice(0, options.n_drifted_research)),
+        rate=options.rate, recovery_timeout=options.timeout, prometheus=prometheus,
+        extra=bad_messages(config, options.bad, id_prefix="bad", seed=options.seed), live=True, say=say)
+    outputs = _collect(bootstrap, config, loop.sent, options.timeout)
+    report = _report(config, archive, loop, outputs, run_dir)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     return report
 
 
-def _live_summary(bootstrap, config, messages, options, worker, say) -> dict:
-    sender = threading.Thread(target=replay, args=(bootstrap, config.topics.records_in, messages, options.rate, False),
-                              daemon=True)
-    readers = {"repaired": TopicReader(bootstrap, config.topics.records_repaired), "dlq": TopicReader(bootstrap, config.topics.dlq)}
-    start = time.monotonic()
-    sender.start()
-    state = {"last": 0.0, "first_output": None}
-
-    def show(collected):
-        done = len(collected["repaired"]) + len(collected["dlq"])
-        if done and state["first_output"] is None:
-            state["first_output"] = time.monotonic()
-        if time.monotonic() - state["last"] >= 1.0:
-            state["last"] = time.monotonic()
-            versions = sorted({json.loads(m.value)["provenance"]["version"] for m in collected["repaired"][-200:]})
-            elapsed = time.monotonic() - (state["first_output"] or start)
-            say(f"[{time.monotonic() - start:5.0f}s] in {len(messages)}  repaired {len(collected['repaired'])}  "
-                f"dead-lettered {len(collected['dlq'])}  {done / max(elapsed, 1e-9):,.0f} rec/s  version {versions or '-'}")
-        if not worker.running:
-            raise RuntimeError(f"the worker exited; last lines of its log:\n{worker.log_tail()}")
-
+def _collect(bootstrap: str, config: PipelineConfig, expected: int, timeout: float) -> dict[str, list]:
+    readers = {"repaired": TopicReader(bootstrap, config.topics.records_repaired),
+               "dlq": TopicReader(bootstrap, config.topics.dlq)}
     try:
-        collected = collect_until(readers, lambda c: len(c["repaired"]) + len(c["dlq"]) >= len(messages),
-                                  options.timeout, on_poll=show)
+        collected = collect_until(readers, lambda c: len({json.loads(m.value)["id"] for m in c["repaired"]})
+                                  + len(c["dlq"]) >= expected, timeout)
     finally:
         for reader in readers.values():
             reader.close()
-    sender.join(timeout=5)
-    seconds = time.monotonic() - (state["first_output"] or start)
-    return {"collected": collected, "sent": len(messages), "seconds": seconds}
+    return {name: [json.loads(m.value) for m in messages] for name, messages in collected.items()}
 
 
-def _report(config: PipelineConfig, archive, summary: dict, run_dir: Path) -> dict:
-    repaired = [json.loads(m.value) for m in summary["collected"]["repaired"]]
-    letters = [json.loads(m.value) for m in summary["collected"]["dlq"]]
-    unique = {r["id"]: r for r in repaired}.values()  # at-least-once: de-duplicate by id
-    X = np.array([[r["original"][f] for f in config.features] for r in unique])
-    Xr = np.array([[r["features"][f] for f in config.features] for r in unique])
-    s = np.array([r["s"] for r in unique])
-    u = np.array([r["u"] for r in unique])
-    evaluation = evaluate_repair(X, Xr, s, u)
+def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, run_dir: Path) -> dict:
+    repaired = list({r["id"]: r for r in outputs["repaired"]}.values())  # at-least-once: de-duplicate by id
+    letters = outputs["dlq"]
+    by_version = {}
+    for version, phase in sorted({(r["provenance"]["version"], _phase(r)) for r in repaired},
+                                 key=lambda vp: (vp[0], vp[1] != "before the drift")):
+        rows = [r for r in repaired if r["provenance"]["version"] == version and _phase(r) == phase]
+        if len(rows) >= 100:
+            X, Xr, s, u = _arrays(rows, config)
+            by_version[f"v{version}, {phase}"] = {"records": len(rows), **evaluate_repair(X, Xr, s, u).as_dict()}
+    stable = [r for r in repaired if r["id"].startswith("stable-")]
+    X, Xr, s, u = _arrays(stable, config)
     plot = plot_group_distributions(run_dir / "stream_distributions.png", X, Xr, s, u, list(config.features),
-                                    archive.s_labels, archive.u_labels, title="records.repaired: before/after")
+                                    archive.s_labels, archive.u_labels, title="records.repaired before the drift: before/after")
+    timeline = plot_timeline(run_dir / "timeline.png", loop.series, loop.events, loop.threshold)
     return {
-        "sent": summary["sent"], "repaired": len(repaired), "repaired_unique": len(X), "dead_lettered": len(letters),
-        "records_per_second": (len(repaired) + len(letters)) / max(summary["seconds"], 1e-9),
-        "versions": dict(Counter(r["provenance"]["version"] for r in repaired)),
+        "sent": loop.sent, "repaired_unique": len(repaired), "repaired_messages": len(outputs["repaired"]),
+        "dead_lettered": len(letters),
         "dead_letter_reasons": dict(Counter(_reason_kind(d["reason"]) for d in letters).most_common()),
-        "evaluation": evaluation.as_dict(), "features": list(config.features), "plot": str(plot),
+        "by_version": by_version, "features": list(config.features), "threshold": loop.threshold,
+        "timeline": [{"seconds": round(t, 1), "event": e, "detail": d} for t, e, d in loop.events],
+        "refits": loop.refit_outcomes, "plots": [str(plot), str(timeline)],
     }
+
+
+def _phase(record: dict) -> str:
+    return "before the drift" if record["id"].startswith("stable-") else "after the drift"
+
+
+def _arrays(rows: list[dict], config: PipelineConfig):
+    X = np.array([[r["original"][f] for f in config.features] for r in rows])
+    Xr = np.array([[r["features"][f] for f in config.features] for r in rows])
+    return X, Xr, np.array([r["s"] for r in rows]), np.array([r["u"] for r in rows])
 
 
 def _reason_kind(reason: str) -> str:
@@ -133,17 +122,19 @@ def _reason_kind(reason: str) -> str:
 
 
 def format_report(report: dict) -> str:
-    ev = report["evaluation"]
     lines = [
-        f"records in: {report['sent']}  repaired: {report['repaired']} ({report['repaired_unique']} unique ids)  "
-        f"dead-lettered: {report['dead_lettered']}  (in = repaired + dead-lettered: "
-        f"{report['sent'] == report['repaired_unique'] + report['dead_lettered']})",
-        f"throughput: {report['records_per_second']:,.0f} records/s end to end; versions in use: {report['versions']}",
+        f"records in: {report['sent']}  repaired: {report['repaired_unique']} unique ids "
+        f"({report['repaired_messages']} messages)  dead-lettered: {report['dead_lettered']}  "
+        f"(in = repaired + dead-lettered: {report['sent'] == report['repaired_unique'] + report['dead_lettered']})",
         "dead-letter reasons: " + ", ".join(f"{k} x{v}" for k, v in report["dead_letter_reasons"].items()),
-        f"{'E from records.repaired':<26}" + "".join(f"{f:>16}" for f in report["features"]) + f"{'total':>10}",
-        f"{'before (original)':<26}" + "".join(f"{v:>16.4f}" for v in ev["E_before"]) + f"{ev['E_before_total']:>10.4f}",
-        f"{'after (repaired)':<26}" + "".join(f"{v:>16.4f}" for v in ev["E_after"]) + f"{ev['E_after_total']:>10.4f}",
-        f"{'noise floor':<26}" + "".join(f"{v:>16.4f}" for v in ev["E_floor"]) + f"{ev['E_floor_total']:>10.4f}",
-        f"E reduced {ev['reduction']:.1f}x; plot: {report['plot']}",
+        f"{'E from records.repaired':<30}" + "".join(f"{f:>16}" for f in report["features"]) + f"{'total':>10}",
     ]
+    for version, ev in report["by_version"].items():
+        lines.append(f"plan {version} ({ev['records']} records)")
+        for label, key in (("  before (original)", "E_before"), ("  after (repaired)", "E_after"), ("  noise floor", "E_floor")):
+            lines.append(f"{label:<30}" + "".join(f"{v:>16.4f}" for v in ev[key]) + f"{ev[key + '_total']:>10.4f}")
+    lines.append(f"timeline (threshold {report['threshold']}):")
+    lines += [f"  {e['seconds']:7.1f}s  {e['event']}  {e['detail']}" for e in report["timeline"]]
+    lines += [f"re-fit: {r}" for r in report["refits"]]
+    lines.append("plots: " + ", ".join(report["plots"]))
     return "\n".join(lines)

@@ -28,7 +28,7 @@ from .broker import free_port
 from .config import PipelineConfig
 from .refit import RefitJob, RefitService, TopicSource
 from .registry import ArtifactStore, ControlClient
-from .replay import record_messages, replay
+from .replay import interleave, record_messages, replay
 from .supervise import WorkerProcess
 from .topics import ensure_topics
 
@@ -61,6 +61,7 @@ class LoopReport:
     series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, plan version)
     threshold: float = 0.0
     refit_outcomes: list[str] = field(default_factory=list)
+    sent: int = 0  # messages sent to records.in (valid and invalid)
 
     def first(self, event: str) -> float | None:
         return next((t for t, e, _ in self.events if e == event), None)
@@ -69,9 +70,12 @@ class LoopReport:
 class MetricsPoller(threading.Thread):
     """Polls a worker's /metrics and turns what changes into timeline events."""
 
-    def __init__(self, url: str, report: LoopReport, start: float, config: PipelineConfig, interval: float = 0.5):
+    def __init__(self, url: str, report: LoopReport, start: float, config: PipelineConfig, interval: float = 0.5,
+                 say: Callable[[str], None] | None = None):
         super().__init__(daemon=True)
-        self.url, self.report, self.start_time, self.interval = url, report, start, interval
+        self.url, self.report, self.start_time, self.interval, self.say = url, report, start, interval, say
+        self.last_line, self.last_done = 0.0, (0.0, 0.0)
+        self.processed = 0.0  # records the worker has repaired or dead-lettered
         self.monitor = config.monitor
         self.stop_event = threading.Event()
         self.version, self.drifts, self.recovered_version = None, 0.0, None
@@ -85,6 +89,8 @@ class MetricsPoller(threading.Thread):
             self._observe(samples, time.monotonic() - self.start_time)
 
     def _observe(self, samples: dict, t: float) -> None:
+        self.processed = sum(metric(samples, name, agent="records") or 0.0
+                             for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
         version = metric(samples, "fairstream_artifact_version", kind="plan")
         value = metric(samples, "fairstream_fairness", statistic=STATISTIC[0], stage=STATISTIC[1], stratum=STATISTIC[2],
                        feature=STATISTIC[3], group_pair=STATISTIC[4], window=STATISTIC[5])
@@ -96,11 +102,23 @@ class MetricsPoller(threading.Thread):
         if drifts > self.drifts:
             self.report.events.append((t, "drift detected by the monitor", f"{self.monitor.statistic} = {value:.3f}"))
             self.drifts = drifts
+        if self.say is not None and t - self.last_line >= 2.0:
+            self._live_line(samples, t, version, value)
         if value is not None and version is not None:
             self.report.series.append((t, value, int(version)))
             if version > 1 and value < self.monitor.threshold and self.recovered_version != version:
                 self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.monitor.threshold}"))
                 self.recovered_version = version
+
+
+    def _live_line(self, samples: dict, t: float, version, value) -> None:
+        taken = metric(samples, "fairstream_records_in_total", agent="records") or 0.0
+        repaired = metric(samples, "fairstream_records_repaired_total", agent="records") or 0.0
+        dead = metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
+        rate = (repaired + dead - self.last_done[1]) / max(t - self.last_done[0], 1e-9)
+        self.say(f"[{t:6.1f}s] in {taken:.0f}  repaired {repaired:.0f}  dead-lettered {dead:.0f}  {rate:,.0f} rec/s  "
+                 f"plan v{int(version) if version else '-'}  E after {value if value is None else round(value, 3)}")
+        self.last_line, self.last_done = t, (t, repaired + dead)
 
 
 def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, job: RefitJob) -> None:
@@ -115,7 +133,8 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
 
 def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
                       drifted: Dataset, drifted_research: Dataset, rate: float = 2000.0, recovery_timeout: float = 120.0,
-                      prometheus: bool = True, short_for: bool = False, say: Callable[[str], None] = print) -> LoopReport:
+                      prometheus: bool = True, short_for: bool = False, extra: list = (), live: bool = False,
+                      say: Callable[[str], None] = print) -> LoopReport:
     """Run the whole loop; returns the timeline and the statistic over time."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +148,7 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
     with WorkerProcess(config, bootstrap, run_dir) as worker, contextlib_prometheus(prometheus, run_dir, port, short_for) as prom:
         publish_initial(config, bootstrap, research, job)
         note("initial plan and scorer published", f"research rows {len(research)}")
-        poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config)
+        poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
         poller.start()
         _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
         stop_refits = threading.Event()
@@ -137,13 +156,16 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
         refits.start()
         try:
-            replay(bootstrap, config.topics.records_in, record_messages(stable, config, "stable"), rate=rate, progress=False)
+            first = interleave(record_messages(stable, config, "stable"), list(extra)) if extra else \
+                record_messages(stable, config, "stable")
+            report.sent += replay(bootstrap, config.topics.records_in, first, rate=rate, progress=False)
             note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
             replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
                    progress=False)
             # Data keeps arriving from the shifted distribution until the repair has caught up with it.
             stop_sending = threading.Event()
-            sender = threading.Thread(target=_keep_sending, args=(bootstrap, config, drifted, rate, stop_sending), daemon=True)
+            sender = threading.Thread(target=_keep_sending, args=(bootstrap, config, drifted, rate, stop_sending, report),
+                                      daemon=True)
             sender.start()
             if prom is not None:
                 alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
@@ -151,6 +173,8 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
             stop_sending.set()
             sender.join()
+            # Nothing lost: the worker finishes what was sent before it is stopped.
+            _wait(lambda: poller.processed >= report.sent, recovery_timeout, worker)
         finally:
             stop_refits.set()
             refits.join(timeout=30)
@@ -167,15 +191,15 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
 
 
 def _keep_sending(bootstrap: str, config: PipelineConfig, data: Dataset, rate: float, stop: threading.Event,
-                  chunk: int = 2000) -> None:
+                  report: LoopReport, chunk: int = 2000) -> None:
     """Replay ``data`` in chunks, round after round with fresh ids, until ``stop`` is set."""
     for round_ in itertools.count():
         for start in range(0, len(data), chunk):
             if stop.is_set():
                 return
             part = data.subset(slice(start, start + chunk))
-            replay(bootstrap, config.topics.records_in, record_messages(part, config, f"drifted-{round_}-{start}"),
-                   rate=rate, progress=False)
+            report.sent += replay(bootstrap, config.topics.records_in,
+                                  record_messages(part, config, f"drifted-{round_}-{start}"), rate=rate, progress=False)
 
 
 def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) -> None:
