@@ -70,7 +70,6 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     raw = dict(value_type=bytes, key_type=bytes, value_serializer="raw", key_serializer="raw", partitions=topics.partitions)
     records_in = app.topic(topics.records_in, **raw)
     embeddings_in = app.topic(topics.embeddings_in, **raw)
-    records_repaired = app.topic(topics.records_repaired, **raw)
     registry = ArtifactRegistry(LOADERS, ArtifactStore(config.artifact_dir), on_change=_on_artifact_change,
                                 on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     ready = asyncio.Event()
@@ -119,6 +118,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                 outcome = records_logic.process(messages, plan)
                 await send_all(outcome, topics.records_repaired, "records")
             record_lag(events, "records")
+            if outcome.monitor_batch is not None:  # what was just delivered to records.repaired
+                await monitor_delivered(outcome.monitor_batch, plan)
 
     embedding_logic = EmbeddingRepairer(config)
 
@@ -146,18 +147,14 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         REFIT_REQUESTS.labels("plan", "drift").inc()
         log.warning("fairness drift confirmed: %s; re-fit requested (%s)", reason, request.request_id)
 
-    @app.agent(records_repaired)
-    async def monitor_fairness(stream) -> None:
-        # The monitor's own consumer group position: each worker monitors the repaired partitions it owns.
-        async for values in stream.take(config.monitor.window_records // config.monitor.buckets or 1,
-                                        within=1.0):
-            plan = registry.current(config.records.artifact)
-            if plan is None:
-                continue
-            RECORDS_IN.labels("monitor").inc(len(values))
-            for event in monitor.observe(values, plan, registry.current("scorer")):
-                await on_drift(event)
+    last_export = [0.0]
+
+    async def monitor_delivered(batch, plan) -> None:
+        for event in monitor.observe_batch(batch, plan, registry.current("scorer")):
+            await on_drift(event)
+        if time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
             export_fairness(monitor)
+            last_export[0] = time.monotonic()
 
     return app
 

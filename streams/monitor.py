@@ -1,8 +1,10 @@
 """The fairness monitor: sliding-window statistics of the repaired stream, drift detection, gauges.
 
-It reads what the record agent wrote to ``records.repaired`` (each record carries its original
-features, so "before" and "after" come from the same records) and keeps, for the plan version in
-use and per stratum, over a count window and a time window:
+It watches exactly what the record agent writes to ``records.repaired``: in a worker the agent hands
+each delivered batch over as arrays (original and repaired features of the same records), so the
+monitor costs a few vectorised calls per batch and no second pass of Faust's per-message machinery;
+a standalone reader of the topic can feed it raw values instead (:meth:`FairnessMonitor.observe`).
+It keeps, for the plan version in use and per stratum, over a count window and a time window:
 
 - ``dependence_e`` and ``w1`` between groups, per feature, before and after repair (fixed bins
   from the plan's grid range, so the numbers are comparable across windows);
@@ -63,6 +65,9 @@ class MonitorBatch:
     y: np.ndarray | None
     keys: np.ndarray
     ts: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.s)
 
 
 def parse_repaired(values: Iterable[bytes], config: PipelineConfig, version: int) -> tuple[MonitorBatch | None, int]:
@@ -261,11 +266,19 @@ class FairnessMonitor:
 
     def observe(self, values: list[bytes], plan_active, scorer_active=None) -> list[DriftEvent]:
         """Update every window with a batch of ``records.repaired`` values; returns confirmed drift events."""
-        if self.version != plan_active.version or self.with_scorer != (scorer_active is not None):
-            self._start(plan_active, scorer_active is not None)
+        self._follow(plan_active, scorer_active)
         batch, skipped = parse_repaired(values, self.config, self.version)
         self.skipped += skipped
-        if batch is None:
+        return [] if batch is None else self.observe_batch(batch, plan_active, scorer_active)
+
+    def _follow(self, plan_active, scorer_active) -> None:
+        if self.version != plan_active.version or self.with_scorer != (scorer_active is not None):
+            self._start(plan_active, scorer_active is not None)
+
+    def observe_batch(self, batch: MonitorBatch, plan_active, scorer_active=None) -> list[DriftEvent]:
+        """Update every window with the arrays of a batch repaired by ``plan_active``."""
+        self._follow(plan_active, scorer_active)
+        if len(batch.s) == 0:
             return []
         plan = plan_active.module
         scores = Scores(batch, plan, scorer_active.module, tuple(self.config.groups)) if scorer_active else None

@@ -7,6 +7,7 @@ message produces exactly one output: a repaired record or a dead letter with its
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
@@ -14,6 +15,7 @@ import numpy as np
 
 from .codec import dead_letter, decode_embeddings, decode_records, encode_embeddings, encode_repaired, provenance
 from .config import PipelineConfig
+from .monitor import MonitorBatch
 
 
 class MessageLike(Protocol):
@@ -44,6 +46,7 @@ class BatchOutcome:
     version: int | None = None
     out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
+    monitor_batch: MonitorBatch | None = None  # the repaired records as arrays, for the fairness monitor
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
@@ -80,8 +83,17 @@ class RecordRepairer:
             outcome.repaired = [(_output_key(messages[batch.index[i]], r), v) for i, r, v in zip(ok, records, values)]
             outcome.out_of_range = int(result.out_of_range.any(axis=1).sum())
             outcome.event_times = [r["ts"] for r in records if r.get("ts") is not None]
+            outcome.monitor_batch = _monitor_batch(records, batch.X[ok], result.values[ok], batch.s[ok], batch.u[ok],
+                                                   batch.keys[ok], outcome.event_times)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
+
+
+def _monitor_batch(records, X, repaired, s, u, keys, event_times) -> MonitorBatch:
+    ys = [r.get("y") for r in records]
+    ts = np.array(event_times, dtype=np.float64) if len(event_times) == len(records) else np.full(len(records), time.time())
+    return MonitorBatch(before=X, after=repaired, s=s, u=u, keys=keys, ts=ts,
+                        y=np.array(ys, dtype=np.int64) if ys and all(y is not None for y in ys) else None)
 
 
 class EmbeddingRepairer:

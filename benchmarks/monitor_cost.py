@@ -1,0 +1,82 @@
+"""Cost of the fairness monitor per record, next to the record agent's own work, in one run.
+
+Both run on the same 1000-record batches of real Adult records: the record agent's batch logic
+(decode, repair, encode: `RecordRepairer.process`) and the monitor's on the arrays the agent hands
+over after delivery (`FairnessMonitor.observe_batch`: scorer and transport map for MDP, both sliding
+windows, drift detector), plus the gauge export (once a second). The share of worker CPU uses the worker's measured per-record cost at full throughput
+(Faust's event machinery included), which `--worker-rate` takes from benchmarks/stream_throughput.py.
+
+    .venv/bin/python benchmarks/monitor_cost.py [--batches 30] [--worker-rate 6500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.repair.scorer import LogisticScorer
+from fairstream.streams.app import export_fairness
+from fairstream.streams.config import adult_config
+from fairstream.streams.monitor import FairnessMonitor
+from fairstream.streams.processing import RecordRepairer, SimpleMessage
+from fairstream.streams.replay import record_messages
+
+
+@dataclass
+class Active:
+    kind: str
+    version: int
+    sha256: str
+    module: object
+
+
+def per_record_us(fn, batches) -> float:
+    times = []
+    for batch in batches:
+        start = time.perf_counter()
+        fn(batch)
+        times.append((time.perf_counter() - start) / len(batch))
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=30)
+    parser.add_argument("--worker-rate", type=float, default=6500.0,
+                        help="records/s one worker sustains at full throughput (stream_throughput.py)")
+    args = parser.parse_args()
+    config = adult_config()
+    research, archive = datasets.load("adult").split(10_000, seed=0)
+    plan = Active("plan", 1, "0" * 64, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
+    scorer = Active("scorer", 1, "1" * 64, LogisticScorer().fit(research.X, research.y))
+    messages = [SimpleMessage(v, k) for k, v in record_messages(archive, config, id_prefix="m")]
+    inputs = [messages[i:i + 1000] for i in range(0, 1000 * args.batches, 1000)]
+    agent = RecordRepairer(config)
+    delivered = [agent.process(batch, plan).monitor_batch for batch in inputs]  # what a worker hands over
+
+    agent_us = per_record_us(lambda batch: agent.process(batch, plan), inputs)
+    monitor = FairnessMonitor(config)
+    # Gauges are exported at most once a second; at full throughput that is every ~6 batches.
+    monitor_us = per_record_us(lambda batch: monitor.observe_batch(batch, plan, scorer), delivered)
+    plain = FairnessMonitor(config)
+    no_scorer_us = per_record_us(lambda batch: plain.observe_batch(batch, plan), delivered)
+    export_us = per_record_us(lambda batch: export_fairness(monitor), delivered) / 6
+    worker_us = 1e6 / args.worker_rate
+    print(f"record agent batch logic (decode + repair + encode): {agent_us:7.1f} us/record")
+    print(f"monitor with scorer (DP, MDP, E, W1, out-of-range):   {monitor_us:7.1f} us/record")
+    print(f"monitor without scorer:                               {no_scorer_us:7.1f} us/record")
+    print(f"gauge export (once a second, ~6 batches):             {export_us:7.1f} us/record")
+    monitor_us += export_us
+    no_scorer_us += export_us
+    print(f"worker at full throughput ({args.worker_rate:,.0f} rec/s, Faust included): {worker_us:7.1f} us/record")
+    share = monitor_us / (worker_us + monitor_us)
+    print(f"monitor share of worker CPU: {share:.1%} with scorer, "
+          f"{no_scorer_us / (worker_us + no_scorer_us):.1%} without (target <= 10%)")
+
+
+if __name__ == "__main__":
+    main()
