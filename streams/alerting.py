@@ -36,10 +36,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -55,7 +52,7 @@ ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"
 ALERTS_TEST_YML = DEPLOY / "alerts_test.yml"
 WORKER_JOB = "fairstream-worker"
-LOOPBACK = "127.0.0.1"
+from .processes import LOOPBACK, dies_with_owner, free_port, port_is_free, terminate_process_group  # noqa: F401
 _POLL_SECONDS = 0.2
 T = TypeVar("T")
 
@@ -70,21 +67,6 @@ def binary(name: str) -> str:
     if found is None:
         raise PrometheusError(f"{name} not found: run `make setup` (installs the Debian package `prometheus`)")
     return found
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
-def _port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 # --------------------------------------------------------------------------- rule files for tests
@@ -132,19 +114,6 @@ def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike,
 
 # --------------------------------------------------------------------------- process handling
 
-# A tiny Python prelude that sets the parent-death signal and then exec()s Prometheus, which keeps
-# the pid. Note: Linux sends it when the *thread* that started the server exits, so start servers
-# from a thread that outlives them (the test's main thread).
-_PDEATHSIG_EXEC = """
-import ctypes, os, signal, sys
-owner, argv = int(sys.argv[1]), sys.argv[2:]
-if sys.platform.startswith("linux"):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    if os.getppid() != owner:
-        sys.exit(1)
-os.execv(argv[0], argv)
-"""
-
 _LIVE: "weakref.WeakSet[PrometheusServer]" = weakref.WeakSet()
 
 
@@ -153,19 +122,6 @@ def _stop_all() -> None:
     for server in list(_LIVE):
         with contextlib.suppress(Exception):
             server.stop()
-
-
-def _stop_process(process: subprocess.Popen, timeout: float) -> None:
-    """SIGTERM the process group led by ``process``, then SIGKILL; reap it (no zombie)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if process.poll() is not None:
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout)
-    if process.poll() is None:
-        raise PrometheusError(f"prometheus pid {process.pid} survived SIGKILL")
 
 
 def parse_time(text: str) -> float:
@@ -258,7 +214,7 @@ class PrometheusServer:
         self.log_path.write_bytes(b"")
         for attempt in range(3):  # a free port can be lost to a race before Prometheus binds it
             self._port = free_port()
-            if not _port_is_free(LOOPBACK, self._port):
+            if not port_is_free(LOOPBACK, self._port):
                 continue
             self._spawn()
             if self._wait_until_ready(last_attempt=attempt == 2):
@@ -270,7 +226,7 @@ class PrometheusServer:
         process, self._process = self._process, None
         _LIVE.discard(self)
         if process is not None:
-            _stop_process(process, self.stop_timeout)
+            terminate_process_group(process.pid, self.stop_timeout, process)
 
     def __enter__(self) -> "PrometheusServer":
         return self.start()
@@ -417,8 +373,7 @@ class PrometheusServer:
 
     def _command(self) -> list[str]:
         return [
-            sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()),
-            binary("prometheus"),
+            *dies_with_owner([binary("prometheus")]),
             f"--config.file={self.config_path.resolve()}",
             f"--storage.tsdb.path={(self.run_dir / 'data').resolve()}",
             f"--web.listen-address={LOOPBACK}:{self._port}",
@@ -427,7 +382,7 @@ class PrometheusServer:
     def _spawn(self) -> None:
         command = self._command()
         with open(self.log_path, "ab") as log_file:
-            log_file.write(f"--- tests: {' '.join(command[6:])}\n".encode())
+            log_file.write(f"--- fairstream: {' '.join(command[6:])}\n".encode())
             log_file.flush()
             self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
                                              stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)

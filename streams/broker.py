@@ -21,7 +21,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -31,7 +30,8 @@ from typing import Iterator
 
 log = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
+from . import processes
+from .processes import LOOPBACK, dies_with_owner, free_port, is_alive, port_is_free  # noqa: F401 (re-exported)
 LOG_NAME = "broker.log"
 PID_NAME = "broker.pid"
 _LOG_TAIL_LINES = 30
@@ -79,22 +79,6 @@ def parse_broker_url(url: str) -> BrokerAddress:
     if not hosts:
         raise ValueError(f"no broker address in {url!r}")
     return BrokerAddress(tuple(hosts))
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    """A port that is free right now; the caller must cope with losing it to a race."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- readiness
@@ -167,21 +151,6 @@ def _process_args(pid: int) -> list[str]:
     return raw.decode(errors="replace").rstrip("\0").split("\0")
 
 
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0) but is already dead; /proc tells them apart on Linux.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
 def _looks_like_broker(pid: int) -> bool:
     """Guard against pid reuse: our broker always runs as ``<binary> broker``, whatever the binary."""
     if not Path("/proc").is_dir():
@@ -189,32 +158,13 @@ def _looks_like_broker(pid: int) -> bool:
     return _process_args(pid)[-1:] == ["broker"]
 
 
-def _signal_group(pid: int, sig: int) -> None:
-    # The broker leads its own process group, so the group id equals its pid.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def _wait_gone(pid: int, timeout: float, popen: subprocess.Popen | None = None) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if popen is not None and popen.poll() is not None:
-            return True
-        if popen is None and not _is_alive(pid):
-            return True
-        time.sleep(_POLL_SECONDS)
-    return False
-
-
 def terminate_process_group(pid: int, timeout: float = 10.0, popen: subprocess.Popen | None = None) -> None:
-    """SIGTERM the group led by ``pid``, wait up to ``timeout`` seconds, then SIGKILL it."""
-    _signal_group(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout, popen):
-        return
-    log.warning("broker pid %d ignored SIGTERM for %.1fs; sending SIGKILL", pid, timeout)
-    _signal_group(pid, signal.SIGKILL)
-    if not _wait_gone(pid, timeout, popen):
-        raise BrokerError(f"broker pid {pid} survived SIGKILL")
+    """SIGTERM the broker's process group, wait up to ``timeout`` seconds, then SIGKILL it."""
+    try:
+        if not processes.terminate_process_group(pid, timeout, popen):
+            log.warning("broker pid %d ignored SIGTERM for %.1fs and was killed", pid, timeout)
+    except RuntimeError as exc:
+        raise BrokerError(f"broker {exc}") from None
 
 
 def read_pid_file(pid_file: Path) -> int | None:
@@ -234,7 +184,7 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
     if pid_file.is_dir():
         pid_file = pid_file / PID_NAME
     pid = read_pid_file(pid_file)
-    if pid is None or not _is_alive(pid):
+    if pid is None or not is_alive(pid):
         pid_file.unlink(missing_ok=True)
         return False
     if not _looks_like_broker(pid):
@@ -253,21 +203,6 @@ def tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-# Runs in a tiny Python process that then exec()s the broker, so the broker keeps the pid and the
-# parent-death signal. Linux only; elsewhere it just execs. Doing this in the child instead of
-# via preexec_fn keeps Popen safe in threaded parents (Faust, kafka-python run threads).
-_PDEATHSIG_EXEC = """
-import ctypes, os, signal, sys
-owner, argv = int(sys.argv[1]), sys.argv[2:]
-if sys.platform.startswith("linux"):
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != owner:  # the owner died before prctl took effect
-        sys.exit(1)
-os.execv(argv[0], argv)
-"""
 
 
 # --------------------------------------------------------------------------- cleanup at exit
@@ -438,7 +373,7 @@ class EmbeddedBroker:
 
     def _refuse_if_other_broker_owns_run_dir(self) -> None:
         pid = read_pid_file(self.pid_path)
-        if pid is not None and _is_alive(pid) and _looks_like_broker(pid):
+        if pid is not None and is_alive(pid) and _looks_like_broker(pid):
             raise BrokerError(
                 f"a broker (pid {pid}) already runs from {self.run_dir}; "
                 f"stop it first (fairstream broker stop, or stop_broker_from_pid_file)"
@@ -446,7 +381,7 @@ class EmbeddedBroker:
 
     def _command(self) -> list[str]:
         binary = self._binary or _resolve_binary()
-        return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), binary, "broker"]
+        return dies_with_owner([binary, "broker"])
 
     def _environment(self) -> dict[str, str]:
         listener = f"tcp://{self.host}:{self._port}"

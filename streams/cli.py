@@ -47,11 +47,12 @@ def _broker(args: argparse.Namespace):
 
 def _running_embedded_broker() -> str | None:
     """The address written by ``fairstream broker start`` if that broker is still alive."""
-    from .broker import _is_alive, read_pid_file
+    from .broker import read_pid_file
+    from .processes import is_alive
 
     address = BROKER_RUN_DIR / "broker.address"
     pid = read_pid_file(BROKER_RUN_DIR / "broker.pid")
-    return address.read_text().strip() if address.exists() and pid and _is_alive(pid) else None
+    return address.read_text().strip() if address.exists() and pid and is_alive(pid) else None
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:

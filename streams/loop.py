@@ -24,7 +24,7 @@ from fairstream.repair.datasets import Dataset
 from fairstream.repair.scorer import LogisticScorer
 
 from .alerting import ALERTS_YML, PrometheusServer, rules_with_short_for
-from .broker import free_port
+from .processes import free_port
 from .config import PipelineConfig
 from .refit import RefitJob, RefitService, TopicSource
 from .registry import ArtifactStore, ControlClient

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from .config import PipelineConfig
+from .processes import dies_with_owner, terminate_process_group
 
 
 class WorkerProcess:
@@ -32,7 +33,7 @@ class WorkerProcess:
     def start(self) -> "WorkerProcess":
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(self.config.to_toml())
-        command = [sys.executable, "-m", "fairstream.streams.cli", "worker", "--config", str(self.config_path),
+        command = [*dies_with_owner([sys.executable]), "-m", "fairstream.streams.cli", "worker", "--config", str(self.config_path),
                    "--broker", f"kafka://{self.bootstrap}", "--run-dir", str(self.run_dir)]
         if self.app_id:
             command += ["--app-id", self.app_id]
@@ -57,12 +58,8 @@ class WorkerProcess:
     def stop(self, timeout: float = 20.0) -> int | None:
         if self._process is None or self._process.poll() is not None:
             return None if self._process is None else self._process.returncode
-        os.killpg(self._process.pid, signal.SIGTERM)
-        try:
-            return self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            return self._process.wait()
+        terminate_process_group(self._process.pid, timeout, self._process)
+        return self._process.wait()
 
     def kill(self) -> None:
         """Simulate a crash: SIGKILL, no clean shutdown, no final commit."""

@@ -9,7 +9,7 @@ import pytest
 from fairstream.streams.broker import EmbeddedBroker
 from fairstream.streams.cli import build_parser
 
-COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "demo"]
+COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:
