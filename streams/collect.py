@@ -6,7 +6,6 @@ assigned by hand and read from the beginning, so reading never disturbs the work
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Callable
 
@@ -51,7 +50,3 @@ def collect_until(readers: dict[str, TopicReader], done: Callable[[dict[str, lis
         if done(collected):
             break
     return collected
-
-
-def json_values(messages: list) -> list[dict]:
-    return [json.loads(m.value) for m in messages]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -96,7 +96,3 @@ def replay(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], rate
         return sum(1 for f in futures if f.succeeded())
     finally:
         producer.close()
-
-
-def iter_ids(messages: Iterable[tuple[bytes, bytes]]) -> list[str]:
-    return [k.decode() for k, _ in messages]
