@@ -51,8 +51,10 @@ def table(title: str, runs: list[dict], names) -> dict:
         print(f"{key[0]:<10}{key[1]:<16}{cells}{totals.mean():>10.4f} +- {totals.std():.4f}")
     for part in ("research", "archive"):
         before, after, floor = means[(part, "none")], means[(part, "distributional")], means[(part, "noise floor")]
+        excess = (f"{(before - floor) / (after - floor):.1f}x" if after > floor
+                  else "at or below the floor: the estimator cannot tell it from a perfect repair")
         print(f"{part}: total E reduced {before / after:.1f}x; above the noise floor: {before - floor:.4f} -> "
-              f"{max(after - floor, 0):.4f} ({(before - floor) / max(after - floor, 1e-12):.1f}x)")
+              f"{max(after - floor, 0):.4f} ({excess})")
     return means
 
 
