@@ -1,27 +1,36 @@
 """Throughput, latency and profile of the record repair agent against a bare aiokafka passthrough.
 
 One run, one embedded Tansu broker, the same JSON records (Adult archive rows exactly as
-``fairstream replay`` sends them, repeated with distinct ids) pre-loaded on two input topics:
+``fairstream replay`` sends them, ~120 bytes, repeated with distinct ids) pre-loaded on two topics:
 
 (a) raw passthrough: a bare aiokafka consumer (group-less) and producer copying
     ``benchraw.records.in`` to ``benchraw.records.repaired`` in a process of its own, with the agent's
-    delivery rule (a batch is delivered before the next one is fetched) and the agent's producer
-    settings. It is the ceiling of broker + Kafka client on this machine.
-(b) the repair agent: a real ``fairstream worker`` process (WorkerProcess) reading ``bench.records.in``
-    with a published plan, writing ``bench.records.repaired`` and ``bench.dlq``.
+    delivery rule (a batch is delivered before the next one is fetched), producer settings and batch
+    size, and a 10 ms fetch wait (--raw-fetch-wait-ms). The ceiling of broker + Kafka client here.
+(b) the repair agent: real ``fairstream worker`` processes (WorkerProcess; --workers, default 1) in
+    one group, reading ``bench.records.in`` with a published plan, writing ``bench.records.repaired``
+    and ``bench.dlq``.
 
 Throughput: outputs / (last - first output timestamp), from the producers' CreateTime on the output
-topics, so the ~5 s group join before the first output and the reader's own speed do not count.
+topics, so the ~5 s group join before the first output and the reader's own speed do not count; the
+CPU cores column is the process(es) under test over the same span (Linux /proc). A monitor agent
+that re-reads ``records.repaired`` is waited for (its Prometheus counters) before latency is timed,
+and then the sustained rate, counting its catch-up, is printed too.
 Latency: --rate records/s are offered for --seconds with ``ts = time.time()`` in each record; every
-output echoes ``ts`` (dead letters keep the original bytes) and a group-less reader records
-receive time - ts. Profile: more records are pushed through the same worker while py-spy samples it
-(``--profiler cprofile`` instead starts one more worker with a cProfile hook, see ``_CPROFILE_HOOK``:
-a ``sitecustomize`` put on the worker's PYTHONPATH that profiles the main thread when
-FAIRSTREAM_CPROFILE names an output file and writes it at exit).
+output echoes ``ts`` (dead letters keep the original bytes) and a group-less reader (10 ms fetch
+wait) records receive time - ts.
+Profile: --profile-records more records go through worker 0 while ``py-spy record --gil`` samples
+it; time is split into categories (see CATEGORIES) and the top functions by self time. With
+``--profiler cprofile`` (or no py-spy in the venv) one more worker is started instead, with a
+``sitecustomize`` hook (_CPROFILE_HOOK) on its PYTHONPATH that profiles its main thread from start
+to exit when FAIRSTREAM_CPROFILE names the output file.
 
-A patched agent is measured without touching the installed package by pointing the worker at an
-overlay: a folder holding ``fairstream/streams`` (the patched copy) and symlinks ``fairstream/repair``
-and ``fairstream/models`` to the originals, passed as ``--worker-pythonpath``.
+A patched worker is measured without touching the installed package through an overlay folder
+holding ``fairstream/streams`` (the patched copy), ``fairstream/repair`` and ``fairstream/models``,
+passed as --worker-pythonpath (put first on the workers' PYTHONPATH).
+
+Phases run one after the other, so another busy process on the machine skews the ratios: the load
+average is printed at the end. Takes about 1.5 minutes with the defaults.
 
     .venv/bin/python benchmarks/stream_throughput.py [--records 200000] [--rate 2000] [--seconds 15]
 """
@@ -58,6 +67,7 @@ from fairstream.streams.supervise import WorkerProcess
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
 FETCH_BYTES = 4 * 1024 * 1024  # the worker's consumer_max_fetch_size
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: profile paths are shown relative to it
 
 
 # --------------------------------------------------------------------------- records
@@ -354,7 +364,9 @@ def parse_cprofile(path: Path) -> tuple[Counter, Counter, Counter, int]:
     stats = pstats.Stats(str(path)).stats  # (file, line, func) -> (cc, nc, tottime, cumtime, callers)
     leaves, categories = Counter(), Counter()
     for (filename, line, func), (_, _, tottime, _, _) in stats.items():
-        frame = f"{func} ({filename})"
+        if "select" in func or "poll" in func:  # waiting for the network: idle, not work
+            continue
+        frame = f"{func} ({shorten(f'({filename}')[1:]})"
         micros = int(tottime * 1e6)
         leaves[frame] += micros
         # Without stacks only a function's own file can say where its self time belongs.
@@ -496,7 +508,7 @@ class Bench:
         profiled = self.start_worker("profiled", {"PYTHONPATH": str(hook), "FAIRSTREAM_CPROFILE": str(dump)})
         rate, _ = await throughput(outputs, b"prof", len(messages), self.args.timeout + 60, lambda: profiled.running)
         profiled.stop()
-        return {"tool": "cProfile (main thread only; self time)", "rate": rate, "parsed": parse_cprofile(dump)}
+        return {"tool": "cProfile (main thread only, start-up included, idle excluded; self time)", "rate": rate, "parsed": parse_cprofile(dump)}
 
 
 async def setup(args, run_dir: Path, bootstrap: str, stack: contextlib.AsyncExitStack) -> Bench:
@@ -563,7 +575,8 @@ def print_profile(profile: dict, top: int) -> None:
 
 
 def shorten(frame: str) -> str:
-    return re.sub(r"\(.*?(site-packages|lib/python3\.\d+)/", "(", frame)
+    """Paths as py-spy shows them: relative to site-packages, the stdlib or the project."""
+    return re.sub(r"\(.*?(site-packages|lib/python3\.\d+|" + re.escape(str(ROOT)) + r"|/fairstream)/", "(", frame)
 
 
 def main(argv: list[str] | None = None) -> int:
