@@ -574,9 +574,6 @@ def print_profile(profile: dict, top: int) -> None:
         print(f"raw py-spy stacks (collapsed; for speedscope or flamegraph.pl): {profile['saved']}")
 
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 def shorten(frame: str) -> str:
     """Paths as py-spy shows them: relative to site-packages, the stdlib or the project."""
     return re.sub(r"\(.*?(site-packages|lib/python3\.\d+|" + re.escape(str(ROOT)) + r"|/fairstream)/", "(", frame)
