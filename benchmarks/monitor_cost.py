@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
@@ -22,16 +21,9 @@ from fairstream.repair.scorer import LogisticScorer
 from fairstream.streams.app import export_fairness
 from fairstream.streams.config import adult_config
 from fairstream.streams.monitor import FairnessMonitor
+from fairstream.streams.registry import Active
 from fairstream.streams.processing import RecordRepairer, SimpleMessage
 from fairstream.streams.replay import record_messages
-
-
-@dataclass
-class Active:
-    kind: str
-    version: int
-    sha256: str
-    module: object
 
 
 def per_record_us(fn, batches) -> float:
@@ -51,8 +43,8 @@ def main() -> None:
     args = parser.parse_args()
     config = adult_config()
     research, archive = datasets.load("adult").split(10_000, seed=0)
-    plan = Active("plan", 1, "0" * 64, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
-    scorer = Active("scorer", 1, "1" * 64, LogisticScorer().fit(research.X, research.y))
+    plan = Active("plan", 1, "0" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
+    scorer = Active("scorer", 1, "1" * 64, None, LogisticScorer().fit(research.X, research.y))
     messages = [SimpleMessage(v, k) for k, v in record_messages(archive, config, id_prefix="m")]
     inputs = [messages[i:i + 1000] for i in range(0, 1000 * args.batches, 1000)]
     agent = RecordRepairer(config)

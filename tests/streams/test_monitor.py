@@ -1,6 +1,6 @@
 """The fairness monitor on what the record agent really produces, without a broker."""
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,6 +10,7 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.scorer import LogisticScorer
 from fairstream.streams.config import adult_config
 from fairstream.streams.monitor import FairnessMonitor
+from fairstream.streams.registry import Active
 from fairstream.streams.processing import RecordRepairer, SimpleMessage
 from fairstream.streams.replay import record_messages
 
@@ -17,19 +18,11 @@ CONFIG = adult_config().with_monitor(window_records=8000, buckets=8, min_records
                                      cooldown_seconds=3600.0)
 
 
-@dataclass
-class Active:
-    kind: str
-    version: int
-    sha256: str
-    module: object
-
-
 @pytest.fixture(scope="module")
 def adult():
     research, archive = datasets.load("adult").split(10_000, seed=0)
-    plan = Active("plan", 1, "p" * 64, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
-    scorer = Active("scorer", 1, "s" * 64, LogisticScorer().fit(research.X, research.y))
+    plan = Active("plan", 1, "p" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
+    scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y))
     return research, archive, plan, scorer
 
 
@@ -98,7 +91,7 @@ def test_a_new_plan_version_starts_fresh_windows(adult):
     research, archive, plan, _ = adult
     monitor = FairnessMonitor(CONFIG)
     monitor.observe(repaired_values(archive.subset(slice(0, 2000)), plan, "e"), plan)
-    v2 = Active("plan", 2, "q" * 64, plan.module)
+    v2 = Active("plan", 2, "q" * 64, None, plan.module)
     old = repaired_values(archive.subset(slice(2000, 3000)), plan, "f")  # still stamped version 1
     monitor.observe(old, v2)
     assert monitor.version == 2 and monitor.windows["count"].n_records == 0 and monitor.skipped == 1000
