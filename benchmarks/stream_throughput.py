@@ -576,7 +576,7 @@ def print_profile(profile: dict, top: int) -> None:
 
 def shorten(frame: str) -> str:
     """Paths as py-spy shows them: relative to site-packages, the stdlib or the project."""
-    return re.sub(r"\(.*?(site-packages|lib/python3\.\d+|" + re.escape(str(ROOT)) + r"|/fairstream)/", "(", frame)
+    return re.sub(r"\([^)]*(site-packages|lib/python3\.\d+|" + re.escape(str(ROOT)) + r"|/fairstream)/", "(", frame)
 
 
 def main(argv: list[str] | None = None) -> int:
