@@ -136,13 +136,18 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             await asyncio.sleep(1.0)
         return current
 
+    async def batches(stream, agent: str, batching):
+        """(events, messages) of each batch an agent takes, counted as they come in."""
+        async for events in stream.take_events(batching.batch_size, within=batching.batch_within):
+            messages = [event.message for event in events]
+            RECORDS_IN.labels(agent).inc(len(messages))
+            yield events, messages
+
     records_logic = RecordRepairer(config)
 
     @app.agent(records_in)
     async def repair_records(stream) -> None:
-        async for events in stream.take_events(config.records.batch_size, within=config.records.batch_within):
-            messages = [event.message for event in events]
-            RECORDS_IN.labels("records").inc(len(messages))
+        async for events, messages in batches(stream, "records", config.records):
             plan = await active(config.records.artifact)
             with BATCH_SECONDS.labels("records").time():
                 outcome = records_logic.process(messages, plan)
@@ -155,9 +160,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
 
     @app.agent(embeddings_in)
     async def repair_embeddings(stream) -> None:
-        async for events in stream.take_events(config.embeddings.batch_size, within=config.embeddings.batch_within):
-            messages = [event.message for event in events]
-            RECORDS_IN.labels("embeddings").inc(len(messages))
+        async for events, messages in batches(stream, "embeddings", config.embeddings):
             module = None if config.embeddings.artifact == "identity" else await active("embedding")
             with BATCH_SECONDS.labels("embeddings").time():
                 await send_all(embedding_logic.process(messages, module), topics.embeddings_repaired, "embeddings")

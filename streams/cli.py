@@ -236,10 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_cmd_artifacts)
 
     demo = sub.add_parser("demo", help="the streaming demo end to end on the embedded default (what make run runs)",
-                          description="Start a broker (embedded unless --broker), create the topics, start a worker, "
-                                      "fit a plan on the Adult research split and publish it, replay the archive with "
-                                      "bad records mixed in, show a live summary, then report E before/after computed "
-                                      "from the repaired topic. Ctrl-C stops everything cleanly.")
+                          description="Start a broker (embedded unless --broker), the topics, a worker with its "
+                                      "fairness monitor, a re-fit service and (if installed) Prometheus; publish a plan "
+                                      "fitted on the Adult research split; replay the archive with bad records mixed in; "
+                                      "shift the distribution half way and show detection, alert, re-fit, swap and "
+                                      "recovery live; then report the accounting, E before/after per plan version "
+                                      "from the repaired topic, the timeline and plots. Ctrl-C stops everything cleanly.")
     _add_common(demo)
     demo.add_argument("--n-research", type=int, default=10_000)
     demo.add_argument("--seed", type=int, default=0)
