@@ -17,13 +17,13 @@ import time
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.scorer import LogisticScorer
-from fairstream.streams.app import export_fairness
+from fairstream.models.scorer import LogisticScorer
+from fairstream.streams.worker.app import export_fairness
 from fairstream.streams.config import adult_config
-from fairstream.streams.monitor import FairnessMonitor
-from fairstream.streams.registry import Active
-from fairstream.streams.processing import RecordRepairer, SimpleMessage
-from fairstream.streams.replay import record_messages
+from fairstream.streams.worker.monitor import FairnessMonitor
+from fairstream.streams.control.registry import Active
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+from fairstream.streams.demo.replay import record_messages
 
 
 def per_record_us(fn, batches) -> float:

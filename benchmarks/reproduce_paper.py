@@ -2,7 +2,7 @@
 
 Table I: the paper's simulation (n_R = 500, n_A = 5000, n_Q = 50), several seeds.
 Table II: Adult (S = sex, U = education-num > 9, X = age and hours-per-week, n_R = 10,000, n_Q = 250).
-E is the histogram estimator of fairstream.repair.metrics (30 bins, not the repair's grid), so its
+E is the histogram estimator of fairstream.repair.measure.metrics (30 bins, not the repair's grid), so its
 values are on another scale than the paper's (whose estimator is unstated and inflated; spec 004
 section 2.1); every table shows the estimator's noise floor (s permuted within u) next to it.
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.evaluation import evaluate_repair
+from fairstream.repair.measure.evaluation import evaluate_repair
 from fairstream.repair.geometric import geometric_repair
 
 

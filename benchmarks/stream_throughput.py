@@ -59,11 +59,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.streams.broker import EmbeddedBroker, free_port
+from fairstream.streams.ops.broker import EmbeddedBroker, free_port
 from fairstream.streams.config import adult_config
-from fairstream.streams.registry import ArtifactStore, ControlClient
-from fairstream.streams.replay import record_messages
-from fairstream.streams.supervise import WorkerProcess
+from fairstream.streams.control.registry import ArtifactStore, ControlClient
+from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
 FETCH_BYTES = 4 * 1024 * 1024  # the worker's consumer_max_fetch_size

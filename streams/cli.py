@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from .batch import BatchRepairConfig, format_report, run_batch_repair
+    from fairstream.streams.demo.batch_job import BatchRepairConfig, format_report, run_batch_repair
 
     config = BatchRepairConfig(dataset=args.dataset, features=tuple(args.features.split(",")) if args.features else None,
                                n_research=args.n_research, n_q=args.n_q, repair_amount=args.repair_amount,
@@ -34,7 +34,7 @@ def _config(args: argparse.Namespace):
 @contextlib.contextmanager
 def _broker(args: argparse.Namespace):
     """The broker a command talks to: ``--broker``, else a running ``fairstream broker``, else a new embedded one."""
-    from .broker import broker_from_option, parse_broker_url, ExternalBroker
+    from fairstream.streams.ops.broker import broker_from_option, parse_broker_url, ExternalBroker
 
     url = args.broker or os.environ.get("FAIRSTREAM_BROKER") or _running_embedded_broker()
     if url:
@@ -47,8 +47,8 @@ def _broker(args: argparse.Namespace):
 
 def _running_embedded_broker() -> str | None:
     """The address written by ``fairstream broker start`` if that broker is still alive."""
-    from .broker import read_pid_file
-    from .processes import is_alive
+    from fairstream.streams.ops.broker import read_pid_file
+    from fairstream.streams.ops.processes import is_alive
 
     address = BROKER_RUN_DIR / "broker.address"
     pid = read_pid_file(BROKER_RUN_DIR / "broker.pid")
@@ -56,7 +56,7 @@ def _running_embedded_broker() -> str | None:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from .broker import EmbeddedBroker, stop_broker_from_pid_file
+    from fairstream.streams.ops.broker import EmbeddedBroker, stop_broker_from_pid_file
 
     if args.action == "stop":
         stopped = stop_broker_from_pid_file(BROKER_RUN_DIR / "broker.pid")
@@ -80,7 +80,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
-    from .app import create_app, run_worker
+    from fairstream.streams.worker.app import create_app, run_worker
     from .topics import ensure_topics
 
     config = _config(args)
@@ -94,7 +94,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     from fairstream.repair import datasets
 
-    from .replay import bad_messages, interleave, record_messages, replay
+    from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
     from .topics import ensure_topics
 
     config = _config(args)
@@ -111,7 +111,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace, bootstrap: str):
-    from .registry import ArtifactStore, ControlClient
+    from fairstream.streams.control.registry import ArtifactStore, ControlClient
 
     config = _config(args)
     return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
@@ -142,7 +142,7 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import DemoOptions, format_report, run_demo
+    from fairstream.streams.demo.run import DemoOptions, format_report, run_demo
 
     config = _config(args)
     options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
@@ -250,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     demo.set_defaults(func=_cmd_demo)
 
-    from .refit import add_refit_parser  # light (numpy only); fitting and Kafka load when the command runs
+    from fairstream.streams.refit.job import add_refit_parser  # light (numpy only); fitting and Kafka load when the command runs
 
     add_refit_parser(sub, broker_context=_broker, add_common=_add_common, load_config=_config)
     return parser

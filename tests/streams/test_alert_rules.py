@@ -9,9 +9,9 @@ import re
 import subprocess
 
 import pytest
-from fairstream.streams import metrics
+from fairstream.streams.worker import metrics
 
-from fairstream.streams.alerting import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
+from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
 
 
 def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:
@@ -102,7 +102,7 @@ def metric_names(expr: str) -> set[str]:
 
 
 def exported_sample_names() -> set[str]:
-    """Names of the samples the metrics in fairstream.streams.metrics put on /metrics."""
+    """Names of the samples the metrics in fairstream.streams.worker.metrics put on /metrics."""
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
                 "summary": ("", "_sum", "_count", "_created"), "info": ("_info",), "stateset": ("",), "enum": ("",)}
     names = set()
@@ -141,7 +141,7 @@ def test_every_metric_in_the_alert_rules_is_exported():
     assert {"fairstream_fairness", "fairstream_drift_events_total", "fairstream_records_dead_lettered_total",
             "fairstream_records_in_total", "fairstream_artifact_version", "fairstream_consumer_lag_records"} <= used
     unknown = sorted(used - exported - PROMETHEUS_SERIES)
-    assert not unknown, f"alerts.yml uses metrics that fairstream.streams.metrics does not export: {unknown}"
+    assert not unknown, f"alerts.yml uses metrics that fairstream.streams.worker.metrics does not export: {unknown}"
 
 
 @pytest.mark.parametrize("renamed", ["fairstream_drift_event_total", "fairstream_fairnes"])

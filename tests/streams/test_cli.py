@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fairstream.streams.broker import EmbeddedBroker
+from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.cli import build_parser
 
 COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo"]

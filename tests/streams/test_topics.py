@@ -9,7 +9,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fairstream.streams import topics as topics_module
-from fairstream.streams.broker import EmbeddedBroker, free_port
+from fairstream.streams.ops.broker import EmbeddedBroker, free_port
 from fairstream.streams.topics import (
     TopicConfig,
     TopicConfigError,

@@ -1,0 +1,229 @@
+"""The loop the product exists for: drift -> detection -> alert -> re-fit -> hot swap -> recovery.
+
+:func:`run_fairness_loop` runs it for real: a worker (with its monitor and /metrics), a re-fit
+service answering ``refit.requests``, optionally a Prometheus server with the production alert
+rules, and a stream whose distribution shifts half way while the labelling process keeps feeding
+the ``research`` topic. It polls the worker's /metrics and records a timeline of what happened
+when, and the monitored statistic over time (for the demo's plot and for the end-to-end test).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairstream.repair.datasets import Dataset
+from fairstream.models.scorer import LogisticScorer
+
+from fairstream.streams.ops.prometheus import ALERTS_YML, PrometheusServer, rules_with_short_for
+from fairstream.streams.ops.processes import free_port
+from fairstream.streams.config import PipelineConfig
+from fairstream.streams.refit.job import RefitJob, RefitService, TopicSource
+from fairstream.streams.control.registry import ArtifactStore, ControlClient
+from .replay import interleave, record_messages, replay
+from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.topics import ensure_topics
+
+STATISTIC = ("dependence_e", "after", "all", "all", "all", "count")
+
+
+def shift_group(data: Dataset, feature: int, group, stratum, amount: float, lo: float, hi: float) -> Dataset:
+    """Drift: ``feature`` of one group in one stratum moves by ``amount`` (clipped to [lo, hi])."""
+    X = data.X.copy()
+    rows = (data.s == group) & (data.u == stratum)
+    X[rows, feature] = np.clip(X[rows, feature] + amount, lo, hi)
+    return replace(data, X=X)
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """A worker's /metrics as {(name, sorted label items): value}."""
+    with urllib.request.urlopen(url, timeout=2) as response:
+        text = response.read().decode()
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def metric(samples: dict, name: str, **labels) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@dataclass
+class LoopReport:
+    events: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds since start, event, detail)
+    series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, plan version)
+    threshold: float = 0.0
+    refit_outcomes: list[str] = field(default_factory=list)
+    sent: int = 0  # messages sent to records.in (valid and invalid)
+
+    def first(self, event: str) -> float | None:
+        return next((t for t, e, _ in self.events if e == event), None)
+
+
+class MetricsPoller(threading.Thread):
+    """Polls a worker's /metrics and turns what changes into timeline events."""
+
+    def __init__(self, url: str, report: LoopReport, start: float, config: PipelineConfig, interval: float = 0.5,
+                 say: Callable[[str], None] | None = None):
+        super().__init__(daemon=True)
+        self.url, self.report, self.start_time, self.interval, self.say = url, report, start, interval, say
+        self.last_line, self.last_done = 0.0, (0.0, 0.0)
+        self.processed = 0.0  # records the worker has repaired or dead-lettered
+        self.monitor = config.monitor
+        self.stop_event = threading.Event()
+        self.version, self.drifts, self.recovered_version = None, 0.0, None
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            try:
+                samples = scrape(self.url)
+            except OSError:
+                continue
+            self._observe(samples, time.monotonic() - self.start_time)
+
+    def _observe(self, samples: dict, t: float) -> None:
+        self.processed = sum(metric(samples, name, agent="records") or 0.0
+                             for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
+        version = metric(samples, "fairstream_artifact_version", kind="plan")
+        value = metric(samples, "fairstream_fairness", statistic=STATISTIC[0], stage=STATISTIC[1], stratum=STATISTIC[2],
+                       feature=STATISTIC[3], group_pair=STATISTIC[4], window=STATISTIC[5])
+        drifts = metric(samples, "fairstream_drift_events_total", statistic=self.monitor.statistic,
+                        detector=self.monitor.detector) or 0.0
+        if version is not None and version != self.version:
+            self.report.events.append((t, "plan version in use", f"version {int(version)}"))
+            self.version = version
+        if drifts > self.drifts:
+            self.report.events.append((t, "drift detected by the monitor", f"{self.monitor.statistic} = {value:.3f}"))
+            self.drifts = drifts
+        if self.say is not None and t - self.last_line >= 2.0:
+            self._live_line(samples, t, version, value)
+        if value is not None and version is not None:
+            self.report.series.append((t, value, int(version)))
+            if version > 1 and value < self.monitor.threshold and self.recovered_version != version:
+                self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.monitor.threshold}"))
+                self.recovered_version = version
+
+
+    def _live_line(self, samples: dict, t: float, version, value) -> None:
+        taken = metric(samples, "fairstream_records_in_total", agent="records") or 0.0
+        repaired = metric(samples, "fairstream_records_repaired_total", agent="records") or 0.0
+        dead = metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
+        rate = (repaired + dead - self.last_done[1]) / max(t - self.last_done[0], 1e-9)
+        self.say(f"[{t:6.1f}s] in {taken:.0f}  repaired {repaired:.0f}  dead-lettered {dead:.0f}  {rate:,.0f} rec/s  "
+                 f"plan v{int(version) if version else '-'}  E after {value if value is None else round(value, 3)}")
+        self.last_line, self.last_done = t, (t, repaired + dead)
+
+
+def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, job: RefitJob) -> None:
+    """Version 1 of the plan comes from the research topic, like every later one; plus a scorer."""
+    replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
+    outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
+    if not outcome.published:
+        raise RuntimeError(f"the initial plan was not published: {outcome.reason}")
+    scorer = LogisticScorer().fit(research.X, research.y, columns=list(config.features))
+    ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(scorer.to_artifact())
+
+
+def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
+                      drifted: Dataset, drifted_research: Dataset, rate: float = 2000.0, recovery_timeout: float = 120.0,
+                      prometheus: bool = True, short_for: bool = False, extra: list = (), live: bool = False,
+                      say: Callable[[str], None] = print) -> LoopReport:
+    """Run the whole loop; returns the timeline and the statistic over time."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    config = config.with_monitor(metrics_port=port)
+    ensure_topics(bootstrap, config.topics)
+    report, start = LoopReport(threshold=config.monitor.threshold), time.monotonic()
+    note = lambda event, detail="": (report.events.append((time.monotonic() - start, event, detail)),  # noqa: E731
+                                     say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
+    job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir))
+    with WorkerProcess(config, bootstrap, run_dir) as worker, OptionalPrometheus(prometheus, run_dir, port, short_for) as prom:
+        publish_initial(config, bootstrap, research, job)
+        note("initial plan and scorer published", f"research rows {len(research)}")
+        poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
+        poller.start()
+        _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
+        stop_refits = threading.Event()
+        service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
+        refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
+        refits.start()
+        try:
+            first = interleave(record_messages(stable, config, "stable"), list(extra)) if extra else \
+                record_messages(stable, config, "stable")
+            report.sent += replay(bootstrap, config.topics.records_in, first, rate=rate, progress=False)
+            note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
+            replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
+                   progress=False)
+            # Data keeps arriving from the shifted distribution until the repair has caught up with it.
+            stop_sending = threading.Event()
+            sender = threading.Thread(target=_keep_sending, args=(bootstrap, config, drifted, rate, stop_sending, report),
+                                      daemon=True)
+            sender.start()
+            if prom is not None:
+                alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
+                note("Prometheus alert firing", f"{alert['labels']['alertname']} ({alert['labels'].get('statistic', '')})")
+            _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
+            stop_sending.set()
+            sender.join()
+            # Nothing lost: the worker finishes what was sent before it is stopped.
+            _wait(lambda: poller.processed >= report.sent, recovery_timeout, worker)
+        finally:
+            stop_refits.set()
+            refits.join(timeout=30)
+            service.close()
+            poller.stop_event.set()
+            poller.join()
+    epoch = time.time() - (time.monotonic() - start)  # wall-clock time of the loop's start
+    for record in ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync():
+        if record.kind == "plan" and record.version > 1 and record.published_at:
+            report.events.append((record.published_at - epoch, "re-fit published", f"plan version {record.version}"))
+    report.events.sort()
+    report.refit_outcomes = [o.reason for o in service.outcomes]
+    return report
+
+
+def _keep_sending(bootstrap: str, config: PipelineConfig, data: Dataset, rate: float, stop: threading.Event,
+                  report: LoopReport, chunk: int = 2000) -> None:
+    """Replay ``data`` in chunks, round after round with fresh ids, until ``stop`` is set."""
+    for round_ in itertools.count():
+        for start in range(0, len(data), chunk):
+            if stop.is_set():
+                return
+            part = data.subset(slice(start, start + chunk))
+            report.sent += replay(bootstrap, config.topics.records_in,
+                                  record_messages(part, config, f"drifted-{round_}-{start}"), rate=rate, progress=False)
+
+
+def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition():
+        if not worker.running:
+            raise RuntimeError(f"the worker exited; last lines of its log:\n{worker.log_tail()}")
+        time.sleep(0.5)
+
+
+class OptionalPrometheus:
+    """A Prometheus server scraping the worker with the production rules (or nothing, if disabled)."""
+
+    def __init__(self, enabled: bool, run_dir: Path, port: int, short_for: bool):
+        self.enabled, self.run_dir, self.port, self.short_for = enabled, run_dir, port, short_for
+        self.server = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        rules = rules_with_short_for(ALERTS_YML, self.run_dir) if self.short_for else ALERTS_YML
+        self.server = PrometheusServer(self.run_dir / "prometheus", [f"127.0.0.1:{self.port}"], [rules]).start()
+        return self.server
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()

@@ -1,0 +1,252 @@
+"""Batch decoding, validation and encoding of the JSON records the agents exchange.
+
+A batch of raw Kafka values becomes numpy arrays plus a list of (position, reason) for every value
+that cannot be used; the agent repairs the arrays in one vectorised call and dead-letters the rest.
+Parsing JSON is per message by nature; everything after it (range, finiteness, repair) is on
+arrays. Encoding fills one precompiled template per batch, and floats are written with ``repr``,
+which round-trips exactly, so a repaired value read back equals the batch ``transform`` bit for bit.
+
+>>> from fairstream.streams.config import adult_config
+>>> batch = decode_records([b'{"id": 1, "features": {"age": 30, "hours-per-week": 40}, "s": 0, "u": 1}',
+...                         b'{"id": 2, "features": {"age": "old"}, "s": 0, "u": 1}'], adult_config())
+>>> batch.X.tolist(), batch.errors
+([[30.0, 40.0]], [(1, "missing feature(s) ['hours-per-week']")])
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from json.encoder import encode_basestring_ascii
+
+from fairstream.streams.config import PipelineConfig
+from .schemas import DeadLetter, EmbeddingRecord, InputRecord
+
+_INPUT_REQUIRED = frozenset(InputRecord.required_fields())
+_INPUT_ALLOWED = frozenset(InputRecord.field_names())
+_EMBEDDING_REQUIRED = frozenset(EmbeddingRecord.required_fields())
+_EMBEDDING_ALLOWED = frozenset(EmbeddingRecord.field_names())
+
+
+class Invalid(ValueError):
+    """A record that cannot be repaired; the message is the dead-letter reason."""
+
+
+@dataclass
+class DecodedRecords:
+    """The usable records of a batch as arrays, and why the others are not usable."""
+
+    index: np.ndarray  # positions (in the input batch) of the usable records
+    records: list[dict]  # their parsed JSON objects, in the same order
+    keys: np.ndarray  # record keys for the deterministic repair: str(id)
+    X: np.ndarray  # (n, d) features in configured order
+    s: np.ndarray
+    u: np.ndarray
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _parse(value: bytes | None, limit: int) -> dict:
+    if not value:
+        raise Invalid("empty message")
+    if len(value) > limit:
+        raise Invalid(f"message of {len(value)} bytes exceeds the limit of {limit} bytes")
+    try:
+        # Decode explicitly: json.loads(bytes) would also accept UTF-16/32 by guessing the encoding.
+        obj = json.loads(value.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise Invalid(f"message is not UTF-8: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, the int digit limit, deep nesting
+        raise Invalid(f"malformed JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise Invalid(f"a record must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _check_fields(obj: dict, required: frozenset, allowed: frozenset) -> None:
+    keys = obj.keys()
+    if keys >= required and keys <= allowed:
+        return
+    missing = sorted(required - keys)
+    if missing:
+        raise Invalid(f"missing field(s) {missing}")
+    raise Invalid(f"unexpected field(s) {sorted(keys - allowed)}")
+
+
+def _number(value, what: str) -> float:
+    # bool is an int in Python but never a valid measurement.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise Invalid(f"{what} has a non-numeric value {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:
+        raise Invalid(f"{what} has a value beyond the float range") from None
+    if not math.isfinite(number):
+        raise Invalid(f"{what} has a non-finite value {value!r}")
+    return number
+
+
+def _key(obj: dict) -> str:
+    rid = obj["id"]
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
+        raise Invalid(f"id must be a non-empty string or an integer, got {rid!r}")
+    if isinstance(rid, str) and "\x00" in rid:  # NUL would be lost in the fixed-width key arrays
+        raise Invalid(f"id must not contain NUL characters, got {rid!r}")
+    return str(rid)
+
+
+def _label(value, configured: frozenset, name: str, listed: tuple) -> None:
+    # Only ints and strings are labels: 1.0 and True must not pass as group 1.
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or value not in configured:
+        kind = "group" if name == "s" else "stratum"
+        raise Invalid(f"{name} value {value!r} is not a configured {kind} {list(listed)}")
+
+
+def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: frozenset) -> list[float]:
+    _check_fields(obj, _INPUT_REQUIRED, _INPUT_ALLOWED)
+    _key(obj)
+    features = obj["features"]
+    if not isinstance(features, dict):
+        raise Invalid(f"features must be a JSON object, got {type(features).__name__}")
+    if features.keys() != set(config.features):
+        missing = sorted(set(config.features) - features.keys())
+        raise Invalid(f"missing feature(s) {missing}" if missing else f"unexpected feature(s) {sorted(features.keys() - set(config.features))}")
+    row = [_number(features[name], f"feature {name!r}") for name in config.features]
+    _label(obj["s"], groups, "s", config.groups)
+    _label(obj["u"], strata, "u", config.strata)
+    if obj.get("ts") is not None:
+        _number(obj["ts"], "ts")
+    y = obj.get("y")
+    if y is not None and (isinstance(y, bool) or not isinstance(y, int) or y not in (0, 1)):
+        raise Invalid(f"y must be 0 or 1, got {y!r}")
+    return row
+
+
+def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> DecodedRecords:
+    """Parse and validate a batch of raw values from ``records.in``."""
+    groups, strata = frozenset(config.groups), frozenset(config.strata)
+    index, records, rows, errors = [], [], [], []
+    for i, value in enumerate(values):
+        try:
+            obj = _parse(value, config.max_message_bytes)
+            rows.append(_check_record(obj, config, groups, strata))
+        except Invalid as exc:
+            errors.append((i, str(exc)))
+            continue
+        index.append(i)
+        records.append(obj)
+    X = np.array(rows, dtype=np.float64).reshape(len(rows), len(config.features))
+    return DecodedRecords(
+        index=np.array(index, dtype=np.intp), records=records,
+        keys=np.array([str(r["id"]) for r in records], dtype=str),
+        X=X, s=_labels([r["s"] for r in records]), u=_labels([r["u"] for r in records]), errors=errors,
+    )
+
+
+def _labels(values: list) -> np.ndarray:
+    """Group/stratum labels as an array that compares like the fitted classes (ints stay ints)."""
+    if values and all(isinstance(v, int) for v in values):
+        return np.array(values, dtype=np.int64)
+    return np.array(values, dtype=object)
+
+
+@dataclass
+class DecodedEmbeddings:
+    index: np.ndarray
+    records: list[dict]
+    keys: np.ndarray
+    vectors: np.ndarray  # (n, dimension)
+    errors: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _check_embedding(obj: dict, dimension: int) -> list[float]:
+    _check_fields(obj, _EMBEDDING_REQUIRED, _EMBEDDING_ALLOWED)
+    _key(obj)
+    vector = obj["vector"]
+    if not isinstance(vector, list):
+        raise Invalid(f"vector must be a JSON array, got {type(vector).__name__}")
+    if len(vector) != dimension:
+        raise Invalid(f"vector has {len(vector)} values, expected {dimension}")
+    return [_number(v, f"vector[{j}]") for j, v in enumerate(vector)]
+
+
+def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) -> DecodedEmbeddings:
+    """Parse and validate a batch of raw values from ``embeddings.in``."""
+    dim = config.embeddings.dimension
+    index, records, rows, errors = [], [], [], []
+    for i, value in enumerate(values):
+        try:
+            obj = _parse(value, config.max_message_bytes)
+            rows.append(_check_embedding(obj, dim))
+        except Invalid as exc:
+            errors.append((i, str(exc)))
+            continue
+        index.append(i)
+        records.append(obj)
+    return DecodedEmbeddings(index=np.array(index, dtype=np.intp), records=records,
+                             keys=np.array([str(r["id"]) for r in records], dtype=str),
+                             vectors=np.array(rows, dtype=np.float64).reshape(len(rows), dim), errors=errors)
+
+
+def provenance(kind: str, version: int, sha256: str, seed: str) -> dict:
+    """What every output record says about the artifact that produced it."""
+    return {"kind": kind, "version": int(version), "sha256": sha256, "seed": seed}
+
+
+def _scalar(value) -> str:
+    """JSON text of a validated scalar field (id, ts, s, u, y) without json.dumps' per-call overhead."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return encode_basestring_ascii(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)  # int, or a finite float (validated): repr is valid, exact JSON
+
+
+def _literal(text: str) -> str:
+    """Constant text inside a %-format template ('%' in a feature name must stay a '%')."""
+    return text.replace("%", "%%")
+
+
+def encode_repaired(records: list[dict], X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
+                    prov: dict) -> list[bytes]:
+    """Repaired records as JSON bytes, one precompiled template for the whole batch."""
+    names = [_literal(json.dumps(n)) for n in config.features]
+    features = ",".join(f"{n}:%r" for n in names)
+    template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
+    if config.include_original:
+        template += ',"original":{' + features + "}"
+    template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
+    new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
+    old_rows = X.tolist() if config.include_original else [[]] * len(records)
+    return [
+        (template % (_scalar(r["id"]), _scalar(r.get("ts")), _scalar(r["s"]), _scalar(r["u"]), _scalar(r.get("y")), *new, *old)).encode()
+        for r, new, old in zip(records, new_rows, old_rows)
+    ]
+
+
+def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict) -> list[bytes]:
+    tail = ',"provenance":' + json.dumps(prov, separators=(",", ":")) + "}"
+    return [
+        ('{"id":%s,"group":%s,"vector":%s' % (_scalar(r["id"]), json.dumps(r.get("group")), json.dumps(v)) + tail).encode()
+        for r, v in zip(records, vectors.tolist())
+    ]
+
+
+def dead_letter(value: bytes | None, reason: str, topic: str, partition: int, offset: int, agent: str,
+                key: bytes | None = None) -> bytes:
+    """The dead-letter envelope: the original bytes (base64, exact), why, and where they came from."""
+    letter = DeadLetter(reason=reason, agent=agent, topic=topic, partition=partition, offset=offset,
+                        key_b64=base64.b64encode(key).decode() if key else None,
+                        original_b64=base64.b64encode(value or b"").decode())
+    return json.dumps(letter.asdict(), separators=(",", ":")).encode()
+
+
+def original_bytes(letter: dict) -> bytes:
+    """The exact bytes a dead letter was made from."""
+    return base64.b64decode(letter["original_b64"])

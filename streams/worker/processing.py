@@ -1,0 +1,119 @@
+"""What an agent does to one batch, without Faust: decode, repair with the active artifact, encode.
+
+Keeping this apart from the agents means the exact code path of the stream can be called on a
+list of messages in a test or a benchmark, and the agents stay a few lines of I/O. Every input
+message produces exactly one output: a repaired record or a dead letter with its reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from .codec import dead_letter, decode_embeddings, decode_records, encode_embeddings, encode_repaired, provenance
+from fairstream.streams.config import PipelineConfig
+from .monitor import MonitorBatch
+
+
+class MessageLike(Protocol):
+    """The parts of a Kafka message the processing needs (Faust's ``Message`` has them)."""
+
+    key: bytes | None
+    value: bytes | None
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class SimpleMessage:
+    value: bytes | None
+    key: bytes | None = None
+    topic: str = ""
+    partition: int = 0
+    offset: int = 0
+
+
+@dataclass
+class BatchOutcome:
+    """(key, value) pairs for the output topic and for the dead-letter topic, and what the batch saw."""
+
+    repaired: list[tuple[bytes | None, bytes]] = field(default_factory=list)
+    dead: list[tuple[bytes | None, bytes]] = field(default_factory=list)
+    version: int | None = None
+    out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
+    event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
+    monitor_batch: MonitorBatch | None = None  # the repaired records as arrays, for the fairness monitor
+
+
+def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
+    return [(messages[i].key, dead_letter(messages[i].value, reason, messages[i].topic, messages[i].partition,
+                                          messages[i].offset, agent, messages[i].key))
+            for i, reason in failures]
+
+
+def _output_key(message: MessageLike, record: dict) -> bytes:
+    return message.key if message.key is not None else str(record["id"]).encode()
+
+
+class RecordRepairer:
+    """Batch logic of the record agent: tabular records repaired with a frozen ``plan`` artifact."""
+
+    agent = "records"
+
+    def __init__(self, config: PipelineConfig):
+        self.config = config
+
+    def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
+        """``active`` is the registry's active plan (``.module`` a fitted DistributionalRepair)."""
+        batch = decode_records([m.value for m in messages], self.config)
+        failures = list(batch.errors)
+        outcome = BatchOutcome(version=active.version)
+        if len(batch.index):
+            plan = active.module
+            result = plan.repair(batch.X, batch.s, batch.u, keys=batch.keys)
+            ok = np.flatnonzero(result.ok)
+            failures += [(int(batch.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
+            prov = provenance(active.kind, active.version, active.sha256, plan.fingerprint_[:16])
+            records = [batch.records[i] for i in ok]
+            values = encode_repaired(records, batch.X[ok], result.values[ok], self.config, prov)
+            outcome.repaired = [(_output_key(messages[batch.index[i]], r), v) for i, r, v in zip(ok, records, values)]
+            outcome.out_of_range = int(result.out_of_range.any(axis=1).sum())
+            outcome.event_times = [r["ts"] for r in records if r.get("ts") is not None]
+            outcome.monitor_batch = _monitor_batch(records, batch.X[ok], result.values[ok], batch.s[ok], batch.u[ok],
+                                                   batch.keys[ok], outcome.event_times)
+        outcome.dead = _dead_letters(messages, failures, self.agent)
+        return outcome
+
+
+def _monitor_batch(records, X, repaired, s, u, keys, event_times) -> MonitorBatch:
+    ys = [r.get("y") for r in records]
+    ts = np.array(event_times, dtype=np.float64) if len(event_times) == len(records) else np.full(len(records), time.time())
+    return MonitorBatch(before=X, after=repaired, s=s, u=u, keys=keys, ts=ts,
+                        y=np.array(ys, dtype=np.int64) if ys and all(y is not None for y in ys) else None)
+
+
+class EmbeddingRepairer:
+    """Batch logic of the embedding agent: vectors through a frozen vector module (or identity)."""
+
+    agent = "embeddings"
+
+    def __init__(self, config: PipelineConfig):
+        self.config = config
+
+    def process(self, messages: Sequence[MessageLike], active=None) -> BatchOutcome:
+        """``active`` is the registry's active ``embedding`` artifact, or None for the identity."""
+        batch = decode_embeddings([m.value for m in messages], self.config)
+        if active is None:
+            vectors, prov = batch.vectors, provenance("identity", 0, "", "")
+        else:
+            vectors, prov = active.module.transform(batch.vectors), provenance(active.kind, active.version, active.sha256, "")
+        values = encode_embeddings(batch.records, vectors, prov)
+        return BatchOutcome(
+            repaired=[(_output_key(messages[i], r), v) for i, r, v in zip(batch.index, batch.records, values)],
+            dead=_dead_letters(messages, batch.errors, self.agent),
+            version=prov["version"],
+        )

@@ -1,0 +1,42 @@
+"""Drift -> detection -> Prometheus alert -> re-fit -> hot swap -> recovery, all real.
+
+A real worker (records agent + monitor + /metrics), a real re-fit service on refit.requests, a real
+Prometheus server with the production alert rules (only their ``for:`` durations shortened), the
+embedded broker, and Adult records whose distribution shifts half way: in the college stratum,
+women's hours-per-week rise by 15 while the labelling process keeps feeding the research topic.
+"""
+
+import pytest
+
+from fairstream.repair import datasets
+from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.config import adult_config
+from fairstream.streams.demo.loop import run_fairness_loop, shift_group
+
+pytestmark = pytest.mark.integration
+
+
+def test_drift_is_detected_alerted_refitted_swapped_and_repaired(tmp_path):
+    research, archive = datasets.load("adult").split(10_000, seed=0)
+    shifted = shift_group(archive.subset(slice(10_000, None)), feature=1, group=0, stratum=1, amount=15.0, lo=1, hi=99)
+    drifted_research, drifted_stream = shifted.subset(slice(0, 6_000)), shifted.subset(slice(6_000, None))
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts")).with_topics(prefix="loop").with_monitor(
+        window_records=8000, min_records=500, threshold=0.1, cooldown_seconds=600.0)
+    with EmbeddedBroker(tmp_path / "broker") as broker:
+        report = run_fairness_loop(config, broker.bootstrap, tmp_path / "run", research, archive.subset(slice(0, 10_000)),
+                                   drifted_stream, drifted_research, rate=2000.0, short_for=True, say=lambda _: None)
+    timeline = "\n".join(f"{t:7.1f}s  {e}  {d}" for t, e, d in report.events) + "\nseries: " + " ".join(
+        f"{t:.0f}:{v:.2f}/v{ver}" for t, v, ver in report.series[::4])
+    at = {event: report.first(event) for event in ("drift injected", "drift detected by the monitor",
+                                                   "Prometheus alert firing", "re-fit published",
+                                                   "statistic back below threshold")}
+    assert None not in at.values(), timeline
+    assert at["drift injected"] < at["drift detected by the monitor"] < at["re-fit published"], timeline
+    assert at["drift detected by the monitor"] <= at["Prometheus alert firing"] + 2.0, timeline
+    assert at["re-fit published"] < at["statistic back below threshold"], timeline
+    versions = [d for _, e, d in report.events if e == "plan version in use"]
+    assert versions == ["version 1", "version 2"], timeline
+    before_drift = [v for t, v, ver in report.series if t < at["drift injected"] and ver == 1]
+    peak = max(v for _, v, ver in report.series if ver == 1)
+    assert before_drift and max(before_drift[-3:]) < report.threshold < peak, timeline
+    assert [e for _, e, _ in report.events].count("drift detected by the monitor") == 1, timeline

@@ -1,0 +1,220 @@
+"""The embedded broker: start, readiness, addresses, clean stop, pid files, no orphans."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fairstream.streams.ops.broker import (
+    BrokerError,
+    EmbeddedBroker,
+    ExternalBroker,
+    broker_from_option,
+    free_port,
+    is_kafka_ready,
+    kafka_metadata,
+    parse_broker_url,
+    read_pid_file,
+    stop_broker_from_pid_file,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
+        yield running
+
+
+def _wait_dead(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _fake_binary(tmp_path: Path, script: str) -> str:
+    path = tmp_path / "fake-tansu"
+    path.write_text("#!/bin/sh\n" + script + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- addresses
+
+
+def test_parse_broker_url_accepts_faust_and_bootstrap_forms():
+    assert parse_broker_url("kafka://k1:9092").bootstrap == "k1:9092"
+    both = parse_broker_url("kafka://k1:9092;kafka://k2:9093")
+    assert both.bootstrap == "k1:9092,k2:9093"
+    assert both.url == "kafka://k1:9092;kafka://k2:9093"
+    assert parse_broker_url("k1:9092, k2:9093").hosts == (("k1", 9092), ("k2", 9093))
+
+
+@pytest.mark.parametrize("bad", ["", "kafka://", "k1", "k1:port", "http://k1:9092"])
+def test_parse_broker_url_rejects_malformed(bad):
+    with pytest.raises(ValueError):
+        parse_broker_url(bad)
+
+
+def test_external_option_starts_nothing(tmp_path):
+    with broker_from_option("kafka://kafka.example:9092", tmp_path) as chosen:
+        assert isinstance(chosen, ExternalBroker)
+        assert chosen.bootstrap == "kafka.example:9092"
+        assert chosen.url == "kafka://kafka.example:9092"
+    assert not (tmp_path / "broker.pid").exists()
+
+
+# --------------------------------------------------------------------------- a running broker
+
+
+def test_broker_answers_metadata_with_its_advertised_address(broker):
+    assert broker.running
+    assert kafka_metadata("127.0.0.1", broker.port) == [("127.0.0.1", broker.port)]
+    assert broker.bootstrap == f"127.0.0.1:{broker.port}"
+    assert broker.url == f"kafka://127.0.0.1:{broker.port}"
+
+
+def test_pid_file_and_log_are_written(broker):
+    assert read_pid_file(broker.pid_path) == broker.pid
+    args = Path(f"/proc/{broker.pid}/cmdline").read_bytes().decode().rstrip("\0").split("\0")
+    assert "tansu" in args[0] and args[1:] == ["broker"]  # the wrapper exec()ed the binary, same pid
+    assert "listening on" in broker.log_path.read_text()
+
+
+def test_broker_leads_its_own_process_group(broker):
+    # Ctrl-C in the owner's terminal must not reach the broker before the owner stops it.
+    assert os.getpgid(broker.pid) == broker.pid != os.getpgid(0)
+
+
+def test_second_broker_in_same_run_dir_is_refused(broker):
+    with pytest.raises(BrokerError, match="already runs"):
+        EmbeddedBroker(broker.run_dir).start()
+    assert broker.running
+
+
+def test_nothing_kafka_listens_on_a_free_port():
+    assert not is_kafka_ready("127.0.0.1", free_port(), timeout=0.5)
+
+
+# --------------------------------------------------------------------------- start and stop
+
+
+def test_embedded_option_starts_and_stops_a_broker(tmp_path):
+    with broker_from_option(None, tmp_path) as chosen:
+        assert isinstance(chosen, EmbeddedBroker)
+        pid, port = chosen.pid, chosen.port
+        assert is_kafka_ready("127.0.0.1", port)
+    assert _wait_dead(pid, timeout=1.0)
+    assert not (tmp_path / "broker.pid").exists()
+    assert not is_kafka_ready("127.0.0.1", port, timeout=0.5)
+
+
+def test_requested_port_is_used(tmp_path):
+    port = free_port()
+    with EmbeddedBroker(tmp_path, port=port) as embedded:
+        assert embedded.bootstrap == f"127.0.0.1:{port}"
+
+
+def test_requested_port_in_use_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(BrokerError, match="already in use"):
+            EmbeddedBroker(tmp_path, port=taken.getsockname()[1]).start()
+
+
+def test_stop_twice_is_harmless(tmp_path):
+    embedded = EmbeddedBroker(tmp_path).start()
+    embedded.stop()
+    embedded.stop()
+    assert not embedded.running
+
+
+def test_stop_from_pid_file(tmp_path):
+    embedded = EmbeddedBroker(tmp_path).start()
+    pid = embedded.pid
+    assert stop_broker_from_pid_file(tmp_path) is True
+    assert embedded.wait(timeout=5) is not None
+    assert not (tmp_path / "broker.pid").exists()
+    embedded.stop()  # the owner's own stop still works after an outside stop
+    assert _wait_dead(pid, timeout=1.0)
+
+
+def test_stale_pid_file_is_removed_without_killing_anything(tmp_path):
+    pid_file = tmp_path / "broker.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # alive, but not a broker: pid reused
+    assert stop_broker_from_pid_file(pid_file) is False
+    assert not pid_file.exists()
+    assert stop_broker_from_pid_file(pid_file) is False  # no file at all
+
+
+def test_broker_that_exits_early_reports_its_log(tmp_path):
+    binary = _fake_binary(tmp_path, 'echo "boom: cannot open storage" >&2; exit 3')
+    with pytest.raises(BrokerError, match=r"(?s)exited with code 3.*boom: cannot open storage"):
+        EmbeddedBroker(tmp_path / "run", port=free_port(), binary=binary).start()
+    assert not (tmp_path / "run" / "broker.pid").exists()
+
+
+def test_broker_that_never_answers_times_out_and_is_killed(tmp_path):
+    binary = _fake_binary(tmp_path, 'echo "starting slowly"; exec sleep 60')
+    embedded = EmbeddedBroker(tmp_path / "run", binary=binary, start_timeout=0.5)
+    with pytest.raises(BrokerError, match=r"(?s)did not answer.*starting slowly"):
+        embedded.start()
+    assert not embedded.running
+    assert not (tmp_path / "run" / "broker.pid").exists()
+
+
+# --------------------------------------------------------------------------- no orphans
+
+_OWNER = textwrap.dedent(
+    """
+    import sys, time
+    from fairstream.streams.ops.broker import EmbeddedBroker
+    broker = EmbeddedBroker(sys.argv[1]).start()
+    print(broker.pid, flush=True)
+    time.sleep(120)
+    """
+)
+
+
+def _start_owner(run_dir: Path) -> tuple[subprocess.Popen, int]:
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    broker_pid = int(owner.stdout.readline())
+    return owner, broker_pid
+
+
+@pytest.mark.parametrize("owner_signal", [signal.SIGTERM, signal.SIGKILL])
+def test_broker_dies_with_its_owner(tmp_path, owner_signal):
+    owner, broker_pid = _start_owner(tmp_path)
+    try:
+        owner.send_signal(owner_signal)
+        owner.wait(timeout=15)
+        assert _wait_dead(broker_pid), "broker outlived its owner"
+    finally:
+        owner.kill()
+        owner.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(broker_pid, signal.SIGKILL)
+    if owner_signal == signal.SIGTERM:
+        # A catchable signal goes through the cleanup hook, which also removes the pid file.
+        assert owner.returncode == -signal.SIGTERM
+        assert not (tmp_path / "broker.pid").exists()
+    else:
+        # SIGKILL leaves a stale pid file behind; it must not block the next broker.
+        with EmbeddedBroker(tmp_path) as restarted:
+            assert restarted.running
