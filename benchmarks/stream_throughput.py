@@ -61,7 +61,8 @@ from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.ops.broker import EmbeddedBroker, free_port
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.registry import ArtifactStore, ControlClient
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.control.client import ControlClient
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import TopicConfig, ensure_topics_async

@@ -20,6 +20,7 @@ import numpy as np
 
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 
 ARTIFACT_KIND = "embedding"
 
@@ -59,6 +60,19 @@ class FairnessModule:
         norms = np.linalg.norm(v, axis=1, keepdims=True)
         z = v / np.where(norms > 0, norms, 1.0)
         return z + np.maximum(z @ self.w1.T + self.b1, 0.0) @ self.w2.T + self.b2
+
+    kind = ARTIFACT_KIND
+    seed = ""  # no random draws
+
+    def check_compatible(self, schema: PipelineSchema) -> None:
+        """Refuse a module whose vector length is not the pipeline's."""
+        if schema.dimension is not None and self.dimension != schema.dimension:
+            raise IncompatibleArtifact(f"the embedding module takes vectors of length {self.dimension}, "
+                                       f"the pipeline's are {schema.dimension}")
+
+    def apply(self, batch: Batch) -> Applied:
+        """The module protocol: :meth:`transform` on the batch's vectors."""
+        return Applied.all_ok(batch, self.transform(batch.X))
 
     def to_artifact(self, version: int = 1, metrics: dict | None = None) -> artifacts.Artifact:
         arrays = {"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}

@@ -25,6 +25,7 @@ import numpy as np
 from scipy.special import expit
 
 from fairstream.repair import artifacts
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 from fairstream.repair._validation import RepairInputError, as_2d, check_finite, column_names
 from fairstream.repair.measure.metrics import as_binary
 
@@ -107,6 +108,23 @@ class LogisticScorer:
                 or not 0.0 <= threshold <= 1.0:
             raise RepairInputError(f"threshold must be a number in [0, 1], got {threshold!r}")
         return (self.predict_proba(X) >= threshold).astype(np.int64)
+
+    # ------------------------------------------------------------------ module protocol
+
+    kind = ARTIFACT_KIND
+    seed = ""  # no random draws
+
+    def check_compatible(self, schema: PipelineSchema) -> None:
+        """Refuse a scorer fitted on a different number of features than the pipeline's."""
+        self._check_fitted()
+        if schema.features and self.n_features_in_ != len(schema.features):
+            raise IncompatibleArtifact(f"the scorer takes {self.n_features_in_} features, "
+                                       f"the pipeline has {len(schema.features)} {list(schema.features)}")
+
+    def apply(self, batch: Batch) -> Applied:
+        """The module protocol: the batch's values unchanged, plus columns ``score`` and ``decision``."""
+        score = self.predict_proba(batch.X)
+        return Applied.all_ok(batch, batch.X, score=score, decision=(score >= 0.5).astype(np.int64))
 
     # ------------------------------------------------------------------ artifacts
 

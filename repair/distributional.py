@@ -38,6 +38,7 @@ from ._validation import (
 )
 from .density import bin_position, silverman_bandwidth, source_pmf
 from .hashing import keys_to_uint64, uniforms
+from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
 from .transport import MonotonePlan, barycenter
 
 ARTIFACT_KIND = "plan"
@@ -253,6 +254,34 @@ class DistributionalRepair:
         return MonotonePlan.between(self.source_pmf_[a, b, k, :size], self.barycenter_[a, k, :size])
 
     # ------------------------------------------------------------------ apply (Algorithm 2)
+
+    kind = ARTIFACT_KIND
+
+    @property
+    def seed(self) -> str:
+        """The plan's fingerprint prefix that keys its draws (with the record key); provenance."""
+        self._check_fitted()
+        return self.fingerprint_[:16]
+
+    def check_compatible(self, schema: PipelineSchema) -> None:
+        """Refuse a plan whose features, groups or strata do not match the pipeline's."""
+        self._check_fitted()
+        if schema.features and self.n_features_in_ != len(schema.features):
+            raise IncompatibleArtifact(f"the plan repairs {self.n_features_in_} features {list(self.columns_)}, "
+                                       f"the pipeline has {len(schema.features)} {list(schema.features)}")
+        named = self.columns is not None or self.get_params()["columns"] is not None
+        if schema.features and named and tuple(self.columns_) != tuple(schema.features):
+            raise IncompatibleArtifact(f"the plan was fitted on features {list(self.columns_)}, "
+                                       f"the pipeline names {list(schema.features)}")
+        check_labels_cover("plan", "groups", self.groups_.tolist(), schema.groups)
+        check_labels_cover("plan", "strata", self.strata_.tolist(), schema.strata)
+
+    def apply(self, batch: Batch) -> Applied:
+        """The module protocol: :meth:`repair` on a decoded batch."""
+        result = self.repair(batch.X, batch.s, batch.u, keys=batch.keys)
+        return Applied(X=result.values, ok=result.ok, reasons=result.reasons,
+                       out_of_range=result.out_of_range.any(axis=1))
+
 
     def repair(self, X, s, u, keys=None) -> RepairResult:
         """Repair what can be repaired and say, per row, why the rest could not.

@@ -111,7 +111,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace, bootstrap: str):
-    from fairstream.streams.control.registry import ArtifactStore, ControlClient
+    from fairstream.streams.control.store import ArtifactStore
+    from fairstream.streams.control.client import ControlClient
 
     config = _config(args)
     return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
@@ -250,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
     demo.set_defaults(func=_cmd_demo)
 
-    from fairstream.streams.refit.job import add_refit_parser  # light (numpy only); fitting and Kafka load when the command runs
+    from fairstream.streams.refit.command import add_refit_parser
 
     add_refit_parser(sub, broker_context=_broker, add_common=_add_common, load_config=_config)
     return parser

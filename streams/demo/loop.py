@@ -26,8 +26,11 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.streams.ops.prometheus import ALERTS_YML, PrometheusServer, rules_with_short_for
 from fairstream.streams.ops.processes import free_port
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.refit.job import RefitJob, RefitService, TopicSource
-from fairstream.streams.control.registry import ArtifactStore, ControlClient
+from fairstream.streams.refit.job import RefitJob
+from fairstream.streams.refit.service import RefitService
+from fairstream.streams.refit.sources import TopicSource
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.control.client import ControlClient
 from .replay import interleave, record_messages, replay
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics

@@ -31,9 +31,10 @@ from .metrics import (ARTIFACT_REFUSED, ARTIFACT_VERSION, BATCH_SECONDS, CONSUME
                       RECORD_LATENCY, RECORDS_DEAD, RECORDS_IN, RECORDS_OUT_OF_RANGE, RECORDS_REPAIRED, REFIT_REQUESTS,
                       WINDOW_RECORDS, serve)
 from .monitor import DriftEvent, FairnessMonitor
-from fairstream.streams.refit.job import RefitRequest
+from fairstream.streams.codec import RefitRequest
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
-from fairstream.streams.control.registry import ArtifactRegistry, ArtifactStore, follow_control
+from fairstream.streams.control.registry import ArtifactRegistry, follow_control
+from fairstream.streams.control.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 

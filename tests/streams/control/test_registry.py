@@ -16,17 +16,11 @@ from fairstream.repair import artifacts
 from fairstream.repair.artifacts import ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.ops.broker import EmbeddedBroker
-from fairstream.streams.control.registry import (
-    UNKNOWN_KIND,
-    ArtifactRegistry,
-    ArtifactStore,
-    ControlClient,
-    ControlError,
-    encode_control,
-    follow_control,
-    parse_control,
-)
-from fairstream.streams.worker.schemas import ControlRecord
+from fairstream.streams.control.registry import UNKNOWN_KIND, ArtifactRegistry, follow_control
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.records import ControlError, encode_control, parse_control
+from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics
 
 LOADERS = {"plan": DistributionalRepair.from_artifact}

@@ -20,31 +20,22 @@ from kafka import KafkaProducer
 
 from fairstream.repair import datasets
 from fairstream.streams import cli
-from fairstream.streams.refit import job as refit
+from fairstream.streams.refit import job, requests, schedule, service, sources
 from fairstream.streams.ops.broker import EmbeddedBroker
-from fairstream.streams.worker.codec import decode_records
+from fairstream.streams.codec import decode_records
 from fairstream.streams.config import adult_config
-from fairstream.streams.refit.job import (
-    FileSource,
-    RefitJob,
-    RefitRequest,
-    RefitRequestError,
-    RefitService,
-    ResearchWindow,
-    TopicSource,
-    add_refit_parser,
-    format_e,
-    parse_duration,
-    parse_request,
-    read_research_file,
-    read_research_topic,
-    request_refit,
-    run_every,
-    stratified_split,
-)
-from fairstream.streams.control.registry import ArtifactStore, ControlClient
+from fairstream.streams.refit.sources import FileSource, ResearchWindow, TopicSource, read_research_file, read_research_topic
+from fairstream.streams.refit.job import RefitJob, format_e, stratified_split
+from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
+from fairstream.streams.refit.requests import request_refit
+from fairstream.streams.refit.service import RefitService
+from fairstream.streams.refit.command import add_refit_parser
+from fairstream.streams.refit.schedule import parse_duration, run_every
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.control.client import ControlClient
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
 from fairstream.streams.topics import ensure_topics
+from fairstream.streams.kafka import KAFKA_API_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -261,7 +252,8 @@ def test_parse_duration():
     for bad in ("", "5x", "h", "1h 30", "-5m", "0s", "5m10", "nan", "inf"):
         with pytest.raises(ValueError):
             parse_duration(bad)
-    assert doctest.testmod(refit).failed == 0
+    for module in (job, requests, schedule, service, sources):
+        assert doctest.testmod(module).failed == 0
 
 
 def test_run_every_keeps_its_schedule_through_failures_until_stopped(tmp_path, windows):
@@ -306,7 +298,7 @@ def test_refit_requests_round_trip_and_bad_ones_are_refused():
 
 
 def send_raw_request(broker, config, value: bytes) -> None:
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=(2, 5, 0))
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=KAFKA_API_VERSION)
     try:
         producer.send(config.topics.refit_requests, key=b"plan", value=value).get(30)
     finally:
@@ -394,7 +386,7 @@ def test_refit_command_line_checks_its_options(capsys):
 CLI_SCRIPT = """
 import argparse, sys
 from fairstream.streams import cli
-from fairstream.streams.refit.job import add_refit_parser
+from fairstream.streams.refit.command import add_refit_parser
 parser = argparse.ArgumentParser(prog="fairstream")
 sub = parser.add_subparsers(dest="command", required=True)
 add_refit_parser(sub, broker_context=cli._broker, add_common=cli._add_common, load_config=cli._config)

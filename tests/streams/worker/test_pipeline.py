@@ -22,11 +22,14 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.registry import ArtifactStore, ControlClient, encode_control
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.records import encode_control
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
-from fairstream.streams.worker.schemas import ControlRecord
+from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+from fairstream.streams.kafka import KAFKA_API_VERSION
 
 pytestmark = pytest.mark.integration
 
@@ -155,7 +158,7 @@ def test_tampered_artifact_is_refused_and_the_old_version_keeps_serving(pipeline
     blob = bytearray(artifacts.encode(artifact))
     blob[-100] ^= 0xFF  # one flipped payload byte
     record = ControlRecord(kind="plan", version=serving + 1, sha256=artifact.sha256, blob_b64=base64.b64encode(bytes(blob)).decode())
-    producer = KafkaProducer(bootstrap_servers=pipeline.bootstrap, api_version=(2, 5, 0))
+    producer = KafkaProducer(bootstrap_servers=pipeline.bootstrap, api_version=KAFKA_API_VERSION)
     producer.send(pipeline.config.topics.control, key=b"plan", value=encode_control(record)).get(timeout=30)
     producer.close()
     assert pipeline.worker.wait_for_log(f"refused publish of plan version {serving + 1}", timeout=60)
@@ -168,7 +171,7 @@ def test_tampered_artifact_is_refused_and_the_old_version_keeps_serving(pipeline
 def test_embeddings_pass_through_the_identity_module_and_bad_vectors_are_dead_lettered(pipeline):
     topic = pipeline.config.topics.embeddings_in
     dim = pipeline.config.embeddings.dimension
-    producer = KafkaProducer(bootstrap_servers=pipeline.bootstrap, api_version=(2, 5, 0))
+    producer = KafkaProducer(bootstrap_servers=pipeline.bootstrap, api_version=KAFKA_API_VERSION)
     good = {f"emb-{i}": [float(i + j) for j in range(dim)] for i in range(20)}
     for rid, vector in good.items():
         producer.send(topic, key=rid.encode(), value=json.dumps({"id": rid, "vector": vector, "group": 1}).encode())

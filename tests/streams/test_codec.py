@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fairstream.streams.worker import codec
-from fairstream.streams.worker.codec import (
+from fairstream.streams import codec
+from fairstream.streams.codec import (
     dead_letter,
     decode_embeddings,
     decode_records,
@@ -30,7 +30,7 @@ from fairstream.streams.worker.codec import (
     provenance,
 )
 from fairstream.streams.config import EmbeddingConfig, adult_config
-from fairstream.streams.worker.schemas import DeadLetter, EmbeddingRecord, InputRecord, RepairedRecord
+from fairstream.streams.schemas import DeadLetter, EmbeddingRecord, InputRecord, RepairedRecord
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

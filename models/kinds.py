@@ -1,0 +1,44 @@
+"""Every artifact kind the product serves, and the one function that turns an artifact into a module.
+
+The worker, the registry, re-fit jobs and the monitor look kinds up here and never special-case
+one: a new kind is one class implementing :class:`~fairstream.repair.protocol.FrozenModule`, named
+in :data:`MODULE_KINDS`.
+
+>>> import numpy as np
+>>> from fairstream.repair.protocol import PipelineSchema
+>>> from fairstream.models.embedding import FairnessModule
+>>> artifact = FairnessModule.identity(3).to_artifact()
+>>> load_module(artifact, PipelineSchema(dimension=3)).dimension
+3
+>>> load_module(artifact, PipelineSchema(dimension=4))
+Traceback (most recent call last):
+...
+fairstream.repair.protocol.IncompatibleArtifact: the embedding module takes vectors of length 3, the pipeline's are 4
+"""
+
+from __future__ import annotations
+
+from fairstream.repair.artifacts import Artifact, ArtifactError
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.repair.protocol import FrozenModule, PipelineSchema
+
+from .embedding import FairnessModule
+from .scorer import LogisticScorer
+
+MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, LogisticScorer, FairnessModule)}
+"""Artifact kind -> the class that loads, checks and applies it."""
+
+
+def module_class(kind: str) -> type:
+    """The class serving ``kind``; an unknown kind is an :class:`ArtifactError` naming the known ones."""
+    try:
+        return MODULE_KINDS[kind]
+    except KeyError:
+        raise ArtifactError(f"unknown artifact kind {kind!r} (known: {sorted(MODULE_KINDS)})") from None
+
+
+def load_module(artifact: Artifact, schema: PipelineSchema) -> FrozenModule:
+    """Build the module of ``artifact`` and check it against the pipeline ``schema`` (raises if it does not fit)."""
+    module = module_class(artifact.kind).from_artifact(artifact)
+    module.check_compatible(schema)
+    return module

@@ -1,0 +1,145 @@
+"""The ``fairstream refit`` command: once, on a schedule, or as a service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import signal
+import threading
+from typing import TYPE_CHECKING, Callable, Iterator
+from .job import REFIT_KINDS, RefitJob, format_outcome
+from .schedule import parse_duration, run_every
+from .service import RefitService
+from .sources import research_source
+
+
+if TYPE_CHECKING:
+    from fairstream.streams.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+# =============================================================================== command line
+
+
+def _duration_arg(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction_arg(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction strictly between 0 and 1, got {text}")
+    return value
+
+
+def _non_negative_arg(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_int_arg(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+_EPILOG = """\
+examples:
+  fairstream refit --kind plan                         re-fit once on the last 10000 research records
+  fairstream refit --source research.jsonl             re-fit once on a file (JSON lines or CSV)
+  fairstream refit --every 6h                          re-fit every 6 hours until stopped
+  fairstream refit --serve --min-interval 10m          answer the monitor's requests on refit.requests
+
+The candidate is published only when no plan is active or when its E on the holdout is at most
+(1 + tolerance) times the current plan's; otherwise the reason, with both numbers, is printed.
+The exit status is 0 whether or not it was published; non-zero means the run failed.
+"""
+
+
+def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[[argparse.ArgumentParser], None],
+                     load_config: Callable[[argparse.Namespace], "PipelineConfig"]) -> argparse.ArgumentParser:
+    """Add ``fairstream refit`` to the CLI's subparsers.
+
+    ``broker_context(args)`` is a context manager yielding an object with ``.bootstrap`` (the CLI's
+    ``_broker``), ``add_common(parser)`` adds ``--broker``/``--run-dir``/``--config`` (the CLI's
+    ``_add_common``) and ``load_config(args)`` reads the pipeline (the CLI's ``_config``).
+    """
+    parser = subparsers.add_parser(
+        "refit", help="fit, validate and publish a new repair plan (once, on a schedule, or on request)",
+        # Line breaks by hand: the raw formatter keeps the epilog's example table aligned.
+        description="Fit a new plan on a labelled research window, validate it against the active plan on\n"
+                    "a holdout part of the window (dependence E after repair), and publish it on the\n"
+                    "control topic if it is not worse; every worker then hot-swaps it.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common(parser)
+    parser.add_argument("--kind", choices=REFIT_KINDS, default="plan", help="artifact kind to re-fit (default: plan)")
+    parser.add_argument("--source", default="topic", metavar="topic|PATH",
+                        help="research window: 'topic' for the pipeline's research topic (default), or a file of "
+                             "records.in JSON lines or a CSV with the feature columns, s and u")
+    parser.add_argument("--last", type=_positive_int_arg, default=10_000, metavar="N",
+                        help="with --source topic: use the latest N valid records (default: 10000)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--every", type=_duration_arg, metavar="DURATION",
+                      help="re-fit now and then every DURATION (90s, 5m, 6h, 1h30m) until stopped")
+    mode.add_argument("--serve", action="store_true",
+                      help="answer re-fit requests from refit.requests until stopped (de-duplicated, coalesced)")
+    parser.add_argument("--min-interval", type=_duration_arg, default=300.0, metavar="DURATION",
+                        help="with --serve: at least this long between the end of one re-fit and the next (default: 5m)")
+    parser.add_argument("--holdout", type=_fraction_arg, default=0.2, metavar="FRACTION",
+                        help="fraction of every (u, s) cell held out for validation (default: 0.2)")
+    parser.add_argument("--tolerance", type=_non_negative_arg, default=0.1, metavar="FRACTION",
+                        help="refuse a candidate whose holdout E exceeds the current plan's by more than this "
+                             "fraction (default: 0.1)")
+    parser.add_argument("--n-q", type=_positive_int_arg, default=250, metavar="N", help="grid nodes per stratum and feature (default: 250)")
+    parser.add_argument("--out-of-range", choices=("clamp", "reject"), default="clamp",
+                        help="what the new plan does with values outside its grid (default: clamp)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the holdout split (default: 0)")
+    parser.set_defaults(func=functools.partial(run_refit_command, broker_context=broker_context, load_config=load_config))
+    return parser
+
+
+def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_config: Callable) -> int:
+    """The handler of ``fairstream refit`` (bound by :func:`add_refit_parser`)."""
+    from fairstream.streams.control.store import ArtifactStore
+    from fairstream.streams.topics import ensure_topics
+
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_config(args)
+    with broker_context(args) as broker:
+        ensure_topics(broker.bootstrap, config.topics)
+        job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), n_q=args.n_q,
+                       holdout=args.holdout, tolerance=args.tolerance, seed=args.seed, out_of_range=args.out_of_range)
+        source = research_source(args.source, broker.bootstrap, config, args.last)
+        if args.serve or args.every:
+            with _stop_on_signals() as stop:
+                if args.serve:
+                    RefitService(job, source, min_interval_seconds=args.min_interval).serve(stop)
+                else:
+                    run_every(job, source, args.every, stop, on_outcome=lambda o: print(format_outcome(o), flush=True))
+            return 0
+        print(format_outcome(job.run_once(source)))
+    return 0
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM (Kubernetes stopping the pod) or Ctrl-C, so loops end between re-fits."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

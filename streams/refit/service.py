@@ -1,0 +1,238 @@
+"""The re-fit service (``fairstream refit --serve``): answers re-fit requests, de-duplicated, coalesced, rate-limited.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+from .job import RefitJob, RefitOutcome
+from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
+from .sources import Source
+from fairstream.streams.kafka import KAFKA_API_VERSION
+
+
+if TYPE_CHECKING:
+    pass
+
+log = logging.getLogger(__name__)
+_SEEN_REQUESTS = 10_000  # request ids remembered for de-duplication (oldest forgotten first)
+# =============================================================================== the service
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the service did with a request, and why (also logged)."""
+
+    request_id: str | None
+    action: str  # queued | coalesced | duplicate | ignored | stale | invalid | refit | error
+    reason: str
+    at: float = field(default_factory=time.time)
+
+
+class RefitService:
+    """Answer ``refit.requests``: one consumer group per kind, requests de-duplicated, coalesced, rate-limited.
+
+    - Only one service of a group handles each request (Kafka assigns each partition to one member).
+    - A request id seen before is ignored (re-deliveries, a monitor retrying).
+    - Requests waiting for a re-fit are coalesced: one re-fit answers all of them. Requests that
+      arrive while a re-fit runs, or less than ``min_interval_seconds`` after the last one ended,
+      wait and are answered together by at most one follow-up re-fit, once the interval has passed.
+    - A request older than ``max_request_age_seconds`` is stale (a drift alarm from long ago says
+      nothing about the data now) and is dropped.
+    - Offsets are committed only when every request read so far has been answered, so a service
+      that dies mid-way leaves its requests to the next member (at least once; the coalescing
+      keeps a re-delivery to one extra re-fit at most).
+
+    Run it with :meth:`serve` (until a stop event) or :meth:`process_pending` (bounded, for tests
+    and one-shot use); :meth:`close` leaves the group.
+    """
+
+    def __init__(self, job: RefitJob, source: Source, min_interval_seconds: float = 300.0,
+                 group_id: str | None = None, max_request_age_seconds: float | None = 86400.0,
+                 poll_seconds: float = 0.5, max_poll_interval_seconds: float = 3600.0):
+        if min_interval_seconds < 0:
+            raise ValueError(f"min_interval_seconds must be >= 0, got {min_interval_seconds!r}")
+        self.job = job
+        self.source = source
+        self.min_interval_seconds = min_interval_seconds
+        self.group_id = group_id or f"{job.config.topics.prefix}.refit.{job.kind}"
+        self.max_request_age_seconds = max_request_age_seconds
+        self.poll_seconds = poll_seconds
+        self.max_poll_interval_seconds = max_poll_interval_seconds
+        self.decisions: deque[Decision] = deque(maxlen=1000)
+        self.outcomes: deque[RefitOutcome] = deque(maxlen=100)
+        self.refit_started: deque[float] = deque(maxlen=100)  # monotonic start of each re-fit
+        self._pending: list[RefitRequest] = []
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._last_refit_end: float | None = None
+        self._last_message: float = time.monotonic()
+        self._consumer = None
+
+    # ------------------------------------------------------------------ running
+
+    def serve(self, stop_event: threading.Event) -> None:
+        """Handle requests until ``stop_event`` is set, then leave the group."""
+        log.info("re-fit service for %s: group %s on %s, min interval %.0fs", self.job.kind, self.group_id,
+                 self.job.config.topics.refit_requests, self.min_interval_seconds)
+        try:
+            while not stop_event.is_set():
+                self._step()
+        finally:
+            self.close()
+
+    def process_pending(self, timeout: float, idle_seconds: float = 1.0) -> list[RefitOutcome]:
+        """Handle requests for at most ``timeout`` seconds; return early once idle.
+
+        Idle: partitions assigned, nothing waiting, and no request read for ``idle_seconds``.
+        Returns the outcomes of the re-fits run during this call. The consumer stays in the group
+        for the next call; :meth:`close` leaves it.
+        """
+        done_before = len(self.refit_started)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._step()
+            if self._idle(idle_seconds):
+                break
+        ran = len(self.refit_started) - done_before
+        return list(self.outcomes)[-ran:] if ran else []
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def __enter__(self) -> "RefitService":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ one step
+
+    def _step(self) -> None:
+        consumer = self._open()
+        batches = consumer.poll(timeout_ms=int(self.poll_seconds * 1000), max_records=1000)
+        messages = sorted((m for batch in batches.values() for m in batch), key=lambda m: (m.timestamp, m.partition, m.offset))
+        for message in messages:
+            self._admit(message)
+        if messages:
+            self._last_message = time.monotonic()
+        if self._pending and self._due():
+            self._refit()
+        elif not self._pending and messages:
+            self._commit()  # everything read is answered (duplicates, stale, ignored)
+
+    def _open(self):
+        if self._consumer is None:
+            from kafka import KafkaConsumer
+
+            from fairstream.streams.topics import ensure_topics
+
+            ensure_topics(self.job.bootstrap, self.job.config.topics)  # subscribing to a missing topic waits silently
+            self._consumer = KafkaConsumer(
+                self.job.config.topics.refit_requests, bootstrap_servers=self.job.bootstrap, api_version=KAFKA_API_VERSION,
+                group_id=self.group_id, enable_auto_commit=False,
+                # A new group answers what is already waiting (coalesced into one re-fit) instead of
+                # missing requests sent while no service ran.
+                auto_offset_reset="earliest",
+                # The group join takes about half the session timeout on Tansu (see app.py).
+                session_timeout_ms=10_000, heartbeat_interval_ms=1_000,
+                # A re-fit runs between polls; heartbeats go on in the background meanwhile.
+                max_poll_interval_ms=int(self.max_poll_interval_seconds * 1000),
+            )
+            self._last_message = time.monotonic()
+        return self._consumer
+
+    def _admit(self, message) -> None:
+        where = f"{message.topic}[{message.partition}]@{message.offset}"
+        try:
+            request = parse_request(message.value)
+        except RefitRequestError as exc:
+            self._decide(None, "invalid", f"{where}: {exc}; skipped")
+            return
+        rejection = self._rejection(request)
+        if rejection is not None:
+            self._decide(request.request_id, *rejection)
+        else:
+            self._queue(request)
+
+    def _rejection(self, request: RefitRequest) -> tuple[str, str] | None:
+        """(action, reason) when the request needs no re-fit; remembers ids of this kind."""
+        if request.kind != self.job.kind:
+            return "ignored", f"asks for kind {request.kind!r}; this service re-fits {self.job.kind!r}"
+        if request.request_id in self._seen:
+            return "duplicate", "this request id was already handled; ignored"
+        self._remember(request.request_id)
+        age = time.time() - request.ts
+        if self.max_request_age_seconds is not None and age > self.max_request_age_seconds:
+            return "stale", f"asked {age:.0f}s ago, over the {self.max_request_age_seconds:.0f}s limit; dropped"
+        return None
+
+    def _queue(self, request: RefitRequest) -> None:
+        waiting = len(self._pending)
+        self._pending.append(request)
+        why = f"({request.reason})"
+        wait = self._wait_seconds()
+        if waiting:
+            self._decide(request.request_id, "coalesced", f"{why} joins {waiting} waiting request(s): one re-fit answers all")
+        elif wait > 0:
+            self._decide(request.request_id, "queued",
+                         f"{why} the last re-fit ended less than {self.min_interval_seconds:.0f}s ago: "
+                         f"rate-limited, follow-up re-fit in {wait:.1f}s")
+        else:
+            self._decide(request.request_id, "queued", f"{why} re-fit starts now")
+
+    def _remember(self, request_id: str) -> None:
+        self._seen[request_id] = None
+        if len(self._seen) > _SEEN_REQUESTS:
+            self._seen.popitem(last=False)
+
+    def _wait_seconds(self) -> float:
+        if self._last_refit_end is None:
+            return 0.0
+        return self._last_refit_end + self.min_interval_seconds - time.monotonic()
+
+    def _due(self) -> bool:
+        return self._wait_seconds() <= 0
+
+    def _idle(self, idle_seconds: float) -> bool:
+        assigned = self._consumer is not None and bool(self._consumer.assignment())
+        return assigned and not self._pending and time.monotonic() - self._last_message >= idle_seconds
+
+    def _refit(self) -> None:
+        answered, self._pending = self._pending, []
+        ids = [request.request_id for request in answered]
+        self.refit_started.append(time.monotonic())
+        try:
+            outcome = self.job.run_once(self.source)
+        except Exception as exc:
+            # Keep the requests (uncommitted): the next attempt comes after the min interval,
+            # not in a tight loop against a broker that is down.
+            self._pending = answered + self._pending
+            log.exception("re-fit for requests %s failed", ids)
+            self._decide(None, "error", f"re-fit for {len(ids)} request(s) {ids} failed: {type(exc).__name__}: {exc}; "
+                                        f"retrying in {self.min_interval_seconds:.0f}s")
+        else:
+            self.outcomes.append(outcome)
+            self._decide(None, "refit", f"re-fit for {len(ids)} request(s) {ids}: {outcome.reason}")
+            self._commit()
+        finally:
+            self._last_refit_end = time.monotonic()
+
+    def _commit(self) -> None:
+        from kafka.errors import CommitFailedError
+
+        try:
+            self._consumer.commit()
+        except CommitFailedError as exc:
+            # The group rebalanced meanwhile: the new owner of those partitions gets the requests
+            # again and re-fits at most once more. Not worth stopping the service for.
+            log.warning("could not commit answered refit requests (%s); they may be answered again", exc)
+
+    def _decide(self, request_id: str | None, action: str, reason: str) -> None:
+        self.decisions.append(Decision(request_id, action, reason))
+        log.info("refit request %s: %s: %s", request_id or "-", action, reason)

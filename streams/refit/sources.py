@@ -1,0 +1,261 @@
+"""Research windows: the labelled records a re-fit fits on, read from the ``research`` topic or a file.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
+
+import numpy as np
+from fairstream.streams.kafka import KAFKA_API_VERSION
+
+if TYPE_CHECKING:
+    from fairstream.streams.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+# =============================================================================== research windows
+
+
+@dataclass(frozen=True, eq=False)
+class ResearchWindow:
+    """Labelled research records as arrays; unpacks as ``X, s, u = window``.
+
+    ``n_invalid`` counts the records that were skipped, ``invalid_examples`` holds a few of their
+    reasons (the codec's dead-letter reasons), ``source`` says where the window came from.
+    """
+
+    X: np.ndarray
+    s: np.ndarray
+    u: np.ndarray
+    keys: np.ndarray
+    n_invalid: int = 0
+    invalid_examples: tuple[str, ...] = ()
+    source: str = "arrays"
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter((self.X, self.s, self.u))
+
+    def __len__(self) -> int:
+        return len(self.X)
+
+    @classmethod
+    def of(cls, X, s, u, keys=None, source: str = "arrays") -> "ResearchWindow":
+        """A window from arrays (a notebook, a test); keys default to the row positions."""
+        X = np.asarray(X, dtype=np.float64)
+        keys = np.arange(len(X)).astype(str) if keys is None else np.asarray(keys).astype(str)
+        return cls(X=X, s=np.asarray(s), u=np.asarray(u), keys=keys, source=source)
+
+    def subset(self, rows: np.ndarray) -> "ResearchWindow":
+        return ResearchWindow(self.X[rows], self.s[rows], self.u[rows], self.keys[rows], source=self.source)
+
+
+def _window_from_values(values: list[bytes], config: "PipelineConfig", source: str, n_invalid: int = 0,
+                        examples: Sequence[str] = ()) -> ResearchWindow:
+    """Decode records.in-format values with the stream's own codec, so a window accepts what a worker accepts."""
+    from fairstream.streams.codec import decode_records
+
+    decoded = decode_records(values, config)
+    examples = (list(examples) + [reason for _, reason in decoded.errors])[:5]
+    n_invalid += len(decoded.errors)
+    if n_invalid:
+        log.warning("%s: skipped %d invalid research record(s), e.g. %s", source, n_invalid, examples[:3])
+    return ResearchWindow(decoded.X, decoded.s, decoded.u, decoded.keys, n_invalid, tuple(examples), source)
+
+
+def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | None = None,
+                        idle_seconds: float = 2.0, timeout: float = 300.0) -> ResearchWindow:
+    """The latest ``last_n`` valid records on the research topic (all of them when ``last_n`` is None).
+
+    Reads every partition from the beginning without a consumer group. A partition is read up to
+    now once the consumer's fetch highwater is reached or a record stamped after the start shows
+    up; ``end_offsets()`` is not used because the embedded broker (Tansu) reports wrong ones.
+    Partitions the fetcher never reports on end the read after ``idle_seconds`` without data.
+    "Latest" is by the records' Kafka timestamps across partitions; only ``last_n`` values per
+    partition are kept in memory.
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    if last_n is not None and last_n < 1:
+        raise ValueError(f"last_n must be a positive number of records or None (all), got {last_n!r}")
+    topic = config.topics.research
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=KAFKA_API_VERSION, group_id=None,
+                             enable_auto_commit=False, fetch_max_wait_ms=100,
+                             max_partition_fetch_bytes=8 * 1024 * 1024)
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        if not partitions:
+            log.warning("research topic %s does not exist: the window is empty", topic)
+            return _window_from_values([], config, f"topic {topic}")
+        assigned = [TopicPartition(topic, p) for p in partitions]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning()
+        tails, n_invalid, examples = _read_tails(consumer, assigned, config, last_n, idle_seconds, timeout)
+    finally:
+        consumer.close()
+    latest = sorted((entry for tail in tails.values() for entry in tail), key=lambda entry: entry[:3])
+    values = [entry[3] for entry in (latest[-last_n:] if last_n else latest)]
+    return _window_from_values(values, config, f"topic {topic}", n_invalid, examples)
+
+
+def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int | None, idle_seconds: float,
+                timeout: float) -> tuple[dict, int, list[str]]:
+    """Per partition, the last ``last_n`` valid values as (timestamp, partition, offset, value)."""
+    from fairstream.streams.codec import decode_records
+
+    started_ms = time.time() * 1000.0
+    tails = {tp: deque(maxlen=last_n) for tp in assigned}
+    caught_up: set = set()
+    n_invalid, examples = 0, []
+    deadline = time.monotonic() + timeout
+    last_data = time.monotonic()
+    while len(caught_up) < len(assigned):
+        batches = consumer.poll(timeout_ms=200, max_records=50_000)
+        for tp, messages in batches.items():
+            decoded = decode_records([m.value for m in messages], config)
+            n_invalid += len(decoded.errors)
+            examples.extend(reason for _, reason in decoded.errors[: max(0, 5 - len(examples))])
+            tails[tp].extend((messages[i].timestamp, tp.partition, messages[i].offset, messages[i].value)
+                             for i in decoded.index.tolist())
+            if any(m.timestamp >= started_ms for m in messages):
+                caught_up.add(tp)
+            last_data = time.monotonic()
+        caught_up.update(tp for tp in assigned if _at_highwater(consumer, tp))
+        if time.monotonic() - last_data >= idle_seconds:
+            break
+        if time.monotonic() > deadline:
+            log.warning("stopped reading %s after %.0fs before reaching its end", assigned[0].topic, timeout)
+            break
+    return tails, n_invalid, examples
+
+
+def _at_highwater(consumer, tp) -> bool:
+    # The highwater comes with each fetch response (None before the first one) and, unlike
+    # ListOffsets on Tansu, is right.
+    highwater = consumer.highwater(tp)
+    return highwater is not None and consumer.position(tp) >= highwater
+
+
+def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWindow:
+    """A research window from a file: JSON lines in the ``records.in`` format, or CSV.
+
+    CSV files have a header with the feature columns and ``s`` and ``u`` (or the pipeline's
+    ``s_name``/``u_name``), optionally ``id``; other columns are ignored. Either way every row goes
+    through the stream's codec, so invalid rows are skipped and counted with the same reasons.
+    ``.csv`` files are read as CSV, ``.jsonl``/``.ndjson``/``.json`` as JSON lines, anything else
+    by its first character.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if _looks_like_csv(path, text):
+        values = _csv_values(text, config, path)
+    else:
+        values = [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
+    return _window_from_values(values, config, f"file {path}")
+
+
+def _looks_like_csv(path: Path, text: str) -> bool:
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return True
+    if suffix in (".jsonl", ".ndjson", ".json"):
+        return False
+    return not text.lstrip().startswith("{")
+
+
+def _csv_values(text: str, config: "PipelineConfig", path: Path) -> list[bytes]:
+    """CSV rows as records.in JSON, so the codec validates them like any stream record."""
+    reader = csv.DictReader(io.StringIO(text))
+    header = reader.fieldnames or []
+    s_column = _label_column(header, "s", config.s_name, path)
+    u_column = _label_column(header, "u", config.u_name, path)
+    missing = [name for name in config.features if name not in header]
+    if missing:
+        raise ValueError(f"{path}: CSV header {header} lacks feature column(s) {missing}")
+    groups = {str(g): g for g in config.groups}
+    strata = {str(a): a for a in config.strata}
+    values = []
+    for line, row in enumerate(reader, start=2):
+        record = {
+            "id": row.get("id") or line,
+            "features": {name: _number_or_text(row[name]) for name in config.features},
+            "s": groups.get(row[s_column], row[s_column]),
+            "u": strata.get(row[u_column], row[u_column]),
+        }
+        values.append(json.dumps(record).encode("utf-8"))
+    return values
+
+
+def _label_column(header: list[str], short: str, long: str, path: Path) -> str:
+    for name in (short, long):
+        if name in header:
+            return name
+    raise ValueError(f"{path}: CSV header {header} has no {short!r} (or {long!r}) column")
+
+
+def _number_or_text(text: str | None):
+    # Unparsable text stays text, so the codec rejects the row with its usual reason.
+    try:
+        number = float(text)
+    except (TypeError, ValueError):
+        return text
+    return number if math.isfinite(number) else text
+
+
+@dataclass(frozen=True)
+class TopicSource:
+    """The latest ``last_n`` records of the pipeline's research topic, read anew on every call."""
+
+    bootstrap: str
+    config: "PipelineConfig"
+    last_n: int | None = 10_000
+
+    def __call__(self) -> ResearchWindow:
+        return read_research_topic(self.bootstrap, self.config, self.last_n)
+
+    def __str__(self) -> str:
+        return f"topic {self.config.topics.research} (last {self.last_n or 'all'} records)"
+
+
+@dataclass(frozen=True)
+class FileSource:
+    """A JSON-lines or CSV research file, read anew on every call."""
+
+    path: Path
+    config: "PipelineConfig"
+
+    def __call__(self) -> ResearchWindow:
+        return read_research_file(self.path, self.config)
+
+    def __str__(self) -> str:
+        return f"file {self.path}"
+
+
+Source = Union[Callable[[], ResearchWindow], ResearchWindow, tuple]
+
+
+def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_n: int | None) -> TopicSource | FileSource:
+    """``--source``: ``topic`` for the research topic, anything else is a file path."""
+    if option == "topic":
+        return TopicSource(bootstrap, config, last_n)
+    path = Path(option)
+    if not path.is_file():
+        raise FileNotFoundError(f"--source {option!r} is neither 'topic' nor an existing file")
+    return FileSource(path, config)
+
+
+def resolve_source(source: Source) -> ResearchWindow:
+    """A window from a source: a window itself, a callable returning one, or a bare ``(X, s, u)``."""
+    window = source() if callable(source) else source
+    if isinstance(window, tuple):
+        window = ResearchWindow.of(*window)
+    if not isinstance(window, ResearchWindow):
+        raise TypeError(f"a research source gives a ResearchWindow or (X, s, u), got {type(window).__name__}")
+    return window
