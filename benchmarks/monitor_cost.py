@@ -15,15 +15,15 @@ import argparse
 import statistics
 import time
 
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.models.scorer import LogisticScorer
-from fairstream.streams.worker.app import export_fairness
 from fairstream.streams.config import adult_config
-from fairstream.streams.worker.monitor import FairnessMonitor
 from fairstream.streams.control.registry import Active
-from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.worker.app import export_fairness
+from fairstream.streams.worker.monitor import FairnessMonitor
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 
 def per_record_us(fn, batches) -> float:

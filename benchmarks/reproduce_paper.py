@@ -18,8 +18,8 @@ import numpy as np
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.measure.evaluation import evaluate_repair
 from fairstream.repair.geometric import geometric_repair
+from fairstream.repair.measure.evaluation import evaluate_repair
 
 
 def one_run(data, n_research: int, n_q: int, seed: int, bins: int, n_permutations: int = 5) -> dict:

@@ -59,11 +59,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.streams.ops.broker import EmbeddedBroker, free_port
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.ops.broker import EmbeddedBroker, free_port
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 

@@ -1,15 +1,22 @@
-"""The frozen embedding fairness module, applied with numpy (spec 000, section 3.4).
+"""The frozen embedding fairness module, applied with numpy.
 
-Centroid Fairness trains a residual MLP on top of a frozen embedding model:
-``g(x) = z + W2 relu(W1 z + b1) + b2`` with ``z = x / ||x||``. Training needs torch (models
-layer); applying it needs only these arrays, so the stream applies the artifact without torch.
-With W2 = 0 the module is plain normalisation, which is also the identity artifact a pipeline can
-start from.
+Centroid Fairness (Conti and Clémençon, "Mitigating Bias in Facial Recognition Systems: Centroid
+Fairness Loss Optimization", 2024) trains a residual MLP on top of a frozen embedding model:
+``g(x) = z + W2 relu(W1 z + b1) + b2`` with ``z = x / ||x||``. Outputs are compared by cosine
+similarity (their norm carries no meaning). Training needs torch
+(:mod:`fairstream.models.centroid`); applying needs only these arrays, so a stream worker applies
+the artifact without importing torch.
+
+The identity module (all weights zero, :meth:`FairnessModule.identity`) is plain L2
+normalisation, ``g(x) = x / ||x||``: what a pipeline whose embedding artifact is "identity" should
+emit (:func:`normalise` does the same without a module). It takes a fast path that skips the MLP.
 
 >>> import numpy as np
 >>> module = FairnessModule.identity(3)
 >>> module.transform(np.array([[3.0, 0.0, 4.0]])).tolist()
 [[0.6, 0.0, 0.8]]
+>>> normalise([[0.0, 2.0, 0.0]]).tolist()
+[[0.0, 1.0, 0.0]]
 """
 
 from __future__ import annotations
@@ -20,9 +27,17 @@ import numpy as np
 
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.measure.verification import l2_normalise
 from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 
+__all__ = ["ARTIFACT_KIND", "FairnessModule", "normalise"]
+
 ARTIFACT_KIND = "embedding"
+
+
+def normalise(vectors) -> np.ndarray:
+    """L2-normalise (n, d) vectors (or one vector) in float64; zero vectors stay zero."""
+    return l2_normalise(vectors)
 
 
 @dataclass(frozen=True)
@@ -35,30 +50,49 @@ class FairnessModule:
     b2: np.ndarray  # (d,)
 
     def __post_init__(self) -> None:
-        hidden, d = self.w1.shape
-        if self.b1.shape != (hidden,) or self.w2.shape != (d, hidden) or self.b2.shape != (d,):
-            raise RepairInputError(f"inconsistent module shapes: w1 {self.w1.shape}, b1 {self.b1.shape}, "
-                                   f"w2 {self.w2.shape}, b2 {self.b2.shape}")
+        arrays = {name: np.ascontiguousarray(getattr(self, name), dtype=np.float64) for name in ("w1", "b1", "w2", "b2")}
+        if arrays["w1"].ndim != 2:
+            raise RepairInputError(f"w1 must be a (hidden, d) matrix, got shape {arrays['w1'].shape}")
+        hidden, d = arrays["w1"].shape
+        if arrays["b1"].shape != (hidden,) or arrays["w2"].shape != (d, hidden) or arrays["b2"].shape != (d,):
+            raise RepairInputError(f"inconsistent module shapes: w1 {arrays['w1'].shape}, b1 {arrays['b1'].shape}, "
+                                   f"w2 {arrays['w2'].shape}, b2 {arrays['b2'].shape}")
+        if not all(np.all(np.isfinite(a)) for a in arrays.values()):
+            raise RepairInputError("module weights must be finite")
+        for name, array in arrays.items():
+            object.__setattr__(self, name, array)
+        # The residual branch is exactly zero when W2 and b2 are: then g is the normalisation.
+        object.__setattr__(self, "_residual", bool(np.any(arrays["w2"]) or np.any(arrays["b2"])))
 
     @property
     def dimension(self) -> int:
         return int(self.w1.shape[1])
 
+    @property
+    def hidden(self) -> int:
+        return int(self.w1.shape[0])
+
+    @property
+    def is_identity(self) -> bool:
+        """True when the module is plain L2 normalisation (its residual branch is zero)."""
+        return not self._residual
+
     @classmethod
     def identity(cls, dimension: int, hidden: int | None = None) -> "FairnessModule":
+        """The module that only L2-normalises, with zero weights of the usual shapes (hidden = 2d)."""
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
+            raise RepairInputError(f"dimension must be a positive integer, got {dimension!r}")
         hidden = hidden or 2 * dimension
         return cls(np.zeros((hidden, dimension)), np.zeros(hidden), np.zeros((dimension, hidden)), np.zeros(dimension))
 
     def transform(self, vectors) -> np.ndarray:
-        """Apply the module to (n, d) vectors (or one vector); zero vectors stay zero."""
+        """Apply the module to (n, d) vectors (or one vector); a zero vector has z = 0 (the identity keeps it 0)."""
         v = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
-        if v.shape[1] != self.dimension:
-            raise RepairInputError(f"vectors have {v.shape[1]} values, the module expects {self.dimension}")
-        # Divide by the largest entry first: the norm of tiny (subnormal) vectors would underflow to 0.
-        scale = np.max(np.abs(v), axis=1, keepdims=True)
-        v = v / np.where(scale > 0, scale, 1.0)
-        norms = np.linalg.norm(v, axis=1, keepdims=True)
-        z = v / np.where(norms > 0, norms, 1.0)
+        if v.ndim != 2 or v.shape[1] != self.dimension:
+            raise RepairInputError(f"vectors have {v.shape[-1]} values, the module expects {self.dimension}")
+        z = l2_normalise(v)
+        if not self._residual:
+            return z
         return z + np.maximum(z @ self.w1.T + self.b1, 0.0) @ self.w2.T + self.b2
 
     kind = ARTIFACT_KIND
@@ -74,14 +108,26 @@ class FairnessModule:
         """The module protocol: :meth:`transform` on the batch's vectors."""
         return Applied.all_ok(batch, self.transform(batch.X))
 
-    def to_artifact(self, version: int = 1, metrics: dict | None = None) -> artifacts.Artifact:
+    def to_artifact(self, version: int = 1, metrics: dict | None = None, training: dict | None = None,
+                    data_fingerprint: str | None = None) -> artifacts.Artifact:
+        """Freeze the weights into an artifact; ``training`` (JSON) records how the module was fitted."""
         arrays = {"w1": self.w1, "b1": self.b1, "w2": self.w2, "b2": self.b2}
-        return artifacts.pack(ARTIFACT_KIND, arrays, parameters={"architecture": "residual-mlp", "dimension": self.dimension},
-                              metrics=metrics or {}, version=version)
+        parameters = {"architecture": "residual-mlp", "dimension": self.dimension, "hidden": self.hidden}
+        if training:
+            parameters["training"] = training
+        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {}, version=version,
+                              data_fingerprint=data_fingerprint)
 
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> "FairnessModule":
+        """Rebuild the module from an ``embedding`` artifact."""
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         a = artifact.arrays
-        return cls(np.asarray(a["w1"]), np.asarray(a["b1"]), np.asarray(a["w2"]), np.asarray(a["b2"]))
+        missing = sorted({"w1", "b1", "w2", "b2"} - set(a))
+        if missing:
+            raise artifacts.ArtifactError(f"embedding artifact lacks arrays {missing}")
+        try:
+            return cls(a["w1"], a["b1"], a["w2"], a["b2"])
+        except RepairInputError as err:
+            raise artifacts.ArtifactError(f"embedding artifact: {err}") from None

@@ -25,9 +25,9 @@ import numpy as np
 from scipy.special import expit
 
 from fairstream.repair import artifacts
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 from fairstream.repair._validation import RepairInputError, as_2d, check_finite, column_names
 from fairstream.repair.measure.metrics import as_binary
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 
 __all__ = ["LogisticScorer"]
 

@@ -269,7 +269,8 @@ class DistributionalRepair:
         if schema.features and self.n_features_in_ != len(schema.features):
             raise IncompatibleArtifact(f"the plan repairs {self.n_features_in_} features {list(self.columns_)}, "
                                        f"the pipeline has {len(schema.features)} {list(schema.features)}")
-        named = self.columns is not None or self.get_params()["columns"] is not None
+        # A plan fitted without column names (x0, x1, ...) is matched by position only.
+        named = list(self.columns_) != column_names(self.n_features_in_, None)
         if schema.features and named and tuple(self.columns_) != tuple(schema.features):
             raise IncompatibleArtifact(f"the plan was fitted on features {list(self.columns_)}, "
                                        f"the pipeline names {list(schema.features)}")

@@ -135,8 +135,9 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
                      out_of_range=np.zeros(n, dtype=bool))
     for module in modules:
         rows = np.flatnonzero(result.ok)
-        step = module.apply(batch.take(rows) if len(rows) < n else _with_x(batch, result.X))
-        result.X[rows] = step.X
+        current = _with_x(batch, result.X)
+        step = module.apply(current.take(rows) if len(rows) < n else current)
+        result.X[rows[step.ok]] = step.X[step.ok]  # a refused row keeps the values it came in with
         result.out_of_range[rows] |= step.out_of_range
         for name, values in step.columns.items():
             column = result.columns.setdefault(name, _empty_column(values, n))
@@ -148,7 +149,7 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
 
 
 def _with_x(batch: Batch, X: np.ndarray) -> Batch:
-    return Batch(X=X, keys=batch.keys, s=batch.s, u=batch.u, y=batch.y)
+    return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y)
 
 
 def _empty_column(values: np.ndarray, n: int) -> np.ndarray:

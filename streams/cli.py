@@ -11,7 +11,11 @@ from pathlib import Path
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
-    from fairstream.streams.demo.batch_job import BatchRepairConfig, format_report, run_batch_repair
+    from fairstream.streams.demo.batch_job import (
+        BatchRepairConfig,
+        format_report,
+        run_batch_repair,
+    )
 
     config = BatchRepairConfig(dataset=args.dataset, features=tuple(args.features.split(",")) if args.features else None,
                                n_research=args.n_research, n_q=args.n_q, repair_amount=args.repair_amount,
@@ -34,7 +38,11 @@ def _config(args: argparse.Namespace):
 @contextlib.contextmanager
 def _broker(args: argparse.Namespace):
     """The broker a command talks to: ``--broker``, else a running ``fairstream broker``, else a new embedded one."""
-    from fairstream.streams.ops.broker import broker_from_option, parse_broker_url, ExternalBroker
+    from fairstream.streams.ops.broker import (
+        ExternalBroker,
+        broker_from_option,
+        parse_broker_url,
+    )
 
     url = args.broker or os.environ.get("FAIRSTREAM_BROKER") or _running_embedded_broker()
     if url:
@@ -81,6 +89,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 
 def _cmd_worker(args: argparse.Namespace) -> int:
     from fairstream.streams.worker.app import create_app, run_worker
+
     from .topics import ensure_topics
 
     config = _config(args)
@@ -93,8 +102,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     from fairstream.repair import datasets
+    from fairstream.streams.demo.replay import (
+        bad_messages,
+        interleave,
+        record_messages,
+        replay,
+    )
 
-    from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
     from .topics import ensure_topics
 
     config = _config(args)
@@ -111,8 +125,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace, bootstrap: str):
-    from fairstream.streams.control.store import ArtifactStore
     from fairstream.streams.control.client import ControlClient
+    from fairstream.streams.control.store import ArtifactStore
 
     config = _config(args)
     return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))

@@ -21,12 +21,14 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
 from typing import Sequence
 
 import numpy as np
-from json.encoder import encode_basestring_ascii
 
+from fairstream.repair.protocol import Batch
 from fairstream.streams.config import PipelineConfig
+
 from .schemas import DeadLetter, EmbeddingRecord, InputRecord
 
 _INPUT_REQUIRED = frozenset(InputRecord.required_fields())
@@ -50,6 +52,10 @@ class DecodedRecords:
     s: np.ndarray
     u: np.ndarray
     errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def batch(self) -> Batch:
+        """The usable records as the modules' :class:`~fairstream.repair.protocol.Batch`."""
+        return Batch(X=self.X, keys=self.keys, s=self.s, u=self.u)
 
 
 def _parse(value: bytes | None, limit: int) -> dict:
@@ -145,11 +151,11 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
     return DecodedRecords(
         index=np.array(index, dtype=np.intp), records=records,
         keys=np.array([str(r["id"]) for r in records], dtype=str),
-        X=X, s=_labels([r["s"] for r in records]), u=_labels([r["u"] for r in records]), errors=errors,
+        X=X, s=labels_array([r["s"] for r in records]), u=labels_array([r["u"] for r in records]), errors=errors,
     )
 
 
-def _labels(values: list) -> np.ndarray:
+def labels_array(values: list) -> np.ndarray:
     """Group/stratum labels as an array that compares like the fitted classes (ints stay ints)."""
     if values and all(isinstance(v, int) for v in values):
         return np.array(values, dtype=np.int64)
@@ -163,6 +169,10 @@ class DecodedEmbeddings:
     keys: np.ndarray
     vectors: np.ndarray  # (n, dimension)
     errors: list[tuple[int, str]] = field(default_factory=list)
+
+    def batch(self) -> Batch:
+        """The usable vectors as the modules' :class:`~fairstream.repair.protocol.Batch`."""
+        return Batch(X=self.vectors, keys=self.keys)
 
 
 def _check_embedding(obj: dict, dimension: int) -> list[float]:
@@ -238,6 +248,52 @@ def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict) -> l
         ('{"id":%s,"group":%s,"vector":%s' % (_scalar(r["id"]), json.dumps(r.get("group")), json.dumps(v)) + tail).encode()
         for r, v in zip(records, vectors.tolist())
     ]
+
+
+@dataclass
+class RepairedBatch:
+    """Repaired records as arrays: original and repaired features, labels, keys, event times, versions."""
+
+    before: np.ndarray
+    after: np.ndarray
+    s: np.ndarray
+    u: np.ndarray
+    y: np.ndarray | None
+    keys: np.ndarray
+    ts: np.ndarray
+    versions: np.ndarray | None = None  # provenance version of each record (when decoded from the topic)
+    out_of_range: np.ndarray | None = None  # rows with a value outside the plan's range (known in the worker)
+
+    def __len__(self) -> int:
+        return len(self.s)
+
+    def take(self, rows: np.ndarray) -> "RepairedBatch":
+        """The records at ``rows``."""
+        pick = (lambda a: None if a is None else a[rows])
+        return RepairedBatch(self.before[rows], self.after[rows], self.s[rows], self.u[rows], pick(self.y),
+                             self.keys[rows], self.ts[rows], pick(self.versions), pick(self.out_of_range))
+
+
+def decode_repaired(values: Sequence[bytes], config: PipelineConfig) -> RepairedBatch:
+    """Arrays of ``records.repaired`` values that carry their original features (``include_original``)."""
+    return repaired_arrays([json.loads(v) for v in values], config)
+
+
+def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> RepairedBatch:
+    """Arrays of parsed ``records.repaired`` records; records without their original features are left out."""
+    records = [r for r in records if r.get("original") is not None]
+    names = config.features
+    ys = [r.get("y") for r in records]
+    now = time.time()
+    return RepairedBatch(
+        before=np.array([[r["original"][f] for f in names] for r in records], dtype=np.float64).reshape(-1, len(names)),
+        after=np.array([[r["features"][f] for f in names] for r in records], dtype=np.float64).reshape(-1, len(names)),
+        s=labels_array([r["s"] for r in records]), u=labels_array([r["u"] for r in records]),
+        y=np.array(ys, dtype=np.int64) if ys and all(v is not None for v in ys) else None,
+        keys=np.array([str(r["id"]) for r in records], dtype=object),
+        ts=np.array([r["ts"] if r.get("ts") is not None else now for r in records], dtype=np.float64),
+        versions=np.array([r["provenance"]["version"] for r in records], dtype=np.int64),
+    )
 
 
 def dead_letter(value: bytes | None, reason: str, topic: str, partition: int, offset: int, agent: str,

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from fairstream.repair.protocol import PipelineSchema
+
 from .topics import TopicConfig
 
 
@@ -121,6 +123,11 @@ class PipelineConfig:
                 raise ConfigError(f"pipeline.{key} must be a non-empty list of distinct values, got {list(values)}")
             if any(isinstance(v, (bool, float)) or not isinstance(v, (int, str)) for v in values):
                 raise ConfigError(f"pipeline.{key} values must be integers or strings, got {list(values)}")
+
+    def schema(self) -> PipelineSchema:
+        """What this pipeline promises its modules (checked by every module at load time)."""
+        return PipelineSchema(features=tuple(self.features), groups=tuple(self.groups), strata=tuple(self.strata),
+                              dimension=self.embeddings.dimension)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "PipelineConfig":

@@ -29,6 +29,7 @@ from itertools import combinations
 import numpy as np
 
 from fairstream.repair._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
+
 from .metrics import (
     ALL_STRATA,
     DamageResult,

@@ -34,7 +34,14 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair._validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
+from fairstream.repair._validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    normalise_labels,
+)
 
 __all__ = [
     "DamageResult",

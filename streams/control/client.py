@@ -14,9 +14,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact, ArtifactError
-
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
+
 from .records import ControlError, encode_control, is_stale, parse_control
 from .registry import control_consumer, message_limit, open_at_beginning
 from .store import ArtifactStore

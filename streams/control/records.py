@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 
-
-
 from fairstream.streams.schemas import ControlRecord
 
 ACTIONS = ("publish", "rollback")

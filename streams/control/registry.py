@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ from typing import Callable, Mapping
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact
-
+from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.schemas import ControlRecord
+
 from .records import ControlError, is_stale, parse_control
 from .store import ArtifactStore
 
@@ -52,6 +55,11 @@ class Active:
     sha256: str
     artifact: Artifact
     module: object
+
+
+def module_loaders(schema: PipelineSchema) -> dict[str, Callable[[Artifact], object]]:
+    """A loader per known artifact kind that builds the module and checks it against ``schema`` (at load time)."""
+    return {kind: functools.partial(load_module, schema=schema) for kind in MODULE_KINDS}
 
 
 class ArtifactRegistry:

@@ -8,10 +8,8 @@ import os
 import re
 from pathlib import Path
 
-
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact, ArtifactError
-
 
 log = logging.getLogger(__name__)
 _SHA256 = re.compile(r"[0-9a-f]{64}")

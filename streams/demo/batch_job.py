@@ -16,8 +16,8 @@ from tqdm import tqdm
 
 from fairstream.repair import artifacts, datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.measure.evaluation import evaluate_repair
 from fairstream.repair.geometric import geometric_repair
+from fairstream.repair.measure.evaluation import evaluate_repair
 
 from .plots import plot_group_distributions
 

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from kafka import KafkaConsumer, TopicPartition
+
 from fairstream.streams.kafka import KAFKA_API_VERSION
 
 

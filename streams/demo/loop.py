@@ -20,20 +20,24 @@ from typing import Callable
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairstream.repair.datasets import Dataset
 from fairstream.models.scorer import LogisticScorer
-
-from fairstream.streams.ops.prometheus import ALERTS_YML, PrometheusServer, rules_with_short_for
-from fairstream.streams.ops.processes import free_port
+from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.ops.processes import free_port
+from fairstream.streams.ops.prometheus import (
+    ALERTS_YML,
+    PrometheusServer,
+    rules_with_short_for,
+)
+from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.service import RefitService
 from fairstream.streams.refit.sources import TopicSource
-from fairstream.streams.control.store import ArtifactStore
-from fairstream.streams.control.client import ControlClient
-from .replay import interleave, record_messages, replay
-from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+
+from .replay import interleave, record_messages, replay
 
 STATISTIC = ("dependence_e", "after", "all", "all", "all", "count")
 

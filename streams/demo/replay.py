@@ -15,7 +15,6 @@ import numpy as np
 from tqdm import tqdm
 
 from fairstream.repair.datasets import Dataset
-
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.kafka import KAFKA_API_VERSION
 

@@ -19,13 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from fairstream.repair import datasets
 from fairstream.repair.measure.evaluation import evaluate_repair
+from fairstream.streams.codec import repaired_arrays
+from fairstream.streams.config import PipelineConfig
 
 from .collect import TopicReader, collect_until
-from fairstream.streams.config import PipelineConfig
 from .loop import LoopReport, run_fairness_loop, shift_group
 from .plots import plot_group_distributions, plot_timeline
 from .replay import bad_messages
@@ -109,9 +108,8 @@ def _phase(record: dict) -> str:
 
 
 def _arrays(rows: list[dict], config: PipelineConfig):
-    X = np.array([[r["original"][f] for f in config.features] for r in rows])
-    Xr = np.array([[r["features"][f] for f in config.features] for r in rows])
-    return X, Xr, np.array([r["s"] for r in rows]), np.array([r["u"] for r in rows])
+    batch = repaired_arrays(rows, config)
+    return batch.before, batch.after, batch.s, batch.u
 
 
 def _reason_kind(reason: str) -> str:

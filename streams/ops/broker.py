@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 from . import processes
 from .processes import LOOPBACK, dies_with_owner, free_port, is_alive, port_is_free  # noqa: F401 (re-exported)
+
 LOG_NAME = "broker.log"
 PID_NAME = "broker.pid"
 _LOG_TAIL_LINES = 30

@@ -52,7 +52,14 @@ ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"
 ALERTS_TEST_YML = DEPLOY / "alerts_test.yml"
 WORKER_JOB = "fairstream-worker"
-from .processes import LOOPBACK, dies_with_owner, free_port, port_is_free, terminate_process_group  # noqa: F401
+from .processes import (  # noqa: F401
+    LOOPBACK,
+    dies_with_owner,
+    free_port,
+    port_is_free,
+    terminate_process_group,
+)
+
 _POLL_SECONDS = 0.2
 T = TypeVar("T")
 

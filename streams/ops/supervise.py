@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from fairstream.streams.config import PipelineConfig
+
 from .processes import dies_with_owner, terminate_process_group
 
 

@@ -10,11 +10,11 @@ import logging
 import signal
 import threading
 from typing import TYPE_CHECKING, Callable, Iterator
+
 from .job import REFIT_KINDS, RefitJob, format_outcome
 from .schedule import parse_duration, run_every
 from .service import RefitService
 from .sources import research_source
-
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig

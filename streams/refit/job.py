@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
 from .sources import ResearchWindow, Source, resolve_source
 
 if TYPE_CHECKING:
@@ -109,8 +110,8 @@ class RefitJob:
     def __init__(self, config: "PipelineConfig", bootstrap: str, store: "ArtifactStore | None" = None,
                  n_q: int = 250, holdout: float = 0.2, tolerance: float = 0.1, seed: int = 0,
                  out_of_range: str = "clamp", repair_amount: float = 1.0, min_cell_rows: int = MIN_CELL_ROWS):
-        from fairstream.streams.control.store import ArtifactStore
         from fairstream.streams.control.client import ControlClient
+        from fairstream.streams.control.store import ArtifactStore
 
         if not 0.0 < holdout < 1.0:
             raise ValueError(f"holdout must be a fraction in (0, 1), got {holdout!r}")
@@ -176,9 +177,8 @@ class RefitJob:
         stale publishes, and refusal of records whose artifact does not verify.
         """
         from fairstream.repair.distributional import DistributionalRepair
-
-        from fairstream.streams.control.registry import ArtifactRegistry
         from fairstream.streams.control.records import encode_control
+        from fairstream.streams.control.registry import ArtifactRegistry
 
         registry = ArtifactRegistry({self.kind: DistributionalRepair.from_artifact}, store=self.store)
         for record in self.control.history_sync():

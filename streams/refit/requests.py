@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
+
 from fairstream.streams.codec import RefitRequest
 from fairstream.streams.kafka import KAFKA_API_VERSION
-
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig

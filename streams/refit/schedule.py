@@ -9,9 +9,9 @@ import re
 import threading
 import time
 from typing import TYPE_CHECKING, Callable
+
 from .job import RefitJob, RefitOutcome
 from .sources import Source
-
 
 if TYPE_CHECKING:
     pass

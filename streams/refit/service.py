@@ -9,11 +9,12 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from .job import RefitJob, RefitOutcome
+
 from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
-from .sources import Source
 from fairstream.streams.kafka import KAFKA_API_VERSION
 
+from .job import RefitJob, RefitOutcome
+from .sources import Source
 
 if TYPE_CHECKING:
     pass

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
 
 import numpy as np
+
 from fairstream.streams.kafka import KAFKA_API_VERSION
 
 if TYPE_CHECKING:

@@ -21,25 +21,38 @@ from typing import Iterable
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
-from fairstream.repair.distributional import DistributionalRepair
-from fairstream.models.embedding import FairnessModule
-from fairstream.models.scorer import LogisticScorer
 
-from fairstream.streams.ops.broker import parse_broker_url
-from fairstream.streams.config import PipelineConfig
-from .metrics import (ARTIFACT_REFUSED, ARTIFACT_VERSION, BATCH_SECONDS, CONSUMER_LAG, DRIFT_EVENTS, FAIRNESS,
-                      RECORD_LATENCY, RECORDS_DEAD, RECORDS_IN, RECORDS_OUT_OF_RANGE, RECORDS_REPAIRED, REFIT_REQUESTS,
-                      WINDOW_RECORDS, serve)
-from .monitor import DriftEvent, FairnessMonitor
 from fairstream.streams.codec import RefitRequest
-from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
-from fairstream.streams.control.registry import ArtifactRegistry, follow_control
+from fairstream.streams.config import PipelineConfig
+from fairstream.streams.control.registry import (
+    ArtifactRegistry,
+    follow_control,
+    module_loaders,
+)
 from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.ops.broker import parse_broker_url
+
+from .metrics import (
+    ARTIFACT_REFUSED,
+    ARTIFACT_VERSION,
+    BATCH_SECONDS,
+    CONSUMER_LAG,
+    DRIFT_EVENTS,
+    FAIRNESS,
+    RECORD_LATENCY,
+    RECORDS_DEAD,
+    RECORDS_IN,
+    RECORDS_OUT_OF_RANGE,
+    RECORDS_REPAIRED,
+    REFIT_REQUESTS,
+    WINDOW_RECORDS,
+    serve,
+)
+from .monitor import DriftEvent, FairnessMonitor
+from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 
 log = logging.getLogger(__name__)
 
-LOADERS = {"plan": DistributionalRepair.from_artifact, "embedding": FairnessModule.from_artifact,
-           "scorer": LogisticScorer.from_artifact}
 
 
 
@@ -101,7 +114,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     raw = dict(value_type=bytes, key_type=bytes, value_serializer="raw", key_serializer="raw", partitions=topics.partitions)
     records_in = app.topic(topics.records_in, **raw)
     embeddings_in = app.topic(topics.embeddings_in, **raw)
-    registry = ArtifactRegistry(LOADERS, ArtifactStore(config.artifact_dir), on_change=_on_artifact_change,
+    registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir), on_change=_on_artifact_change,
                                 on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     ready = asyncio.Event()
     app.fairstream_registry = registry  # for tests and the CLI's status line

@@ -25,7 +25,6 @@ it re-arms once the statistic is back below the threshold, or after ``cooldown_s
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -34,10 +33,16 @@ from typing import Callable, Iterable
 import numpy as np
 from river import drift
 
-from fairstream.repair.measure.accumulators import (HistogramDependenceAccumulator, MatchedGapAccumulator,
-                                         PositiveRateAccumulator, RateAccumulator, WassersteinAccumulator)
+from fairstream.repair.measure.accumulators import (
+    HistogramDependenceAccumulator,
+    MatchedGapAccumulator,
+    PositiveRateAccumulator,
+    RateAccumulator,
+    WassersteinAccumulator,
+)
+from fairstream.repair.measure.matching import matched_counterparts
 from fairstream.repair.measure.windows import CountWindow, TimeWindow
-
+from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import MonitorConfig, PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -52,45 +57,6 @@ class DriftEvent:
     value: float  # the windowed statistic when the event fired
     version: int  # plan version in use
     ts: float
-
-
-@dataclass
-class MonitorBatch:
-    """The repaired records of one batch as arrays (only those of the plan version in use)."""
-
-    before: np.ndarray
-    after: np.ndarray
-    s: np.ndarray
-    u: np.ndarray
-    y: np.ndarray | None
-    keys: np.ndarray
-    ts: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.s)
-
-
-def parse_repaired(values: Iterable[bytes], config: PipelineConfig, version: int) -> tuple[MonitorBatch | None, int]:
-    """Arrays of the records stamped with ``version``, and how many others were skipped."""
-    records = [json.loads(v) for v in values]
-    mine = [r for r in records if r["provenance"]["version"] == version and r.get("original") is not None]
-    if not mine:
-        return None, len(records)
-    names = config.features
-    ys = [r.get("y") for r in mine]
-    now = time.time()
-    return MonitorBatch(
-        before=np.array([[r["original"][f] for f in names] for r in mine], dtype=np.float64),
-        after=np.array([[r["features"][f] for f in names] for r in mine], dtype=np.float64),
-        s=_labels([r["s"] for r in mine]), u=_labels([r["u"] for r in mine]),
-        y=np.array(ys, dtype=np.int64) if all(v is not None for v in ys) else None,
-        keys=np.array([str(r["id"]) for r in mine], dtype=object),
-        ts=np.array([r["ts"] if r.get("ts") is not None else now for r in mine], dtype=np.float64),
-    ), len(records) - len(mine)
-
-
-def _labels(values: list) -> np.ndarray:
-    return np.array(values, dtype=np.int64) if all(isinstance(v, int) for v in values) else np.array(values, dtype=str)
 
 
 def plan_edges(plan, bins: int) -> list[np.ndarray]:
@@ -110,30 +76,17 @@ def make_detector(name: str):
 
 
 class Scores:
-    """What the scorer and the plan's transport map say about one batch (for DP and MDP)."""
+    """What the scorer says about one batch before and after repair, and about matched counterparts (DP, MDP)."""
 
-    def __init__(self, batch: MonitorBatch, plan, scorer, groups: tuple):
+    def __init__(self, batch: RepairedBatch, plan, scorer, groups: tuple):
         self.decisions_before = scorer.decision(batch.before)
         self.decisions_after = scorer.decision(batch.after)
-        matched_group = np.array([groups[(groups.index(g) + 1) % len(groups)] for g in batch.s.tolist()],
-                                 dtype=batch.s.dtype)
-        matched = self._transport(batch, plan, matched_group)
+        matched, matched_group = matched_counterparts(batch.before, batch.s, batch.u, groups, plan.transport_map)
         self.f_before = scorer.predict_proba(batch.before)
         self.f_matched_before = scorer.predict_proba(matched)
         self.f_after = scorer.predict_proba(batch.after)
         counterpart = plan.repair(matched, matched_group, batch.u, keys=batch.keys).values
         self.f_matched_after = scorer.predict_proba(counterpart)
-
-    @staticmethod
-    def _transport(batch: MonitorBatch, plan, matched_group: np.ndarray) -> np.ndarray:
-        """T(x): each record mapped to its counterpart in the matched group, per (stratum, group) cell."""
-        out = batch.before.copy()
-        cells = set(zip(batch.u.tolist(), batch.s.tolist()))
-        for stratum, group in cells:
-            rows = (batch.u == stratum) & (batch.s == group)
-            target = matched_group[rows][0]
-            out[rows] = plan.transport_map(batch.before[rows], stratum, group, target)
-        return out
 
 
 class StatisticWindows:
@@ -151,7 +104,7 @@ class StatisticWindows:
         self.oor = window(lambda: RateAccumulator(strata))
         self.features = list(config.features)
 
-    def update(self, batch: MonitorBatch, out_of_range: np.ndarray, scores: Scores | None, **when) -> None:
+    def update(self, batch: RepairedBatch, out_of_range: np.ndarray, scores: Scores | None, **when) -> None:
         for stage, X in (("before", batch.before), ("after", batch.after)):
             self.e[stage].update(X, batch.s, batch.u, **when)
             self.w1[stage].update(X, batch.s, batch.u, **when)
@@ -225,7 +178,7 @@ class DriftTracker:
             # threshold, so the hit waits (at most one window of records) for that confirmation.
             self.pending = self.monitor.window_records
 
-    def update(self, batch: MonitorBatch, window_value: float) -> bool:
+    def update(self, batch: RepairedBatch, window_value: float) -> bool:
         """Feed a batch; True when a drift event is confirmed."""
         self.pending = max(self.pending - len(batch.s), 0)
         if window_value < self.monitor.threshold:
@@ -267,22 +220,23 @@ class FairnessMonitor:
     def observe(self, values: list[bytes], plan_active, scorer_active=None) -> list[DriftEvent]:
         """Update every window with a batch of ``records.repaired`` values; returns confirmed drift events."""
         self._follow(plan_active, scorer_active)
-        batch, skipped = parse_repaired(values, self.config, self.version)
-        self.skipped += skipped
-        return [] if batch is None else self.observe_batch(batch, plan_active, scorer_active)
+        batch = decode_repaired(values, self.config)
+        mine = np.flatnonzero(batch.versions == self.version)
+        self.skipped += len(batch) - len(mine)
+        return self.observe_batch(batch.take(mine), plan_active, scorer_active) if len(mine) else []
 
     def _follow(self, plan_active, scorer_active) -> None:
         if self.version != plan_active.version or self.with_scorer != (scorer_active is not None):
             self._start(plan_active, scorer_active is not None)
 
-    def observe_batch(self, batch: MonitorBatch, plan_active, scorer_active=None) -> list[DriftEvent]:
+    def observe_batch(self, batch: RepairedBatch, plan_active, scorer_active=None) -> list[DriftEvent]:
         """Update every window with the arrays of a batch repaired by ``plan_active``."""
         self._follow(plan_active, scorer_active)
         if len(batch.s) == 0:
             return []
         plan = plan_active.module
         scores = Scores(batch, plan, scorer_active.module, tuple(self.config.groups)) if scorer_active else None
-        out_of_range = self._out_of_range(batch, plan)
+        out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, plan)
         self.windows["count"].update(batch, out_of_range, scores)
         self.windows["time"].update(batch, out_of_range, scores, ts=batch.ts)
         value = self.statistic("count")
@@ -291,7 +245,7 @@ class FairnessMonitor:
         return []
 
     @staticmethod
-    def _out_of_range(batch: MonitorBatch, plan) -> np.ndarray:
+    def _out_of_range(batch: RepairedBatch, plan) -> np.ndarray:
         codes = np.searchsorted(plan.strata_, batch.u)
         codes = np.clip(codes, 0, len(plan.strata_) - 1)
         return ((batch.before < plan.grid_start_[codes]) | (batch.before > plan.grid_stop_[codes])).any(axis=1)

@@ -13,9 +13,17 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
-from .codec import dead_letter, decode_embeddings, decode_records, encode_embeddings, encode_repaired, provenance
+from fairstream.repair.protocol import Batch, apply_chain
+from fairstream.streams.codec import (
+    RepairedBatch,
+    dead_letter,
+    decode_embeddings,
+    decode_records,
+    encode_embeddings,
+    encode_repaired,
+    provenance,
+)
 from fairstream.streams.config import PipelineConfig
-from .monitor import MonitorBatch
 
 
 class MessageLike(Protocol):
@@ -46,7 +54,7 @@ class BatchOutcome:
     version: int | None = None
     out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
-    monitor_batch: MonitorBatch | None = None  # the repaired records as arrays, for the fairness monitor
+    monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
@@ -59,8 +67,12 @@ def _output_key(message: MessageLike, record: dict) -> bytes:
     return message.key if message.key is not None else str(record["id"]).encode()
 
 
+def _provenance(active) -> dict:
+    return provenance(active.kind, active.version, active.sha256, active.module.seed)
+
+
 class RecordRepairer:
-    """Batch logic of the record agent: tabular records repaired with a frozen ``plan`` artifact."""
+    """Batch logic of the record agent: tabular records through the pipeline's frozen module."""
 
     agent = "records"
 
@@ -68,36 +80,36 @@ class RecordRepairer:
         self.config = config
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
-        """``active`` is the registry's active plan (``.module`` a fitted DistributionalRepair)."""
-        batch = decode_records([m.value for m in messages], self.config)
-        failures = list(batch.errors)
+        """``active`` is the registry's active artifact for the record agent (any module kind)."""
+        decoded = decode_records([m.value for m in messages], self.config)
+        failures = list(decoded.errors)
         outcome = BatchOutcome(version=active.version)
-        if len(batch.index):
-            plan = active.module
-            result = plan.repair(batch.X, batch.s, batch.u, keys=batch.keys)
+        if len(decoded.index):
+            batch = decoded.batch()
+            result = apply_chain([active.module], batch)
             ok = np.flatnonzero(result.ok)
-            failures += [(int(batch.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
-            prov = provenance(active.kind, active.version, active.sha256, plan.fingerprint_[:16])
-            records = [batch.records[i] for i in ok]
-            values = encode_repaired(records, batch.X[ok], result.values[ok], self.config, prov)
-            outcome.repaired = [(_output_key(messages[batch.index[i]], r), v) for i, r, v in zip(ok, records, values)]
-            outcome.out_of_range = int(result.out_of_range.any(axis=1).sum())
+            failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
+            records = [decoded.records[i] for i in ok]
+            values = encode_repaired(records, batch.X[ok], result.X[ok], self.config, _provenance(active))
+            outcome.repaired = [(_output_key(messages[decoded.index[i]], r), v) for i, r, v in zip(ok, records, values)]
+            outcome.out_of_range = int(result.out_of_range.sum())
             outcome.event_times = [r["ts"] for r in records if r.get("ts") is not None]
-            outcome.monitor_batch = _monitor_batch(records, batch.X[ok], result.values[ok], batch.s[ok], batch.u[ok],
-                                                   batch.keys[ok], outcome.event_times)
+            outcome.monitor_batch = _monitor_batch(records, batch.take(ok), result.X[ok], result.out_of_range[ok],
+                                                   outcome.event_times)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
 
-def _monitor_batch(records, X, repaired, s, u, keys, event_times) -> MonitorBatch:
+def _monitor_batch(records, batch: Batch, repaired, out_of_range, event_times) -> RepairedBatch:
     ys = [r.get("y") for r in records]
     ts = np.array(event_times, dtype=np.float64) if len(event_times) == len(records) else np.full(len(records), time.time())
-    return MonitorBatch(before=X, after=repaired, s=s, u=u, keys=keys, ts=ts,
-                        y=np.array(ys, dtype=np.int64) if ys and all(y is not None for y in ys) else None)
+    return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts,
+                         y=np.array(ys, dtype=np.int64) if ys and all(y is not None for y in ys) else None,
+                         out_of_range=out_of_range)
 
 
 class EmbeddingRepairer:
-    """Batch logic of the embedding agent: vectors through a frozen vector module (or identity)."""
+    """Batch logic of the embedding agent: vectors through the frozen embedding module (or the identity)."""
 
     agent = "embeddings"
 
@@ -106,14 +118,14 @@ class EmbeddingRepairer:
 
     def process(self, messages: Sequence[MessageLike], active=None) -> BatchOutcome:
         """``active`` is the registry's active ``embedding`` artifact, or None for the identity."""
-        batch = decode_embeddings([m.value for m in messages], self.config)
+        decoded = decode_embeddings([m.value for m in messages], self.config)
         if active is None:
-            vectors, prov = batch.vectors, provenance("identity", 0, "", "")
+            vectors, prov = decoded.vectors, provenance("identity", 0, "", "")
         else:
-            vectors, prov = active.module.transform(batch.vectors), provenance(active.kind, active.version, active.sha256, "")
-        values = encode_embeddings(batch.records, vectors, prov)
+            vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance(active)
+        values = encode_embeddings(decoded.records, vectors, prov)
         return BatchOutcome(
-            repaired=[(_output_key(messages[i], r), v) for i, r, v in zip(batch.index, batch.records, values)],
-            dead=_dead_letters(messages, batch.errors, self.agent),
+            repaired=[(_output_key(messages[i], r), v) for i, r, v in zip(decoded.index, decoded.records, values)],
+            dead=_dead_letters(messages, decoded.errors, self.agent),
             version=prov["version"],
         )

@@ -1,11 +1,12 @@
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from fairstream.models.embedding import FairnessModule
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
-from fairstream.models.embedding import FairnessModule
 
 
 def random_module(d=4, seed=0):

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from fairstream.models import scorer
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
-from fairstream.models.scorer import LogisticScorer
 
 
 def simulate_logistic(n, coef, intercept, seed):

@@ -1,5 +1,6 @@
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from fairstream.repair.density import kde_pmf, linear_binning, silverman_bandwidth, source_pmf

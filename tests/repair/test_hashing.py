@@ -1,5 +1,6 @@
 import numpy as np
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from scipy import stats
 
 from fairstream.repair.hashing import keys_to_uint64, uniforms

@@ -9,9 +9,9 @@ import re
 import subprocess
 
 import pytest
-from fairstream.streams.worker import metrics
 
 from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
+from fairstream.streams.worker import metrics
 
 
 def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.cli import build_parser
+from fairstream.streams.ops.broker import EmbeddedBroker
 
 COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo"]
 

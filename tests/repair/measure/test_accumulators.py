@@ -8,15 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair.measure import accumulators as streaming
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.measure.metrics import (
-    damage,
-    demographic_parity,
-    dependence_e,
-    equal_width_edges,
-    wasserstein_between_groups,
-)
+from fairstream.repair.measure import accumulators as streaming
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,
     HistogramDependenceAccumulator,
@@ -24,6 +17,13 @@ from fairstream.repair.measure.accumulators import (
     PositiveRateAccumulator,
     RateAccumulator,
     WassersteinAccumulator,
+)
+from fairstream.repair.measure.metrics import (
+    damage,
+    demographic_parity,
+    dependence_e,
+    equal_width_edges,
+    wasserstein_between_groups,
 )
 
 from .test_metrics import grouped_data

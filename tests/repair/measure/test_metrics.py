@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import entropy
 
-from fairstream.repair.measure import metrics
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.measure import metrics
 from fairstream.repair.measure.metrics import (
     damage,
     demographic_parity,

@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairstream.repair.measure import windows
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.measure.metrics import dependence_e
+from fairstream.repair.measure import windows
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,
     HistogramDependenceAccumulator,
     PositiveRateAccumulator,
 )
+from fairstream.repair.measure.metrics import dependence_e
 from fairstream.repair.measure.windows import CountWindow, TimeWindow
 
 from .test_accumulators import assert_same_dependence, assert_same_dp

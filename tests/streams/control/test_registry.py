@@ -14,12 +14,15 @@ from aiokafka import AIOKafkaProducer
 
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import ArtifactError
+from fairstream.models.embedding import FairnessModule
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.streams.ops.broker import EmbeddedBroker
-from fairstream.streams.control.registry import UNKNOWN_KIND, ArtifactRegistry, follow_control
-from fairstream.streams.control.store import ArtifactStore
+from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import ControlError, encode_control, parse_control
+from fairstream.streams.control.registry import UNKNOWN_KIND, ArtifactRegistry, follow_control, module_loaders
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics
 
@@ -465,3 +468,62 @@ def test_follower_is_ready_on_an_empty_topic_and_picks_up_later_publishes(broker
     record = asyncio.run(scenario())
     assert served_version(registry) == 1 and registry.current("plan").sha256 == record.sha256
     assert [active.version for active in changes] == [1]
+
+
+# --------------------------------------------------------------------------- compatibility at load time
+
+SCHEMA = PipelineSchema(features=("x0", "x1"), groups=(0, 1), strata=(0, 1), dimension=8)
+
+
+def test_a_plan_fitted_on_other_features_is_refused_at_load_and_the_old_one_keeps_serving(plans, sample, caplog):
+    registry = ArtifactRegistry(module_loaders(SCHEMA))
+    assert registry.apply(message(plans[0].to_artifact(), version=1))
+    rng = np.random.default_rng(5)
+    s, u = rng.integers(0, 2, 400), rng.integers(0, 2, 400)
+    three = DistributionalRepair(n_q=30).fit(rng.normal(size=(400, 3)) + s[:, None], s, u)
+    with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
+        assert not registry.apply(message(three.to_artifact(), version=2))
+    assert "IncompatibleArtifact: the plan repairs 3 features" in caplog.text and "still serving version 1" in caplog.text
+    assert served_version(registry) == 1
+    X, s, u = sample  # the old plan still repairs the pipeline's 2-feature records
+    assert registry.current("plan").module.transform(X, s, u).shape == (50, 2)
+
+
+@pytest.mark.parametrize(
+    "fit, reason",
+    [
+        (lambda X, s, u: DistributionalRepair(n_q=30, columns=["age", "hours"]).fit(X, s, u),
+         "fitted on features ['age', 'hours'], the pipeline names ['x0', 'x1']"),
+        (lambda X, s, u: DistributionalRepair(n_q=30).fit(X, np.where(s == 1, 2, 0), u),
+         "without the pipeline's groups ['1']"),
+        (lambda X, s, u: DistributionalRepair(n_q=30).fit(X, s, np.zeros_like(u)),
+         "without the pipeline's strata ['1']"),
+    ],
+)
+def test_plans_that_do_not_fit_the_pipeline_are_refused_with_the_reason(fit, reason, caplog):
+    rng = np.random.default_rng(6)
+    s, u = rng.integers(0, 2, 400), rng.integers(0, 2, 400)
+    plan = fit(rng.normal(size=(400, 2)), s, u)
+    registry = ArtifactRegistry(module_loaders(SCHEMA))
+    with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
+        assert not registry.apply(message(plan.to_artifact(), version=1))
+    assert reason in caplog.text and registry.current("plan") is None
+
+
+def test_an_embedding_module_of_another_length_is_refused_at_load(caplog):
+    registry = ArtifactRegistry(module_loaders(SCHEMA))
+    assert registry.apply(message(FairnessModule.identity(8).to_artifact(), version=1))
+    with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
+        assert not registry.apply(message(FairnessModule.identity(4).to_artifact(), version=2))
+    assert "takes vectors of length 4, the pipeline's are 8" in caplog.text
+    assert served_version(registry, "embedding") == 1
+
+
+def test_a_scorer_of_another_width_is_refused_at_load(caplog):
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(200, 3))
+    scorer = LogisticScorer().fit(X, (X[:, 0] > 0).astype(int))
+    registry = ArtifactRegistry(module_loaders(SCHEMA))
+    with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
+        assert not registry.apply(message(scorer.to_artifact(), version=1))
+    assert "the scorer takes 3 features, the pipeline has 2" in caplog.text

@@ -9,9 +9,9 @@ women's hours-per-week rise by 15 while the labelling process keeps feeding the 
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.config import adult_config
 from fairstream.streams.demo.loop import run_fairness_loop, shift_group
+from fairstream.streams.ops.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,14 @@ import time
 
 import pytest
 
-from fairstream.streams.ops.prometheus import ALERTS_YML, PrometheusServer, duration_seconds, free_port, parse_time, rules_with_short_for
+from fairstream.streams.ops.prometheus import (
+    ALERTS_YML,
+    PrometheusServer,
+    duration_seconds,
+    free_port,
+    parse_time,
+    rules_with_short_for,
+)
 
 pytestmark = pytest.mark.integration
 

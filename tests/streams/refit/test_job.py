@@ -20,22 +20,27 @@ from kafka import KafkaProducer
 
 from fairstream.repair import datasets
 from fairstream.streams import cli
-from fairstream.streams.refit import job, requests, schedule, service, sources
-from fairstream.streams.ops.broker import EmbeddedBroker
-from fairstream.streams.codec import decode_records
+from fairstream.streams.codec import RefitRequest, RefitRequestError, decode_records, parse_request
 from fairstream.streams.config import adult_config
-from fairstream.streams.refit.sources import FileSource, ResearchWindow, TopicSource, read_research_file, read_research_topic
-from fairstream.streams.refit.job import RefitJob, format_e, stratified_split
-from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
-from fairstream.streams.refit.requests import request_refit
-from fairstream.streams.refit.service import RefitService
-from fairstream.streams.refit.command import add_refit_parser
-from fairstream.streams.refit.schedule import parse_duration, run_every
-from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
-from fairstream.streams.topics import ensure_topics
 from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.refit import job, requests, schedule, service, sources
+from fairstream.streams.refit.command import add_refit_parser
+from fairstream.streams.refit.job import RefitJob, format_e, stratified_split
+from fairstream.streams.refit.requests import request_refit
+from fairstream.streams.refit.schedule import parse_duration, run_every
+from fairstream.streams.refit.service import RefitService
+from fairstream.streams.refit.sources import (
+    FileSource,
+    ResearchWindow,
+    TopicSource,
+    read_research_file,
+    read_research_topic,
+)
+from fairstream.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -5,14 +5,14 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.models.scorer import LogisticScorer
 from fairstream.streams.config import adult_config
-from fairstream.streams.worker.monitor import FairnessMonitor
 from fairstream.streams.control.registry import Active
-from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.worker.monitor import FairnessMonitor
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 CONFIG = adult_config().with_monitor(window_records=8000, buckets=8, min_records=500, threshold=0.1,
                                      cooldown_seconds=3600.0)

@@ -19,17 +19,17 @@ from kafka import KafkaProducer
 
 from fairstream.repair import artifacts, datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.streams.ops.broker import EmbeddedBroker
-from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import encode_control
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
-from fairstream.streams.schemas import ControlRecord
-from fairstream.streams.ops.supervise import WorkerProcess
-from fairstream.streams.topics import ensure_topics
 from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.schemas import ControlRecord
+from fairstream.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 
