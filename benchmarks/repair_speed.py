@@ -1,7 +1,7 @@
 """Speed of the distributional repair on Adult against a row-loop baseline measured in the same run.
 
 Job: fit on 10,000 research rows, repair ~35,000 archive rows, 2 features (age, hours-per-week),
-n_Q = 250. The baseline follows the reference pseudo-code of spec 004 section 2.7 with the choices
+n_Q = 250. The baseline follows Algorithms 1 and 2 of Langbridge, Quinn and Shorten (2024), written row by row, with the choices
 of the public AIF360 port (10% grid padding, entropic barycentre, ``ot.emd`` plans, and a Python
 loop over records that draws each output with ``rng.choice``), which is what makes it slow.
 

@@ -3,8 +3,7 @@
 Table I: the paper's simulation (n_R = 500, n_A = 5000, n_Q = 50), several seeds.
 Table II: Adult (S = sex, U = education-num > 9, X = age and hours-per-week, n_R = 10,000, n_Q = 250).
 E is the histogram estimator of fairstream.repair.measure.metrics (30 bins, not the repair's grid), so its
-values are on another scale than the paper's (whose estimator is unstated and inflated; spec 004
-section 2.1); every table shows the estimator's noise floor (s permuted within u) next to it.
+values are on another scale than the paper's (whose estimator is unstated and inflated); every table shows the estimator's noise floor (s permuted within u) next to it.
 
     .venv/bin/python benchmarks/reproduce_paper.py [--runs 20] [--adult-runs 5]
 """

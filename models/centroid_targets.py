@@ -19,9 +19,11 @@ Gaps the paper leaves open, and the choices made here:
   Index arithmetic is exact integer arithmetic (float ``ceil`` is off by one often enough to break
   the identity map of the reference group), and the curves are float64.
 - **impostor pairs at scale**: ``|I_a| ~ N_a K_a`` pseudo-pairs (10^10 on a real training set) are
-  streamed in blocks. Up to ``exact_limit`` pairs per group their sorted scores are kept (exact);
-  above it the curve is a fine histogram (``bins`` on [-1, 1], int64 counts), so memory is fixed
-  and targets are exact up to one bin width.
+  scored in blocks. Up to ``exact_limit`` pairs per group the curve is exact and every pair's
+  target and weight is kept (two float32 matrices, 8 bytes a pair); above it the curve is a fine
+  histogram (``bins`` on [-1, 1], int64 counts) and targets and weights are one lookup per bin,
+  so memory is fixed, a batch's pre-trained scores are recomputed, and targets are exact up to
+  one bin width (2e-6 by default).
 
 >>> import numpy as np
 >>> from fairstream.repair.measure.verification import ScoreCurve
@@ -50,7 +52,7 @@ __all__ = [
     "frr_matching",
     "frr_weights",
     "pretrained_centroids",
-    "pseudo_score_curves",
+    "pseudo_score_block",
 ]
 
 _BLOCK_ROWS = 2048
@@ -113,7 +115,7 @@ class IdentityStructure:
     group_labels: np.ndarray
 
     @classmethod
-    def of(cls, identities, groups, n_rows: int) -> "IdentityStructure":
+    def of(cls, identities, groups, n_rows: int) -> IdentityStructure:
         """Encode per-vector identity and group labels; an identity in two groups is an error."""
         ids = normalise_labels(as_labels(identities, n_rows, "identities"))
         grp = normalise_labels(as_labels(groups, n_rows, "groups"))
@@ -155,96 +157,139 @@ def pseudo_score_block(Z_rows: np.ndarray, centroids_unit: np.ndarray) -> np.nda
     return Z_rows @ centroids_unit.T
 
 
-def pseudo_score_curves(Z: np.ndarray, structure: IdentityStructure, centroids_unit: np.ndarray,
-                        exact_limit: int = 20_000_000, bins: int = 2 ** 20) -> list[tuple[ScoreCurve, ScoreCurve]]:
-    """Per group: the (genuine, impostor) pseudo-score curves of same-group image/centroid pairs."""
-    groups = structure.group_codes()
-    curves = []
-    for a in range(structure.group_labels.size):
-        rows = np.flatnonzero(groups == a)
-        cols = np.flatnonzero(structure.identity_group == a)
-        if cols.size < 2:
-            raise RepairInputError(f"group {structure.group_labels[a]!r} has {cols.size} identity; "
-                                   "impostor pseudo-pairs need at least two")
-        col_of = np.full(structure.identity_labels.size, -1)
-        col_of[cols] = np.arange(cols.size)
-        exact = rows.size * (cols.size - 1) <= exact_limit
-        edges = np.linspace(-1.0, 1.0, bins + 1)
-        genuine, impostor, hist = [], [], np.zeros(bins, dtype=np.int64)
-        for start in range(0, rows.size, _BLOCK_ROWS):
-            r = rows[start:start + _BLOCK_ROWS]
-            block = pseudo_score_block(Z[r], centroids_unit[cols])
-            own = np.zeros(block.shape, dtype=bool)
-            own[np.arange(r.size), col_of[structure.y[r]]] = True
-            genuine.append(block[own])
-            if exact:
-                impostor.append(block[~own])
-            else:
-                hist += np.bincount(_bin(block[~own], edges), minlength=bins)
-        imp = ScoreCurve.from_scores(np.concatenate(impostor)) if exact else ScoreCurve.from_histogram(edges, hist)
-        curves.append((ScoreCurve.from_scores(np.concatenate(genuine)), imp))
-    return curves
-
-
 def _bin(scores: np.ndarray, edges: np.ndarray) -> np.ndarray:
     n = edges.size - 1
-    return np.clip(((scores + 1.0) / 2.0 * n).astype(np.intp), 0, n - 1)
-
-
-# --------------------------------------------------------------------------------------------
-# Lookup tables used during training
-# --------------------------------------------------------------------------------------------
+    return np.clip(((scores - edges[0]) / (edges[-1] - edges[0]) * n).astype(np.intp), 0, n - 1)
 
 
 @dataclass(frozen=True, eq=False)
-class _Table:
-    """Target and weight at every distinct value of one group's curve."""
+class _GroupImpostors:
+    """One group's impostor pseudo-pairs: their curve and how to get targets and weights of a block.
 
-    values: np.ndarray
-    targets: np.ndarray
+    Exact groups keep dense (images x centroids) target and weight matrices (float32; the
+    own-identity entries are unused). Binned groups keep one target and weight per bin and look
+    blocks up by recomputing their pre-trained scores.
+    """
+
+    curve: ScoreCurve
+    targets: np.ndarray  # (n_a, K_a) when exact, else (bins,)
     weights: np.ndarray
-
-    def lookup(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # The block products of training can differ from the curve's in the last bit; the nearest
-        # value at or below the score is the same rank up to such rounding.
-        j = np.clip(np.searchsorted(self.values, scores, side="right") - 1, 0, self.values.size - 1)
-        return self.targets[j], self.weights[j]
+    edges: np.ndarray | None  # None when exact
 
 
 class CentroidTargets:
-    """Fixed Centroid Fairness targets and weights of every group's pseudo-scores, as lookup tables.
+    """Fixed Centroid Fairness targets and weights of every same-group image/centroid pseudo-pair.
 
-    Built once from the pre-trained pseudo-score curves and the reference group; during training
-    :meth:`lookup` maps a block of pre-trained pseudo-scores to (targets, weights) by binary search.
+    Built once from the normalised training embeddings ``Z``, the unit pre-trained centroids and
+    the reference group's code; :meth:`block` then gives the targets, weights and own-identity mask
+    of a batch's images against their group's centroids. ``curves`` holds each group's
+    (genuine, impostor) pseudo-score curves.
     """
 
-    def __init__(self, curves: list[tuple[ScoreCurve, ScoreCurve]], reference: int):
-        if not 0 <= reference < len(curves):
-            raise RepairInputError(f"reference group code {reference} is not one of the {len(curves)} groups")
-        self.curves = curves
-        self.reference = reference
-        gen_r, imp_r = curves[reference]
-        self.genuine_tables = [_Table(g.values, frr_matching(g, gen_r, g.values), frr_weights(g, g.values))
-                               for g, _ in curves]
-        self.impostor_tables = [_Table(i.values, far_matching(i, imp_r, i.values), far_weights(i, i.values))
-                                for _, i in curves]
+    def __init__(self, Z: np.ndarray, structure: IdentityStructure, centroids_unit: np.ndarray, reference: int,
+                 exact_limit: int = 10_000_000, bins: int = 2 ** 20):
+        n_groups = structure.group_labels.size
+        if not 0 <= reference < n_groups:
+            raise RepairInputError(f"reference group code {reference} is not one of the {n_groups} groups")
+        self.Z, self.structure, self.centroids_unit, self.reference = Z, structure, centroids_unit, reference
+        codes = structure.group_codes()
+        self.members = [np.flatnonzero(structure.identity_group == a) for a in range(n_groups)]
+        self.images = [np.flatnonzero(codes == a) for a in range(n_groups)]
+        for a, cols in enumerate(self.members):
+            if cols.size < 2:
+                raise RepairInputError(f"group {structure.group_labels[a]!r} has {cols.size} identity; impostor "
+                                       "pseudo-pairs need at least two")
+        self.position = np.empty(codes.size, dtype=np.intp)  # row of each image within its group
+        self.column = np.empty(structure.n_identities, dtype=np.intp)  # column of each identity in its group
+        for a in range(n_groups):
+            self.position[self.images[a]] = np.arange(self.images[a].size)
+            self.column[self.members[a]] = np.arange(self.members[a].size)
+        own = pseudo_score_block_rows(Z, centroids_unit, structure.y)
+        genuine_curves = [ScoreCurve.from_scores(own[rows]) for rows in self.images]
+        # The reference group first: every other group's targets are read off its impostor curve.
+        self.impostors: list = [None] * n_groups
+        for a in [reference, *(g for g in range(n_groups) if g != reference)]:
+            self.impostors[a] = self._impostors(a, exact_limit, bins)
+        self.curves = [(g, i.curve) for g, i in zip(genuine_curves, self.impostors)]
+        gen_r = self.curves[reference][0]
+        self.genuine_targets = np.empty(codes.size)
+        self.genuine_weights = np.empty(codes.size)
+        for a, rows in enumerate(self.images):
+            self.genuine_targets[rows] = frr_matching(genuine_curves[a], gen_r, own[rows])
+            self.genuine_weights[rows] = frr_weights(genuine_curves[a], own[rows])
 
-    def lookup(self, group: int, scores: np.ndarray, genuine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Targets and weights for pre-trained pseudo-scores of group ``group`` (``genuine`` marks own-identity pairs)."""
-        targets, weights = np.empty(scores.shape), np.empty(scores.shape)
-        targets[genuine], weights[genuine] = self.genuine_tables[group].lookup(scores[genuine])
-        targets[~genuine], weights[~genuine] = self.impostor_tables[group].lookup(scores[~genuine])
-        return targets, weights
+    def _blocks(self, a: int):
+        """(image rows, scores, own-identity mask) of group ``a``'s pseudo-pairs, a block of images at a time."""
+        rows, cols = self.images[a], self.members[a]
+        for start in range(0, rows.size, _BLOCK_ROWS):
+            r = rows[start:start + _BLOCK_ROWS]
+            own = np.zeros((r.size, cols.size), dtype=bool)
+            own[np.arange(r.size), self.column[self.structure.y[r]]] = True
+            yield r, pseudo_score_block(self.Z[r], self.centroids_unit[cols]), own
+
+    def _impostors(self, a: int, exact_limit: int, bins: int) -> _GroupImpostors:
+        n_pairs = self.images[a].size * (self.members[a].size - 1)
+        return self._exact_impostors(a) if n_pairs <= exact_limit else self._binned_impostors(a, bins)
+
+    def _exact_impostors(self, a: int) -> _GroupImpostors:
+        blocks = list(self._blocks(a))
+        scores = np.concatenate([s[~own] for _, s, own in blocks])
+        values, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+        curve = ScoreCurve(values, np.cumsum(counts))
+        reference = self._reference_impostor_curve(a, curve)
+        shape = (self.images[a].size, self.members[a].size)
+        targets, weights = np.zeros(shape, dtype=np.float32), np.zeros(shape, dtype=np.float32)
+        mask = np.concatenate([~own for _, _, own in blocks])
+        targets[mask] = far_matching(curve, reference, values)[inverse]
+        weights[mask] = far_weights(curve, values)[inverse]
+        return _GroupImpostors(curve, targets, weights, None)
+
+    def _binned_impostors(self, a: int, bins: int) -> _GroupImpostors:
+        edges = np.linspace(-1.0, 1.0, bins + 1)
+        hist = np.zeros(bins, dtype=np.int64)
+        for _, s, own in self._blocks(a):
+            hist += np.bincount(_bin(s[~own], edges), minlength=bins)
+        curve = ScoreCurve.from_histogram(edges, hist)
+        reference = self._reference_impostor_curve(a, curve)
+        left = edges[:-1]  # every score of a bin stands at its left edge
+        return _GroupImpostors(curve, far_matching(curve, reference, left).astype(np.float32),
+                               far_weights(curve, left).astype(np.float32), edges)
+
+    def _reference_impostor_curve(self, a: int, own_curve: ScoreCurve) -> ScoreCurve:
+        return own_curve if a == self.reference else self.impostors[self.reference].curve
+
+    def block(self, a: int, images: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Targets, weights and own-identity mask of ``images`` (all of group ``a``) against the group's centroids."""
+        cols = self.members[a]
+        genuine = self.structure.y[images][:, None] == cols[None, :]
+        imp = self.impostors[a]
+        if imp.edges is None:
+            targets, weights = imp.targets[self.position[images]], imp.weights[self.position[images]]
+        else:
+            b = _bin(pseudo_score_block(self.Z[images], self.centroids_unit[cols]), imp.edges)
+            targets, weights = imp.targets[b], imp.weights[b]
+        r, c = np.nonzero(genuine)
+        targets[r, c] = self.genuine_targets[images[r]]
+        weights[r, c] = self.genuine_weights[images[r]]
+        return targets, weights, genuine
 
     def weight_sums(self) -> np.ndarray:
         """Total (genuine, impostor) weight of each group over all its pseudo-pairs, shape (n_groups, 2)."""
-        return np.array([[_total_weight(g, t) for g, t in ((gen, tg), (imp, ti))]
-                         for (gen, imp), tg, ti in zip(self.curves, self.genuine_tables, self.impostor_tables)])
+        return np.array([[self.genuine_weights[rows].sum(), _impostor_weight_sum(imp)]
+                         for rows, imp in zip(self.images, self.impostors)])
 
 
-def _total_weight(curve: ScoreCurve, table: _Table) -> float:
-    counts = np.diff(curve.cumulative, prepend=0)
-    return float(np.sum(counts * table.weights))
+def _impostor_weight_sum(imp: _GroupImpostors) -> float:
+    if imp.edges is None:
+        return float(imp.weights.sum(dtype=np.float64))
+    counts = np.diff(imp.curve.cumulative, prepend=0)
+    at = _bin(imp.curve.values, imp.edges)
+    return float(np.sum(counts * imp.weights[at]))
+
+
+def pseudo_score_block_rows(Z: np.ndarray, centroids_unit: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Each image's genuine pseudo-score ``cos(z_i, mu_{y_i})``."""
+    return np.einsum("ij,ij->i", Z, centroids_unit[y])
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,7 +310,7 @@ class GroupQuantileScoreNormaliser:
         self.reference = reference
         self.bins = bins
 
-    def fit(self, vectors, identities, groups) -> "GroupQuantileScoreNormaliser":
+    def fit(self, vectors, identities, groups) -> GroupQuantileScoreNormaliser:
         """Impostor curves per group from all same-group pairs of the fit set (binned)."""
         from fairstream.repair.measure.verification import _group_pair_blocks
 

@@ -66,6 +66,7 @@ class FairnessModule:
 
     @property
     def dimension(self) -> int:
+        """The length of the vectors the module takes."""
         return int(self.w1.shape[1])
 
     @property
@@ -78,7 +79,7 @@ class FairnessModule:
         return not self._residual
 
     @classmethod
-    def identity(cls, dimension: int, hidden: int | None = None) -> "FairnessModule":
+    def identity(cls, dimension: int, hidden: int | None = None) -> FairnessModule:
         """The module that only L2-normalises, with zero weights of the usual shapes (hidden = 2d)."""
         if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
             raise RepairInputError(f"dimension must be a positive integer, got {dimension!r}")
@@ -119,7 +120,7 @@ class FairnessModule:
                               data_fingerprint=data_fingerprint)
 
     @classmethod
-    def from_artifact(cls, artifact: artifacts.Artifact) -> "FairnessModule":
+    def from_artifact(cls, artifact: artifacts.Artifact) -> FairnessModule:
         """Rebuild the module from an ``embedding`` artifact."""
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")

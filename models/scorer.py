@@ -1,6 +1,6 @@
 """A plain logistic-regression scorer, fitted with Newton's method (IRLS), frozen as an artifact.
 
-The stream serves a frozen scorer per record (spec 003, section 7: no OT at inference); this is
+The stream serves a frozen scorer per record (as in Kim et al., Fairness Through Matching (2024): no OT at inference); this is
 the numpy-only baseline one, so the repair layer can score, threshold and monitor decisions (DP,
 MDP) without torch. Features are standardised with the training mean and standard deviation; the
 model is ``p(y=1 | x) = sigmoid(z @ coef_ + intercept_)`` with ``z = (x - mean_) / scale_``, fitted
@@ -26,13 +26,13 @@ from scipy.special import expit
 
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError, as_2d, check_finite, column_names
+from fairstream.repair.logistic import fit_logistic
 from fairstream.repair.measure.metrics import as_binary
 from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
 
 __all__ = ["LogisticScorer"]
 
 ARTIFACT_KIND = "scorer"
-_MAX_HALVINGS = 30
 
 
 class LogisticScorer:
@@ -79,7 +79,7 @@ class LogisticScorer:
         scale = X.std(axis=0)
         scale = np.where(scale > 0, scale, 1.0)  # a constant column stays 0 after standardising
         Z = np.hstack([np.ones((X.shape[0], 1)), (X - mean) / scale])
-        theta, n_iter, converged = _newton(Z, y, float(self.l2), int(self.max_iter), float(self.tol))
+        theta, n_iter, converged = fit_logistic(Z, y, float(self.l2), int(self.max_iter), float(self.tol))
         self.columns_ = names
         self.n_features_in_ = X.shape[1]
         self.mean_, self.scale_ = mean, scale
@@ -129,6 +129,7 @@ class LogisticScorer:
     # ------------------------------------------------------------------ artifacts
 
     def get_params(self) -> dict:
+        """The constructor parameters, JSON-ready (sealed into the artifact)."""
         return {"l2": float(self.l2), "max_iter": int(self.max_iter), "tol": float(self.tol)}
 
     def to_artifact(self, version: int = 1, metrics: dict | None = None,
@@ -164,43 +165,3 @@ class LogisticScorer:
         scorer.n_features_in_ = scorer.coef_.shape[0]
         scorer.columns_ = column_names(scorer.n_features_in_, columns)
         return scorer
-
-
-def _newton(Z: np.ndarray, y: np.ndarray, l2: float, max_iter: int, tol: float) -> tuple[np.ndarray, int, bool]:
-    """Minimise mean log-loss + l2/2 ||theta[1:]||^2 by damped Newton steps (IRLS).
-
-    Each step solves the Newton system; step halving keeps the objective decreasing. Returns the
-    parameters, the number of steps and whether the last step was below ``tol``.
-    """
-    n, p = Z.shape
-    penalty = np.full(p, l2)
-    penalty[0] = 0.0
-
-    def objective(theta):
-        eta = Z @ theta
-        return np.mean(np.logaddexp(0.0, eta) - y * eta) + 0.5 * np.sum(penalty * theta * theta)
-
-    theta = np.zeros(p)
-    loss = objective(theta)
-    for it in range(1, max_iter + 1):
-        prob = expit(Z @ theta)
-        grad = Z.T @ (prob - y) / n + penalty * theta
-        hessian = (Z * (prob * (1.0 - prob))[:, None]).T @ Z / n + np.diag(penalty)
-        try:
-            step = np.linalg.solve(hessian, grad)
-        except np.linalg.LinAlgError:
-            step = np.linalg.lstsq(hessian, grad, rcond=None)[0]
-        t = 1.0
-        for _ in range(_MAX_HALVINGS):
-            candidate = theta - t * step
-            new_loss = objective(candidate)
-            if new_loss <= loss:
-                break
-            t *= 0.5
-        else:  # no decrease even for tiny steps: at the optimum up to rounding
-            return theta, it, True
-        change = float(np.max(np.abs(candidate - theta)))
-        theta, loss = candidate, new_loss
-        if change < tol:
-            return theta, it, True
-    return theta, max_iter, False

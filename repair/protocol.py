@@ -50,12 +50,15 @@ class PipelineSchema:
     """What a pipeline promises the modules it applies: the record features, labels and vector length.
 
     Empty fields are not checked (an embedding pipeline has no features; a record one no dimension).
+    ``impute_s``: some input of the pipeline imputes a missing protected attribute, so a plan
+    must carry the posterior Pr[s | x, u] to serve it.
     """
 
     features: tuple[str, ...] = ()
     groups: tuple = ()
     strata: tuple = ()
     dimension: int | None = None
+    impute_s: bool = False
 
 
 @dataclass
@@ -63,6 +66,8 @@ class Batch:
     """A decoded batch: rows of ``X`` (record features or embedding vectors), their keys and labels.
 
     ``keys`` seed every deterministic draw, so a row's output does not depend on its batch.
+    A missing ``s`` entry is ``None`` or NaN; ``impute_s`` says whether the batch's input has such
+    rows repaired under an imputed s (True) or refused, to be dead-lettered (False, the default).
     """
 
     X: np.ndarray
@@ -70,6 +75,7 @@ class Batch:
     s: np.ndarray | None = None
     u: np.ndarray | None = None
     y: np.ndarray | None = None
+    impute_s: bool = False
 
     def __len__(self) -> int:
         return len(self.X)
@@ -77,7 +83,8 @@ class Batch:
     def take(self, rows: np.ndarray) -> "Batch":
         """The sub-batch of ``rows`` (indices or a boolean mask)."""
         pick = (lambda a: None if a is None else a[rows])
-        return Batch(X=self.X[rows], keys=self.keys[rows], s=pick(self.s), u=pick(self.u), y=pick(self.y))
+        return Batch(X=self.X[rows], keys=self.keys[rows], s=pick(self.s), u=pick(self.u), y=pick(self.y),
+                     impute_s=self.impute_s)
 
 
 @dataclass
@@ -87,6 +94,8 @@ class Applied:
     ``X`` holds the output values (rows that were refused keep their input), ``ok`` which rows were
     processed, ``reasons`` why the others were not, ``out_of_range`` which rows had a value outside
     the module's fitted range (clamped or refused), and ``columns`` the per-row outputs a module adds.
+    Modules that read the protected attribute also report ``imputed`` (rows whose missing s was
+    imputed: provenance) and ``s`` (the s each row was processed under); None when they do not.
     """
 
     X: np.ndarray
@@ -94,6 +103,8 @@ class Applied:
     reasons: list
     out_of_range: np.ndarray
     columns: dict[str, np.ndarray] = field(default_factory=dict)
+    imputed: np.ndarray | None = None
+    s: np.ndarray | None = None
 
     @classmethod
     def all_ok(cls, batch: Batch, X: np.ndarray, **columns: np.ndarray) -> "Applied":
@@ -142,6 +153,13 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
         for name, values in step.columns.items():
             column = result.columns.setdefault(name, _empty_column(values, n))
             column[rows] = values
+        if step.imputed is not None:
+            result.imputed = np.zeros(n, dtype=bool) if result.imputed is None else result.imputed
+            result.imputed[rows] |= step.imputed
+        if step.s is not None:
+            if result.s is None:  # rows no module labelled keep their input s
+                result.s = np.full(n, None, dtype=object) if batch.s is None else batch.s.astype(object)
+            result.s[rows] = step.s
         for i in np.flatnonzero(~step.ok):
             result.reasons[rows[i]] = step.reasons[i]
         result.ok[rows] = step.ok
@@ -149,7 +167,7 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
 
 
 def _with_x(batch: Batch, X: np.ndarray) -> Batch:
-    return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y)
+    return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y, impute_s=batch.impute_s)
 
 
 def _empty_column(values: np.ndarray, n: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 In 1-D with a convex cost the optimal plan is the monotone (north-west corner) coupling, and the
 W2 barycentre of several distributions is the one whose quantile function is the weighted mean
-of theirs. Both are exact here, which is why the paper's LP barycentre is not needed (spec 004,
+of theirs. Both are exact here, which is why the paper's LP barycentre is not needed (Langbridge, Quinn and Shorten (2024),
 gap 1, option a).
 
 >>> import numpy as np
@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import ot
 
 from .density import linear_binning
 
@@ -59,6 +58,10 @@ def monotone_plan(source: np.ndarray, target: np.ndarray, nodes: np.ndarray) -> 
     Rows index source nodes and sum to ``source``; columns index target nodes and sum to
     ``target`` (Eq. 13). POT's ``emd_1d`` solves it in O(n log n).
     """
+    # Imported here: POT imports torch when it is installed (seconds, hundreds of MB), and a worker
+    # that only applies frozen plans never needs POT at all.
+    import ot
+
     a = source / source.sum()
     b = target / target.sum()
     return ot.emd_1d(nodes, nodes, a, b, metric="sqeuclidean", dense=True)
@@ -89,6 +92,7 @@ class MonotonePlan:
 
     @classmethod
     def between(cls, source: np.ndarray, target: np.ndarray) -> "MonotonePlan":
+        """The monotone (exact 1-D OT) plan from pmf ``source`` to pmf ``target`` on shared nodes."""
         upper = _cdf(np.asarray(source, dtype=np.float64))
         positive = np.flatnonzero(np.asarray(target) > 0)
         return cls(lower=np.concatenate([[0.0], upper[:-1]]), upper=upper, target_cdf=_cdf(np.asarray(target, dtype=np.float64)),

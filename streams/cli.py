@@ -183,6 +183,7 @@ def _add_common(parser: argparse.ArgumentParser, config: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``fairstream`` command line: one sub-command per job."""
     parser = argparse.ArgumentParser(
         prog="fairstream",
         description="Repair unfairness in data while it streams: fit optimal-transport repair plans offline, "
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``fairstream`` command line; returns the exit code."""
     args = build_parser().parse_args(argv)
     return args.func(args)
 

@@ -164,6 +164,7 @@ def labels_array(values: list) -> np.ndarray:
 
 @dataclass
 class DecodedEmbeddings:
+    """The usable embedding records of a batch as arrays, and why the others are not usable."""
     index: np.ndarray
     records: list[dict]
     keys: np.ndarray
@@ -243,6 +244,7 @@ def encode_repaired(records: list[dict], X: np.ndarray, repaired: np.ndarray, co
 
 
 def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict) -> list[bytes]:
+    """``embeddings.repaired`` values: each record with its new vector and the provenance."""
     tail = ',"provenance":' + json.dumps(prov, separators=(",", ":")) + "}"
     return [
         ('{"id":%s,"group":%s,"vector":%s' % (_scalar(r["id"]), json.dumps(r.get("group")), json.dumps(v)) + tail).encode()
@@ -355,6 +357,7 @@ class RefitRequest:
             raise RefitRequestError(f"invalid refit request: {exc}") from None
 
     def to_json(self) -> bytes:
+        """The message value (UTF-8 JSON)."""
         fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
         return json.dumps(fields, sort_keys=True, allow_nan=False).encode("utf-8")
 

@@ -63,6 +63,7 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class EmbeddingConfig(AgentConfig):
+    """The embedding agent: the module it applies (or the identity) and the vector length."""
     artifact: str = "identity"
     dimension: int = 8
 
@@ -97,6 +98,7 @@ class MonitorConfig:
 
 @dataclass(frozen=True)
 class PipelineConfig:
+    """One pipeline: record fields, groups, strata, topics, agents and the monitor (from a TOML file)."""
     name: str
     features: tuple[str, ...]
     groups: tuple
@@ -131,11 +133,13 @@ class PipelineConfig:
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "PipelineConfig":
+        """Read and validate a pipeline TOML file."""
         with open(path, "rb") as fh:
             return cls.from_dict(tomllib.load(fh))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
+        """Validate a parsed pipeline TOML document."""
         pipeline = dict(data.get("pipeline", {}))
         unknown = set(data) - {"pipeline", "topics", "agents", "monitor"}
         if unknown:
@@ -168,9 +172,11 @@ class PipelineConfig:
                          for name, values in sections.items())
 
     def with_topics(self, **changes) -> "PipelineConfig":
+        """A copy with other topic settings."""
         return replace(self, topics=replace(self.topics, **changes))
 
     def with_monitor(self, **changes) -> "PipelineConfig":
+        """A copy with other monitor settings."""
         return replace(self, monitor=replace(self.monitor, **changes))
 
 

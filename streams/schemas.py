@@ -34,13 +34,6 @@ class InputRecord(_Schema):
     y: Optional[int] = None
 
 
-class Provenance(_Schema):
-    kind: str
-    version: int
-    sha256: str
-    seed: str
-
-
 class RepairedRecord(_Schema):
     """A record on ``records.repaired``: repaired features plus the artifact that produced them."""
 

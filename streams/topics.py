@@ -63,38 +63,47 @@ class TopicConfig:
             raise ValueError("partitions and replication must be at least 1")
 
     def name(self, suffix: str) -> str:
+        """The full name of topic ``suffix`` under the prefix."""
         return f"{self.prefix}.{suffix}"
 
     @property
     def records_in(self) -> str:
+        """Input records."""
         return self.name("records.in")
 
     @property
     def records_repaired(self) -> str:
+        """Repaired records."""
         return self.name("records.repaired")
 
     @property
     def embeddings_in(self) -> str:
+        """Input embeddings."""
         return self.name("embeddings.in")
 
     @property
     def embeddings_repaired(self) -> str:
+        """Repaired embeddings."""
         return self.name("embeddings.repaired")
 
     @property
     def dlq(self) -> str:
+        """Dead letters (every input message that could not be repaired, with the reason)."""
         return self.name("dlq")
 
     @property
     def control(self) -> str:
+        """Artifact versions (one partition)."""
         return self.name("control")
 
     @property
     def refit_requests(self) -> str:
+        """Re-fit requests from monitors."""
         return self.name("refit.requests")
 
     @property
     def research(self) -> str:
+        """Labelled research records for re-fits."""
         return self.name("research")
 
     def specs(self) -> list[TopicSpec]:
@@ -115,6 +124,7 @@ class TopicConfig:
         return specs
 
     def spec(self, name: str) -> TopicSpec:
+        """Every topic with its partitions, replication and configs."""
         for spec in self.specs():
             if spec.name == name:
                 return spec

@@ -1,4 +1,4 @@
-"""Every docstring example in the package runs (river style: examples are tests)."""
+"""Every docstring example in every package runs (river style: examples are tests)."""
 
 import doctest
 import importlib
@@ -6,9 +6,15 @@ import pkgutil
 
 import pytest
 
+import fairstream.models
 import fairstream.repair
+import fairstream.streams
 
-MODULES = [m.name for m in pkgutil.iter_modules(fairstream.repair.__path__, "fairstream.repair.")]
+MODULES = sorted(
+    info.name
+    for package in (fairstream.repair, fairstream.models, fairstream.streams)
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+)
 
 
 @pytest.mark.parametrize("name", MODULES)

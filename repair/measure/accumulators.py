@@ -188,7 +188,7 @@ class HistogramDependenceAccumulator(_Mergeable):
     The edges are fixed at construction (e.g. from the research data's range with
     :meth:`from_reference`); values outside them are counted in the end bins, as the batch
     estimator does with the same edges, and also in ``out_of_range_`` per (stratum, feature), a
-    drift signal in its own right (spec 004, section 7). ``value()`` equals
+    drift signal in its own right (Langbridge, Quinn and Shorten (2024), section 7). ``value()`` equals
     ``dependence_e(X, s, u, alpha=alpha, edges=edges)`` on all records seen.
 
     >>> acc = HistogramDependenceAccumulator(edges=[[0.0, 1.0, 2.0]], groups=[0, 1])
@@ -216,6 +216,7 @@ class HistogramDependenceAccumulator(_Mergeable):
 
     @property
     def n_features(self) -> int:
+        """How many features are measured."""
         return len(self.edges)
 
     def _settings(self) -> tuple:
@@ -330,6 +331,7 @@ class WassersteinAccumulator(_Mergeable):
 
     @property
     def n_features(self) -> int:
+        """How many features are measured."""
         return len(self.edges)
 
     def _settings(self) -> tuple:
@@ -394,7 +396,7 @@ class MatchedGapResult:
 class MatchedGapAccumulator(_Mergeable):
     """Sums of |f(x) - f(T(x))| and counts per stratum, for matched demographic parity.
 
-    MDP(f, T) = E |f(x) - f(T(x))| (spec 003, Definition 3.2): the caller scores the records
+    MDP(f, T) = E |f(x) - f(T(x))| (Kim et al., Fairness Through Matching (2024), Definition 3.2): the caller scores the records
     ``x`` of the source group and their transport images ``T(x)`` (both vectorised) and passes the
     two score arrays. The sums are floats, so a merge equals one pass up to rounding.
 

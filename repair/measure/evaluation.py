@@ -43,6 +43,7 @@ class RepairEvaluation:
         return float((self.e_before.total - floor) / max(self.e_after.total - floor, 1e-12))
 
     def as_dict(self) -> dict:
+        """The evaluation as a JSON-ready dict."""
         return {
             "E_before": self.e_before.per_feature.tolist(),
             "E_after": self.e_after.per_feature.tolist(),

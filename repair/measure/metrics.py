@@ -151,7 +151,7 @@ def _safe_ratio(num: np.ndarray, den: np.ndarray, empty: float) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
-# Dependence E (spec 004, Eq. 3), histogram estimator
+# Dependence E (Langbridge, Quinn and Shorten (2024), Eq. 3), histogram estimator
 # --------------------------------------------------------------------------------------------
 
 
@@ -245,7 +245,7 @@ def _dependence_from_codes(bin_codes, n_bins, s_codes, u_codes, groups, strata, 
 
 
 def dependence_e(X, s, u=None, bins: int = 30, alpha: float = 0.5, edges=None) -> DependenceResult:
-    """Dependence E of spec 004 (Eq. 3) per feature, estimated with smoothed histograms.
+    """Dependence E of Langbridge, Quinn and Shorten (2024) (Eq. 3) per feature, estimated with smoothed histograms.
 
     For each feature k and stratum u the pooled values are cut into ``bins`` equal-width bins over
     their [min, max] (or into the fixed ``edges`` of feature k, values outside counted in the end
@@ -253,7 +253,7 @@ def dependence_e(X, s, u=None, bins: int = 30, alpha: float = 0.5, edges=None) -
     pairs of present groups of ``0.5*KL(p_a||p_b) + 0.5*KL(p_b||p_a)``; E_k = sum_u Pr[u] E_{u,k}.
     Strata with fewer than two groups present contribute 0. The estimator deliberately shares no
     grid or smoothing with a repair, and its values are comparable only at the same ``bins``,
-    ``alpha`` and similar sample sizes (spec 004, section 2.1): sampling noise, and the smoothing
+    ``alpha`` and similar sample sizes (Langbridge, Quinn and Shorten (2024), section 2.1): sampling noise, and the smoothing
     when group sizes differ, give E > 0 even for independent data, which is what
     :func:`dependence_e_noise_floor` measures.
 

@@ -29,8 +29,8 @@ monitoring on sampled labelled pairs) call the same :func:`rates_from_counts`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -124,7 +124,7 @@ class ScoreCurve:
         object.__setattr__(self, "cumulative", c)
 
     @classmethod
-    def from_scores(cls, scores) -> "ScoreCurve":
+    def from_scores(cls, scores) -> ScoreCurve:
         """The exact curve of a 1-D array of finite scores."""
         s = np.asarray(scores, dtype=np.float64).ravel()
         if s.size == 0 or not np.all(np.isfinite(s)):
@@ -133,7 +133,7 @@ class ScoreCurve:
         return cls(values, np.cumsum(counts))
 
     @classmethod
-    def from_histogram(cls, edges, counts) -> "ScoreCurve":
+    def from_histogram(cls, edges, counts) -> ScoreCurve:
         """The curve of binned scores; each non-empty bin's mass sits at its left edge."""
         edges, counts = np.asarray(edges, dtype=np.float64), np.asarray(counts, dtype=np.int64)
         if edges.ndim != 1 or counts.shape != (edges.size - 1,) or np.any(counts < 0) or counts.sum() == 0:
@@ -344,7 +344,7 @@ class VerificationAccumulator(_Mergeable):
     def _settings(self) -> tuple:
         return (self.groups, self.threshold)
 
-    def update(self, scores, genuine, s) -> "VerificationAccumulator":
+    def update(self, scores, genuine, s) -> VerificationAccumulator:
         """Count a batch of pair ``scores`` with their ``genuine`` flags and groups ``s``."""
         scores = _pair_scores(scores)
         genuine = as_binary(genuine, scores.size, "genuine").astype(bool)

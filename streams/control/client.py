@@ -59,6 +59,7 @@ class ControlClient:
 
     @property
     def topic(self) -> str:
+        """The control topic's name."""
         return self.topics.control
 
     # ------------------------------------------------------------------ async API
@@ -129,15 +130,19 @@ class ControlClient:
     # ------------------------------------------------------------------ sync twins for the CLI
 
     def history_sync(self) -> list[ControlRecord]:
+        """Blocking :meth:`history`."""
         return asyncio.run(self.history())
 
     def publish_sync(self, artifact: Artifact) -> ControlRecord:
+        """Blocking :meth:`publish`."""
         return asyncio.run(self.publish(artifact))
 
     def rollback_sync(self, kind: str) -> ControlRecord:
+        """Blocking :meth:`rollback`."""
         return asyncio.run(self.rollback(kind))
 
     def listing_sync(self) -> list[dict]:
+        """Blocking :meth:`listing`."""
         return asyncio.run(self.listing())
 
     # ------------------------------------------------------------------ plumbing

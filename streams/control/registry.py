@@ -174,11 +174,13 @@ def _call_safely(callback: Callable, *args) -> None:
 
 
 def message_limit(inline_limit: int) -> int:
+    """The Kafka request/fetch size that carries an inline artifact of ``inline_limit`` bytes."""
     return max(_MIN_MESSAGE_BYTES, 4 * inline_limit // 3 + _MESSAGE_OVERHEAD)
 
 
 def control_consumer(bootstrap: str, max_fetch_bytes: int = _MIN_MESSAGE_BYTES * 16) -> AIOKafkaConsumer:
     # No group: every reader gets every record (a group would split them) and commits nothing.
+    """A group-less consumer of the control topic (every reader sees every record)."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         group_id=None,

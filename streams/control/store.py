@@ -29,6 +29,7 @@ class ArtifactStore:
 
     def path_for(self, sha256: str) -> Path:
         # The hash may come from a Kafka message: insist on 64 hex digits, so it cannot be a path.
+        """Where the artifact with payload ``sha256`` is stored."""
         if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
             raise ArtifactError(f"artifact store keys are 64 lowercase hex digits (a sha256), got {sha256!r}")
         return self.root / f"{sha256}{_STORE_SUFFIX}"

@@ -24,6 +24,7 @@ from .plots import plot_group_distributions
 
 @dataclass
 class BatchRepairConfig:
+    """What the offline batch job (``fairstream repair``) fits and repairs."""
     dataset: str = "adult"
     features: tuple[str, ...] | None = None
     n_research: int = 10_000
@@ -46,6 +47,7 @@ def load_split(config: BatchRepairConfig):
 
 
 def fit_plan(research, config: BatchRepairConfig) -> DistributionalRepair:
+    """Fit the batch job's plan on the research split."""
     return DistributionalRepair(n_q=config.n_q, repair_amount=config.repair_amount,
                                 columns=research.feature_names).fit(research.X, research.s, research.u)
 

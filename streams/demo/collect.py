@@ -26,10 +26,12 @@ class TopicReader:
         self._consumer.seek_to_beginning()
 
     def poll(self, timeout_ms: int = 200) -> list:
+        """The records that arrived within ``timeout_ms``."""
         batches = self._consumer.poll(timeout_ms=timeout_ms, max_records=100_000)
         return [message for messages in batches.values() for message in messages]
 
     def close(self) -> None:
+        """Close the consumer."""
         self._consumer.close()
 
     def __enter__(self) -> "TopicReader":

@@ -59,11 +59,13 @@ def scrape(url: str) -> dict[tuple, float]:
 
 
 def metric(samples: dict, name: str, **labels) -> float | None:
+    """The value of metric ``name`` with ``labels`` in a scrape, or None."""
     return samples.get((name, tuple(sorted(labels.items()))))
 
 
 @dataclass
 class LoopReport:
+    """What the fairness loop saw: events with their times, the statistic's series, re-fit outcomes."""
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds since start, event, detail)
     series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, plan version)
     threshold: float = 0.0
@@ -71,6 +73,7 @@ class LoopReport:
     sent: int = 0  # messages sent to records.in (valid and invalid)
 
     def first(self, event: str) -> float | None:
+        """When ``event`` first happened (seconds from the start), or None."""
         return next((t for t, e, _ in self.events if e == event), None)
 
 
@@ -88,6 +91,7 @@ class MetricsPoller(threading.Thread):
         self.version, self.drifts, self.recovered_version = None, 0.0, None
 
     def run(self) -> None:
+        """Scrape the worker's /metrics until stopped."""
         while not self.stop_event.wait(self.interval):
             try:
                 samples = scrape(self.url)

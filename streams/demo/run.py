@@ -32,6 +32,7 @@ from .replay import bad_messages
 
 @dataclass
 class DemoOptions:
+    """The demo's knobs: rates, sizes, drift, Prometheus."""
     run_dir: Path = Path("runs/demo")
     n_research: int = 10_000
     n_stable: int = 15_000
@@ -120,6 +121,7 @@ def _reason_kind(reason: str) -> str:
 
 
 def format_report(report: dict) -> str:
+    """The report as text."""
     lines = [
         f"records in: {report['sent']}  repaired: {report['repaired_unique']} unique ids "
         f"({report['repaired_messages']} messages)  dead-lettered: {report['dead_lettered']}  "

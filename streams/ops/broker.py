@@ -13,17 +13,13 @@ kernel's parent-death signal for when the owner is killed outright.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
-import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -31,7 +27,7 @@ from typing import Iterator
 log = logging.getLogger(__name__)
 
 from . import processes
-from .processes import LOOPBACK, dies_with_owner, free_port, is_alive, port_is_free  # noqa: F401 (re-exported)
+from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, is_alive, port_is_free, tail  # noqa: F401 (re-exported)
 
 LOG_NAME = "broker.log"
 PID_NAME = "broker.pid"
@@ -54,11 +50,13 @@ class BrokerAddress:
 
     @property
     def bootstrap(self) -> str:
+        """``host:port,...`` for Kafka clients."""
         return ",".join(f"{host}:{port}" for host, port in self.hosts)
 
     @property
     def url(self) -> str:
         # Faust separates several brokers with ';' and wants the scheme on each of them.
+        """``kafka://host:port,...`` for ``--broker``."""
         return ";".join(f"kafka://{host}:{port}" for host, port in self.hosts)
 
 
@@ -169,6 +167,7 @@ def terminate_process_group(pid: int, timeout: float = 10.0, popen: subprocess.P
 
 
 def read_pid_file(pid_file: Path) -> int | None:
+    """The pid in a pid file, or None if there is none or it is malformed."""
     try:
         return int(pid_file.read_text().strip())
     except (OSError, ValueError):
@@ -198,60 +197,18 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
     return True
 
 
-def tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-
-# --------------------------------------------------------------------------- cleanup at exit
-
-_LIVE_BROKERS: "weakref.WeakSet[EmbeddedBroker]" = weakref.WeakSet()
-_HOOKS_LOCK = threading.Lock()
-_hooks_installed = False
-
-
-def _stop_live_brokers() -> None:
-    for broker in list(_LIVE_BROKERS):
-        with contextlib.suppress(Exception):
-            broker.stop()
-
-
-def _on_fatal_signal(signum: int, _frame) -> None:
-    _stop_live_brokers()
-    # Die the way the signal would have made us die, so exit status and shells stay truthful.
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
-def _install_exit_hooks() -> None:
-    global _hooks_installed
-    with _HOOKS_LOCK:
-        if _hooks_installed:
-            return
-        _hooks_installed = True
-        atexit.register(_stop_live_brokers)
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            # Only take over signals nobody handles yet: an app with its own handlers (Faust's
-            # worker) shuts down through them and then reaches the atexit hook anyway.
-            if signal.getsignal(signum) == signal.SIG_DFL:
-                signal.signal(signum, _on_fatal_signal)
-
-
 # --------------------------------------------------------------------------- the embedded broker
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(ManagedProcess):
     """A Tansu broker subprocess on a loopback port, with in-memory storage.
 
     >>> with EmbeddedBroker("runs/dev") as broker:  # doctest: +SKIP
     ...     print(broker.bootstrap, broker.url)
     127.0.0.1:40123 kafka://127.0.0.1:40123
     """
+
+    error = BrokerError
 
     def __init__(
         self,
@@ -264,6 +221,7 @@ class EmbeddedBroker:
         storage: str = "memory://tansu/",
     ) -> None:
         self.run_dir = Path(run_dir)
+        super().__init__(self.run_dir / LOG_NAME)
         self.host = host
         self._requested_port = port
         self._port: int | None = port
@@ -271,43 +229,35 @@ class EmbeddedBroker:
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.storage = storage
-        self._process: subprocess.Popen | None = None
 
     # --- addresses
 
     @property
     def port(self) -> int:
+        """The broker's port (chosen at start unless given)."""
         if self._port is None:
             raise BrokerError("broker not started yet: no port chosen")
         return self._port
 
     @property
     def address(self) -> BrokerAddress:
+        """Where clients reach the broker."""
         return BrokerAddress(((self.host, self.port),))
 
     @property
     def bootstrap(self) -> str:
+        """``host:port`` for Kafka clients."""
         return self.address.bootstrap
 
     @property
     def url(self) -> str:
+        """``kafka://host:port`` for ``--broker``."""
         return self.address.url
 
     @property
-    def log_path(self) -> Path:
-        return self.run_dir / LOG_NAME
-
-    @property
     def pid_path(self) -> Path:
+        """Where the broker's pid is written, so ``fairstream broker stop`` and other commands find it."""
         return self.run_dir / PID_NAME
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     # --- lifecycle
 
@@ -318,7 +268,6 @@ class EmbeddedBroker:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._refuse_if_other_broker_owns_run_dir()
         self.log_path.write_bytes(b"")
-        _install_exit_hooks()
         # A free port can be taken between choosing and binding it; only then is a retry right.
         attempts = 1 if self._requested_port is not None else 3
         for attempt in range(1, attempts + 1):
@@ -329,42 +278,19 @@ class EmbeddedBroker:
                 if self._requested_port is not None:
                     raise BrokerError(f"port {self.host}:{self._port} is already in use")
                 continue
-            self._spawn()
-            if self._wait_until_ready(last_attempt=attempt == attempts):
+            self._spawn(f"starting broker on {self.host}:{self._port}")
+            self.pid_path.write_text(f"{self.pid}\n")
+            ready = self._wait_until(lambda: is_kafka_ready(self.host, self._port, timeout=1.0),
+                                     f"broker on {self.host}:{self._port}", retry_if=lambda: attempt < attempts)
+            if ready:
                 log.info("embedded broker pid %d ready at %s", self.pid, self.bootstrap)
                 return self
             log.warning("embedded broker exited on port %d; retrying on another port", self._port)
         raise BrokerError(f"no free port for the broker on {self.host} after {attempts} attempts")
 
-    def stop(self) -> None:
-        """Stop the broker (SIGTERM, then SIGKILL after ``stop_timeout``); safe to call twice."""
-        process, self._process = self._process, None
-        _LIVE_BROKERS.discard(self)
-        if process is None:
-            return
-        try:
-            if process.poll() is None:
-                terminate_process_group(process.pid, self.stop_timeout, popen=process)
-        finally:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=self.stop_timeout)  # reap it: no zombie left behind
-            if read_pid_file(self.pid_path) == process.pid:
-                self.pid_path.unlink(missing_ok=True)
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        """Block until the broker exits (e.g. stopped from its pid file); return its exit code."""
-        if self._process is None:
-            return None
-        try:
-            return self._process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def __enter__(self) -> "EmbeddedBroker":
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
+    def _stopped(self, process) -> None:
+        if read_pid_file(self.pid_path) == process.pid:
+            self.pid_path.unlink(missing_ok=True)
 
     def __repr__(self) -> str:
         state = f"pid={self.pid} at {self.bootstrap}" if self.running else "stopped"
@@ -391,41 +317,6 @@ class EmbeddedBroker:
         env.setdefault("NO_COLOR", "1")  # keep ANSI colour codes out of broker.log
         return env
 
-    def _spawn(self) -> None:
-        with open(self.log_path, "ab") as log_file:
-            log_file.write(f"--- fairstream: starting broker on {self.host}:{self._port}\n".encode())
-            log_file.flush()
-            self._process = subprocess.Popen(
-                self._command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=self._environment(),
-                start_new_session=True,  # own process group: Ctrl-C in a shell does not hit it
-                close_fds=True,
-            )
-        _LIVE_BROKERS.add(self)
-        self.pid_path.write_text(f"{self._process.pid}\n")
-
-    def _wait_until_ready(self, last_attempt: bool) -> bool:
-        """True once ready; False if it died early and a retry may help; raises otherwise."""
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                code = self._process.returncode
-                self.stop()
-                if last_attempt:
-                    raise BrokerError(self._failure(f"broker exited with code {code} before answering"))
-                return False
-            if is_kafka_ready(self.host, self._port, timeout=1.0) and self._process.poll() is None:
-                return True
-            time.sleep(_POLL_SECONDS)
-        self.stop()
-        raise BrokerError(self._failure(f"broker did not answer metadata within {self.start_timeout:.0f}s"))
-
-    def _failure(self, reason: str) -> str:
-        return f"{reason} on {self.host}:{self._port}; last lines of {self.log_path}:\n{tail(self.log_path)}"
-
 
 def _resolve_binary() -> str:
     try:
@@ -446,10 +337,12 @@ class ExternalBroker:
 
     @property
     def bootstrap(self) -> str:
+        """``host:port,...`` for Kafka clients."""
         return self.address.bootstrap
 
     @property
     def url(self) -> str:
+        """``kafka://host:port,...`` for ``--broker``."""
         return self.address.url
 
 

@@ -1,19 +1,25 @@
 """Child processes the CLI, the demo and the tests run: the broker, Prometheus, fairstream workers.
 
-One place for what they all need: a free loopback port, a command prefix that makes the child
-die with its owner (Linux parent-death signal), and stopping a process group (SIGTERM, then
-SIGKILL) without leaving zombies.
+One place for what they all need: :class:`ManagedProcess` (spawn in its own process group with a
+log file, wait until ready, stop with SIGTERM then SIGKILL without leaving zombies, and stop
+whatever is still running when the owner exits), a free loopback port, and a command prefix that
+makes the child die with its owner (Linux parent-death signal).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import weakref
+from pathlib import Path
+from typing import Callable
 
 LOOPBACK = "127.0.0.1"
 _POLL_SECONDS = 0.05
@@ -40,6 +46,7 @@ def dies_with_owner(argv: list[str]) -> list[str]:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """True if ``host:port`` can be bound right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))
@@ -56,6 +63,7 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def is_alive(pid: int) -> bool:
+    """True if process ``pid`` exists and is not a zombie."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,3 +110,161 @@ def terminate_process_group(pid: int, timeout: float = 10.0, popen: subprocess.P
     if not _wait_gone(pid, timeout, popen):
         raise RuntimeError(f"pid {pid} survived SIGKILL")
     return False
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a log file, or a note that it is missing or empty."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+# --------------------------------------------------------------------------- managed child processes
+
+_LIVE: "weakref.WeakSet[ManagedProcess]" = weakref.WeakSet()
+_HOOKS_LOCK = threading.Lock()
+_hooks_installed = False
+
+
+def stop_all() -> None:
+    """Stop every managed process still running (at exit, or on a fatal signal)."""
+    for process in list(_LIVE):
+        with contextlib.suppress(Exception):
+            process.stop()
+
+
+def _on_fatal_signal(signum: int, _frame) -> None:
+    stop_all()
+    # Die the way the signal would have made us die, so exit status and shells stay truthful.
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_hooks() -> None:
+    global _hooks_installed
+    with _HOOKS_LOCK:
+        if _hooks_installed:
+            return
+        _hooks_installed = True
+        atexit.register(stop_all)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            # Only take over signals nobody handles yet: an app with its own handlers (Faust's
+            # worker) shuts down through them and then reaches the atexit hook anyway.
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, _on_fatal_signal)
+
+
+class ManagedProcess:
+    """A child process in its own process group, its output in a log file, stopped cleanly.
+
+    Subclasses say what to run (:meth:`_command`, :meth:`_environment`) and start it with
+    :meth:`_spawn` and :meth:`_wait_until`; this class does the rest the same way for the broker,
+    Prometheus and workers: SIGTERM then SIGKILL to the whole group, reaping, a log tail for error
+    messages, and stopping whatever is still running when the owner exits.
+    """
+
+    error: type[Exception] = RuntimeError  # what a failed start raises
+    start_timeout: float = 30.0
+    stop_timeout: float = 10.0
+
+    def __init__(self, log_path: str | os.PathLike):
+        self.log_path = Path(log_path)
+        self._process: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The child's pid while it has one."""
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """True while the child runs."""
+        return self._process is not None and self._process.poll() is None
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _environment(self) -> dict[str, str] | None:
+        return None  # inherit ours
+
+    def _spawn(self, banner: str = "") -> None:
+        _install_exit_hooks()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            if banner:
+                log_file.write(f"--- fairstream: {banner}\n".encode())
+                log_file.flush()
+            # Its own process group: Ctrl-C in a shell does not hit it, and stop() reaches its children.
+            self._process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=log_file,
+                                             stderr=subprocess.STDOUT, env=self._environment(),
+                                             start_new_session=True, close_fds=True)
+        _LIVE.add(self)
+
+    def _wait_until(self, ready: Callable[[], bool], what: str, retry_if: Callable[[], bool] = lambda: False) -> bool:
+        """True once ``ready()``; False if the child died and ``retry_if()`` says a new try may help; raises otherwise."""
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                code = self._process.returncode
+                self.stop()
+                if retry_if():
+                    return False
+                raise self.error(f"{what}: exited with code {code} before it was ready; log {self.log_path}:\n"
+                                 f"{self.log_tail()}")
+            if ready() and self._process.poll() is None:
+                return True
+            time.sleep(_POLL_SECONDS)
+        self.stop()
+        raise self.error(f"{what}: did not answer within {self.start_timeout:g}s; log {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after ``stop_timeout``; reaped; safe to call twice. Returns the exit code."""
+        process, self._process = self._process, None
+        _LIVE.discard(self)
+        if process is None:
+            return None
+        try:
+            if process.poll() is None:
+                terminate_process_group(process.pid, self.stop_timeout, popen=process)
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=self.stop_timeout)  # reap it: no zombie left behind
+            self._stopped(process)
+        return process.returncode
+
+    def _stopped(self, process: subprocess.Popen) -> None:
+        """Clean-up after the child is gone (e.g. a pid file); nothing by default."""
+
+    def kill(self) -> None:
+        """Simulate a crash: SIGKILL to the group, no clean shutdown."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Block until the child exits; its exit code (None on timeout or if never started)."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last lines of the child's log."""
+        return tail(self.log_path, lines)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def start(self):
+        """Start the child and return once it is ready (subclasses define readiness)."""
+        raise NotImplementedError

@@ -30,23 +30,19 @@ else.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import os
 import re
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import weakref
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
 
-REPO = Path(__file__).resolve().parents[1]  # the checkout: deploy/ sits next to streams/
+REPO = Path(__file__).resolve().parents[2]  # the checkout: deploy/ sits next to streams/ (this is streams/ops/)
 DEPLOY = REPO / "deploy" / "prometheus"
 ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"
@@ -54,6 +50,7 @@ ALERTS_TEST_YML = DEPLOY / "alerts_test.yml"
 WORKER_JOB = "fairstream-worker"
 from .processes import (  # noqa: F401
     LOOPBACK,
+    ManagedProcess,
     dies_with_owner,
     free_port,
     port_is_free,
@@ -65,7 +62,7 @@ T = TypeVar("T")
 
 
 class PrometheusError(RuntimeError):
-    pass
+    """Prometheus could not be started, queried or waited for; the message carries its log tail."""
 
 
 def binary(name: str) -> str:
@@ -121,16 +118,6 @@ def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike,
 
 # --------------------------------------------------------------------------- process handling
 
-_LIVE: "weakref.WeakSet[PrometheusServer]" = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:
-    for server in list(_LIVE):
-        with contextlib.suppress(Exception):
-            server.stop()
-
-
 def parse_time(text: str) -> float:
     """Prometheus' RFC 3339 timestamps (``activeAt``, ``lastEvaluation``; nanoseconds, 'Z') as Unix seconds."""
     match = re.match(r"^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", text)
@@ -144,13 +131,15 @@ def parse_time(text: str) -> float:
 # --------------------------------------------------------------------------- the server
 
 
-class PrometheusServer:
+class PrometheusServer(ManagedProcess):
     """A Prometheus subprocess on a free loopback port that scrapes ``targets`` as job ``fairstream-worker``.
 
     ``targets`` are ``host:port`` strings (the ``instance`` label of their series); ``rule_files``
     are loaded as they are (use :func:`rules_with_short_for` for short ``for:``). ``scrape_interval``
     also serves as the scrape timeout. Use it as a context manager, or call ``start()``/``stop()``.
     """
+
+    error = PrometheusError
 
     def __init__(
         self,
@@ -164,6 +153,7 @@ class PrometheusServer:
         stop_timeout: float = 10.0,
     ) -> None:
         self.run_dir = Path(run_dir)
+        super().__init__(self.run_dir / "prometheus.log")
         self.rule_files = [Path(path).resolve() for path in rule_files]
         self.scrape_interval = scrape_interval
         self.evaluation_interval = evaluation_interval
@@ -172,7 +162,6 @@ class PrometheusServer:
         self.stop_timeout = stop_timeout
         self._targets = list(targets)
         self._port: int | None = None
-        self._process: subprocess.Popen | None = None
         for path in self.rule_files:
             if not path.is_file():
                 raise PrometheusError(f"rule file {path} does not exist")
@@ -181,33 +170,25 @@ class PrometheusServer:
 
     @property
     def config_path(self) -> Path:
+        """The generated Prometheus configuration."""
         return self.run_dir / "prometheus.yml"
 
     @property
     def targets_path(self) -> Path:
+        """The file-based service discovery file with the scraped targets."""
         return self.run_dir / "targets.json"
 
     @property
-    def log_path(self) -> Path:
-        return self.run_dir / "prometheus.log"
-
-    @property
     def port(self) -> int:
+        """The HTTP port (chosen at start)."""
         if self._port is None:
             raise PrometheusError("prometheus not started yet: no port chosen")
         return self._port
 
     @property
     def url(self) -> str:
+        """The server's base URL."""
         return f"http://{LOOPBACK}:{self.port}"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     # --- lifecycle
 
@@ -223,23 +204,11 @@ class PrometheusServer:
             self._port = free_port()
             if not port_is_free(LOOPBACK, self._port):
                 continue
-            self._spawn()
-            if self._wait_until_ready(last_attempt=attempt == 2):
+            self._spawn(f"prometheus on {LOOPBACK}:{self._port}")
+            in_use = (lambda: attempt < 2 and "address already in use" in self.log_tail().lower())
+            if self._wait_until(self._ready, "prometheus", retry_if=in_use):
                 return self
         raise PrometheusError(f"prometheus found no free port after 3 attempts; log:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        """Stop Prometheus (SIGTERM, SIGKILL after ``stop_timeout``) and reap it; safe to call twice."""
-        process, self._process = self._process, None
-        _LIVE.discard(self)
-        if process is not None:
-            terminate_process_group(process.pid, self.stop_timeout, process)
-
-    def __enter__(self) -> "PrometheusServer":
-        return self.start()
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = f"pid={self.pid} at {self.url}" if self.running else "stopped"
@@ -252,14 +221,6 @@ class PrometheusServer:
         tmp = self.targets_path.with_suffix(".tmp")
         tmp.write_text(json.dumps([{"targets": self._targets, "labels": {}}]))
         os.replace(tmp, self.targets_path)  # atomic: Prometheus never reads a half-written file
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]) or "(empty log)"
-        except OSError:
-            return "(no log)"
-
-    # --- the HTTP API
 
     def get(self, path: str, **params: Any) -> Any:
         """GET ``path`` of the API (e.g. ``/api/v1/query``) and return its ``data`` field."""
@@ -297,6 +258,7 @@ class PrometheusServer:
         return [rule for group in self.get("/api/v1/rules")["groups"] for rule in group["rules"]]
 
     def rule(self, name: str) -> dict:
+        """The loaded rule named ``name`` (raises if there is none)."""
         matches = [rule for rule in self.rules() if rule["name"] == name]
         if len(matches) != 1:
             raise PrometheusError(f"{len(matches)} rules named {name!r} loaded (rule files: {self.rule_files})")
@@ -386,39 +348,9 @@ class PrometheusServer:
             f"--web.listen-address={LOOPBACK}:{self._port}",
         ]
 
-    def _spawn(self) -> None:
-        command = self._command()
-        with open(self.log_path, "ab") as log_file:
-            log_file.write(f"--- fairstream: {' '.join(command[6:])}\n".encode())
-            log_file.flush()
-            self._process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
-                                             stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
-        _LIVE.add(self)
-
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
                 return response.status == 200
         except (OSError, urllib.error.URLError):
             return False
-
-    def _wait_until_ready(self, last_attempt: bool) -> bool:
-        deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                code = self._process.returncode
-                self.stop()
-                in_use = "address already in use" in self.log_tail().lower()
-                if in_use and not last_attempt:
-                    return False
-                raise PrometheusError(f"prometheus exited with code {code} before it was ready; log:\n{self.log_tail()}")
-            if self._ready() and self._process.poll() is None:
-                return True
-            time.sleep(_POLL_SECONDS)
-        self.stop()
-        raise PrometheusError(f"prometheus not ready within {self.start_timeout:.0f}s; log:\n{self.log_tail()}")
-
-    def _alert_summary(self) -> str:
-        with contextlib.suppress(Exception):
-            return ", ".join(f"{a['labels'].get('alertname')}={a['state']}" for a in self.alerts()) or "none"
-        return "(unavailable)"

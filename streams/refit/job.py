@@ -174,13 +174,12 @@ class RefitJob:
         """The plan the workers serve now: the control topic replayed through a worker's registry.
 
         Replaying (rather than taking the last record) applies the workers' own rules: rollbacks,
-        stale publishes, and refusal of records whose artifact does not verify.
+        stale publishes, and refusal of records whose artifact does not verify or fit the pipeline.
         """
-        from fairstream.repair.distributional import DistributionalRepair
         from fairstream.streams.control.records import encode_control
-        from fairstream.streams.control.registry import ArtifactRegistry
+        from fairstream.streams.control.registry import ArtifactRegistry, module_loaders
 
-        registry = ArtifactRegistry({self.kind: DistributionalRepair.from_artifact}, store=self.store)
+        registry = ArtifactRegistry(module_loaders(self.config.schema()), store=self.store)
         for record in self.control.history_sync():
             if record.kind == self.kind:
                 registry.apply(encode_control(record))

@@ -102,6 +102,7 @@ class RefitService:
         return list(self.outcomes)[-ran:] if ran else []
 
     def close(self) -> None:
+        """Close the request consumer."""
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

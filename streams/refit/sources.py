@@ -55,6 +55,7 @@ class ResearchWindow:
         return cls(X=X, s=np.asarray(s), u=np.asarray(u), keys=keys, source=source)
 
     def subset(self, rows: np.ndarray) -> "ResearchWindow":
+        """The window's rows at ``rows``."""
         return ResearchWindow(self.X[rows], self.s[rows], self.u[rows], self.keys[rows], source=self.source)
 
 

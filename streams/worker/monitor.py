@@ -10,7 +10,7 @@ It keeps, for the plan version in use and per stratum, over a count window and a
   from the plan's grid range, so the numbers are comparable across windows);
 - ``dp_difference``, ``dp_ratio`` and ``conditional_dp`` of the label (stage ``label``) and, when a
   ``scorer`` artifact is active, of its decisions before and after repair;
-- ``mdp``: matched demographic parity (spec 003), mean |f(x) - f(T(x))| of the scorer f with the
+- ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean |f(x) - f(T(x))| of the scorer f with the
   plan's frozen monotone map T between groups, before repair and after it (f(x') against
   f(R(T(x))), the repaired image of the matched counterpart);
 - ``out_of_range_rate`` of the plan (original values outside its grid).
@@ -52,6 +52,7 @@ E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 
 
 @dataclass(frozen=True)
 class DriftEvent:
+    """A confirmed drift of the monitored statistic (one per shift, after hysteresis)."""
     statistic: str
     detector: str
     value: float  # the windowed statistic when the event fired
@@ -105,6 +106,7 @@ class StatisticWindows:
         self.features = list(config.features)
 
     def update(self, batch: RepairedBatch, out_of_range: np.ndarray, scores: Scores | None, **when) -> None:
+        """Add one batch to every window."""
         for stage, X in (("before", batch.before), ("after", batch.after)):
             self.e[stage].update(X, batch.s, batch.u, **when)
             self.w1[stage].update(X, batch.s, batch.u, **when)
@@ -119,6 +121,7 @@ class StatisticWindows:
 
     @property
     def n_records(self) -> int:
+        """Records in the window now."""
         return self.oor.n_records
 
     def rows(self) -> Iterable[tuple[str, str, str, str, str, float]]:

@@ -38,6 +38,7 @@ class MessageLike(Protocol):
 
 @dataclass(frozen=True)
 class SimpleMessage:
+    """A message built in a test or benchmark (the fields of a Kafka message the processing reads)."""
     value: bytes | None
     key: bytes | None = None
     topic: str = ""

@@ -1,12 +1,20 @@
+"""Tests of the frozen embedding fairness module applied with numpy."""
+
+import doctest
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from fairstream.models.embedding import FairnessModule
+from fairstream.models import embedding
+from fairstream.models.embedding import FairnessModule, normalise
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.protocol import Batch, IncompatibleArtifact, PipelineSchema
 
 
 def random_module(d=4, seed=0):
@@ -14,9 +22,15 @@ def random_module(d=4, seed=0):
     return FairnessModule(rng.normal(size=(2 * d, d)), rng.normal(size=2 * d), rng.normal(size=(d, 2 * d)), rng.normal(size=d))
 
 
+def test_docstring_examples_run():
+    result = doctest.testmod(embedding)
+    assert result.attempted > 0 and result.failed == 0
+
+
 @given(arrays(np.float64, (5, 4), elements=st.floats(-1e3, 1e3)))
 def test_identity_module_is_normalisation(v):
     out = FairnessModule.identity(4).transform(v)
+    np.testing.assert_array_equal(out, normalise(v))
     zero = ~np.any(v != 0, axis=1)
     assert np.all(out[zero] == 0)
     np.testing.assert_allclose(np.linalg.norm(out[~zero], axis=1), 1.0, rtol=1e-12)
@@ -46,3 +60,47 @@ def test_artifact_round_trip_and_errors():
         FairnessModule(np.zeros((8, 4)), np.zeros(7), np.zeros((4, 8)), np.zeros(4))
     with pytest.raises(artifacts.ArtifactError, match="kind"):
         FairnessModule.from_artifact(artifacts.pack("plan", {"x": np.zeros(1)}, {}))
+
+
+def test_identity_fast_path_equals_the_formula_with_zero_weights():
+    identity = FairnessModule.identity(4)
+    assert identity.is_identity and not random_module().is_identity
+    # A module with a non-zero first layer but zero W2 and b2 is still the identity.
+    m = random_module()
+    zero_residual = FairnessModule(m.w1, m.b1, np.zeros_like(m.w2), np.zeros(4))
+    v = np.random.default_rng(3).normal(size=(6, 4))
+    assert zero_residual.is_identity
+    np.testing.assert_array_equal(zero_residual.transform(v), identity.transform(v))
+    only_bias = FairnessModule(m.w1, m.b1, np.zeros_like(m.w2), np.full(4, 0.5))
+    np.testing.assert_allclose(only_bias.transform(v), normalise(v) + 0.5)
+
+
+def test_protocol_members():
+    m = random_module()
+    m.check_compatible(PipelineSchema(dimension=4))
+    with pytest.raises(IncompatibleArtifact, match="length 4"):
+        m.check_compatible(PipelineSchema(dimension=3))
+    X = np.random.default_rng(4).normal(size=(3, 4))
+    applied = m.apply(Batch(X=X, keys=np.array(["a", "b", "c"], dtype=object)))
+    np.testing.assert_array_equal(applied.X, m.transform(X))
+    assert applied.ok.all() and m.kind == "embedding"
+
+
+def test_artifact_records_training_and_refuses_bad_payloads():
+    m = random_module()
+    art = m.to_artifact(version=3, metrics={"bfar": 1.2}, training={"epochs": 20}, data_fingerprint="ab" * 32)
+    assert art.parameters["training"] == {"epochs": 20} and art.parameters["hidden"] == 8
+    with pytest.raises(artifacts.ArtifactError, match="lacks arrays"):
+        FairnessModule.from_artifact(artifacts.pack("embedding", {"w1": np.zeros((8, 4))}, {}))
+    with pytest.raises(artifacts.ArtifactError, match="finite"):
+        FairnessModule.from_artifact(artifacts.pack("embedding", {"w1": np.full((2, 1), np.nan), "b1": np.zeros(2),
+                                                                  "w2": np.zeros((1, 2)), "b2": np.zeros(1)}, {}))
+
+
+def test_applying_a_module_does_not_import_torch():
+    code = ("import sys, numpy as np\n"
+            "from fairstream.models.embedding import FairnessModule\n"
+            "import fairstream.models.centroid, fairstream.models.kinds\n"
+            "FairnessModule.identity(3).transform(np.ones((2, 3)))\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -59,7 +59,7 @@ def assert_binary_and_both_present(codes: np.ndarray) -> None:
 
 
 def test_adult_has_the_standard_row_count_and_paper_features(adult):
-    # 45,222 is the UCI train+test count after dropping rows with missing values (spec 004 §3.2).
+    # 45,222 is the UCI train+test count after dropping rows with missing values (Langbridge, Quinn and Shorten (2024), section V-B).
     assert len(adult) == 45222
     assert adult.X.shape == (45222, 2)
     assert adult.X.dtype == np.float64

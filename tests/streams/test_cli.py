@@ -53,5 +53,6 @@ def test_artifacts_publish_list_and_rollback(tmp_path):
         assert [(r.split()[1], r.split()[3], r.rstrip().endswith("*")) for r in rows] == [
             ("1", "publish", False), ("2", "publish", False), ("1", "rollback", True)]
         failed = fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path, check=False)
+        assert failed.returncode != 0 and "nothing to roll back to: no plan version was active before version 1" in failed.stderr
         failed = fairstream("artifacts", "rollback", "nosuchkind", *url, cwd=tmp_path, check=False)
         assert failed.returncode != 0 and "nosuchkind" in failed.stderr

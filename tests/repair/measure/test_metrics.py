@@ -46,7 +46,7 @@ def grouped_data(draw, max_groups=4, max_strata=3, max_rows=60, max_features=3):
 
 
 def simulate_spec004(n, seed):
-    """Spec 004 simulation: x ~ N(mu_{u,s}, I_2), mu = -1/+1 for s=0 in u=0/1 and 0 for s=1."""
+    """Langbridge, Quinn and Shorten (2024) simulation: x ~ N(mu_{u,s}, I_2), mu = -1/+1 for s=0 in u=0/1 and 0 for s=1."""
     rng = np.random.default_rng(seed)
     u = rng.integers(0, 2, n)
     s = (rng.random(n) >= np.where(u == 0, 0.3, 0.1)).astype(int)

@@ -1,0 +1,422 @@
+"""The frozen AdapFair flow preprocessor: invertible maps of the features in front of a frozen scorer.
+
+AdapFair (Huang, Tang and Chang, "AdapFair: Ensuring Adaptive Fairness for Machine Learning
+Operations", 2025) repairs a classifier it may not retrain by transforming its *inputs*: a
+normalizing flow ``T_s`` per group (group-aware) or one shared ``T`` (attribute-blind) is fitted so
+that the classifier's score distribution no longer depends on the group (see
+:mod:`fairstream.models.flow_training`). At serving time a record goes ``x -> T_s(x) -> scorer``.
+
+Each flow is a stack of masked affine coupling layers (RealNVP): with a binary mask ``m``,
+``z -> m*z + (1-m)*(z*exp(s(m*z)) + t(m*z))``, where ``s`` (tanh output) and ``t`` are small MLPs.
+Layers come in complementary pairs (``m``, ``1-m``), so every feature is transformed. The flow
+acts on standardised features (fit-time mean and scale) and maps back to feature units, so the
+scorer sees values on the scale it was trained on. The map is a bijection: :meth:`inverse_transform`
+undoes it exactly.
+
+This module is numpy-only: a worker applies a flow artifact without importing torch. Measured on
+the Health drift flow (11 features, 20 coupling layers), numpy float64 beats torch inference mode
+on every batch size a worker sees (``benchmarks/reproduce_adapfair.py --only speed``).
+
+>>> import numpy as np
+>>> flow = FlowPreprocessor.identity(["age", "income"], groups=[0, 1], n_blocks=2, hidden=(4,))
+>>> X = np.array([[30.0, 1.5], [60.0, 0.5]])
+>>> bool(np.allclose(flow.transform(X, s=[0, 1]), X))
+True
+>>> flow.apply(Batch(X=X, keys=np.array(["a", "b"]), s=np.array([0, 7]))).reasons[1]
+'s value 7 has no flow (the flow was fitted for groups [0, 1])'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from fairstream.repair import artifacts
+from fairstream.repair._validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    column_names,
+    encode_mask,
+    normalise_labels,
+)
+from fairstream.repair.measure.metrics import as_binary
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
+
+__all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flow"]
+
+ARTIFACT_KIND = "flow"
+NETS = ("scale", "shift")
+
+
+def coupling_masks(n_features: int, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """Binary masks (2 * n_blocks, n_features): per block a random half and its complement.
+
+    >>> coupling_masks(4, 1, seed=0).sum(axis=0).tolist()  # each feature is transformed once per block
+    [1.0, 1.0, 1.0, 1.0]
+    """
+    rng = np.random.default_rng(seed)
+    masks = np.zeros((2 * n_blocks, n_features))
+    for block in range(n_blocks):
+        kept = rng.permutation(n_features)[: n_features // 2]
+        masks[2 * block, kept] = 1.0
+        masks[2 * block + 1] = 1.0 - masks[2 * block]
+    return masks
+
+
+@dataclass(frozen=True, eq=False)
+class FlowPreprocessor:
+    """One frozen coupling flow per group (``group_aware``) or one shared flow, as plain arrays.
+
+    ``scale_weights[j]`` has shape (n_flows, n_layers, out, in) and ``scale_biases[j]`` (n_flows,
+    n_layers, out) for the j-th linear layer of the scale MLPs; likewise for the shift MLPs.
+    ``groups`` are the sorted group labels: flow ``k`` serves group ``groups[k]`` when the flow is
+    group-aware; a blind flow keeps the groups it was fitted on as provenance only.
+    """
+
+    columns: tuple[str, ...]
+    groups: np.ndarray
+    group_aware: bool
+    mean: np.ndarray
+    scale: np.ndarray
+    masks: np.ndarray
+    scale_weights: tuple[np.ndarray, ...]
+    scale_biases: tuple[np.ndarray, ...]
+    shift_weights: tuple[np.ndarray, ...]
+    shift_biases: tuple[np.ndarray, ...]
+    data_min: np.ndarray
+    data_max: np.ndarray
+    named: bool = True
+    training: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_shapes(self)
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def identity(cls, columns: Sequence[str] | int, groups: Sequence = (0, 1), group_aware: bool = True,
+                 n_blocks: int = 10, hidden: Sequence[int] = (20, 20), mean=None, scale=None,
+                 seed: int = 0) -> "FlowPreprocessor":
+        """A flow that maps every row to itself (zero output layers), e.g. the first version of a pipeline."""
+        named = not isinstance(columns, (int, np.integer))
+        names = column_names(int(columns), None) if not named else [str(c) for c in columns]
+        d = len(names)
+        groups = np.unique(normalise_labels(np.asarray(list(groups))))
+        n_flows = len(groups) if group_aware else 1
+        masks = coupling_masks(d, n_blocks, seed)
+        sizes = [d, *[int(h) for h in hidden], d]
+        nets = {}
+        for net in NETS:
+            rng = np.random.default_rng(seed + 1)
+            weights = [rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_flows, len(masks), n_out, n_in))
+                       for n_in, n_out in zip(sizes[:-1], sizes[1:])]
+            weights[-1][:] = 0.0  # a zero last layer: s = t = 0, the identity map
+            nets[net] = (tuple(weights), tuple(np.zeros(w.shape[:-1]) for w in weights))
+        mean = np.zeros(d) if mean is None else np.asarray(mean, dtype=np.float64)
+        scale = np.ones(d) if scale is None else np.asarray(scale, dtype=np.float64)
+        return cls(columns=tuple(names), groups=groups, group_aware=group_aware, mean=mean, scale=scale,
+                   masks=masks, scale_weights=nets["scale"][0], scale_biases=nets["scale"][1],
+                   shift_weights=nets["shift"][0], shift_biases=nets["shift"][1],
+                   data_min=np.full(d, -np.inf), data_max=np.full(d, np.inf), named=named)
+
+    # ------------------------------------------------------------------ shape
+
+    @property
+    def n_features(self) -> int:
+        return len(self.columns)
+
+    @property
+    def n_flows(self) -> int:
+        return int(self.scale_weights[0].shape[0])
+
+    @property
+    def n_blocks(self) -> int:
+        return self.masks.shape[0] // 2
+
+    @property
+    def hidden(self) -> tuple[int, ...]:
+        return tuple(int(w.shape[2]) for w in self.scale_weights[:-1])
+
+    # ------------------------------------------------------------------ the map
+
+    def _flow_index(self, s, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Which flow serves each row, and which rows' groups have none (blind: flow 0 for all)."""
+        if not self.group_aware:
+            return np.zeros(n, dtype=np.intp), np.zeros(n, dtype=bool)
+        if s is None:
+            return np.zeros(n, dtype=np.intp), np.ones(n, dtype=bool)
+        return encode_mask(normalise_labels(as_labels(s, n, "s")), self.groups)
+
+    def _map(self, Z: np.ndarray, k: int, inverse: bool) -> np.ndarray:
+        """Flow ``k`` (or its inverse) on standardised rows ``Z``."""
+        order = range(len(self.masks) - 1, -1, -1) if inverse else range(len(self.masks))
+        for layer in order:
+            mask = self.masks[layer]
+            kept = Z * mask
+            log_scale = np.tanh(self._mlp(kept, self.scale_weights, self.scale_biases, k, layer))
+            shift = self._mlp(kept, self.shift_weights, self.shift_biases, k, layer)
+            moved = (Z - shift) * np.exp(-log_scale) if inverse else Z * np.exp(log_scale) + shift
+            Z = kept + (1.0 - mask) * moved
+        return Z
+
+    @staticmethod
+    def _mlp(h: np.ndarray, weights, biases, k: int, layer: int) -> np.ndarray:
+        last = len(weights) - 1
+        for j, (w, b) in enumerate(zip(weights, biases)):
+            h = h @ w[k, layer].T + b[k, layer]
+            if j < last:
+                h = np.maximum(h, 0.0)
+        return h
+
+    def _run(self, X: np.ndarray, flow: np.ndarray, rows: np.ndarray, inverse: bool) -> np.ndarray:
+        out = X.copy()
+        for k in range(self.n_flows):
+            pick = rows[flow[rows] == k]
+            if len(pick):
+                Z = (X[pick] - self.mean) / self.scale
+                out[pick] = self._map(Z, k, inverse) * self.scale + self.mean
+        return out
+
+    def _reasons(self, X: np.ndarray, s, finite: np.ndarray, unknown: np.ndarray) -> list:
+        reasons: list = [None] * len(X)
+        for i in np.flatnonzero(~finite | unknown):
+            if not finite[i]:
+                col = int(np.argmax(~np.isfinite(X[i])))
+                reasons[i] = f"column {self.columns[col]!r} has a non-finite value {float(X[i, col])!r}"
+            elif s is None:
+                reasons[i] = "the flow is group-aware and the row has no s"
+            else:
+                value = np.asarray(s)[i]
+                value = value.item() if hasattr(value, "item") else value
+                reasons[i] = f"s value {value!r} has no flow (the flow was fitted for groups {self.groups.tolist()})"
+        return reasons
+
+    def map_rows(self, X, s=None, inverse: bool = False) -> Applied:
+        """``T_s`` (or its inverse) on every row that has a flow; the others keep their values and get a reason."""
+        X = as_2d(X, n_features=self.n_features, columns=self.columns)
+        n = len(X)
+        flow, unknown = self._flow_index(s, n)
+        finite = np.isfinite(X).all(axis=1)
+        ok = finite & ~unknown
+        values = self._run(X, flow, np.flatnonzero(ok), inverse)
+        with np.errstate(invalid="ignore"):
+            outside = ((X < self.data_min) | (X > self.data_max)).any(axis=1) & ok
+        return Applied(X=values, ok=ok, reasons=self._reasons(X, s, finite, unknown), out_of_range=outside)
+
+    def transform(self, X, s=None) -> np.ndarray:
+        """``T_s(x)`` for every row (a 1-D ``X`` is one row); raises naming the first row it cannot map."""
+        result = self.map_rows(X, s)
+        if not result.ok.all():
+            raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
+        return result.X
+
+    def inverse_transform(self, X, s=None) -> np.ndarray:
+        """``T_s^{-1}(x)``: undoes :meth:`transform` (to rounding)."""
+        result = self.map_rows(X, s, inverse=True)
+        if not result.ok.all():
+            raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
+        return result.X
+
+    # ------------------------------------------------------------------ module protocol
+
+    kind = ARTIFACT_KIND
+    seed = ""  # no random draws
+
+    def check_compatible(self, schema: PipelineSchema) -> None:
+        """Refuse a flow whose features (count, names) or groups do not match the pipeline's."""
+        if schema.features and self.n_features != len(schema.features):
+            raise IncompatibleArtifact(f"the flow maps {self.n_features} features {list(self.columns)}, "
+                                       f"the pipeline has {len(schema.features)} {list(schema.features)}")
+        if schema.features and self.named and tuple(self.columns) != tuple(schema.features):
+            raise IncompatibleArtifact(f"the flow was fitted on features {list(self.columns)}, "
+                                       f"the pipeline names {list(schema.features)}")
+        if self.group_aware:  # a blind flow never reads s, so any groups will do
+            check_labels_cover("flow", "groups", self.groups.tolist(), schema.groups)
+
+    def apply(self, batch: Batch) -> Applied:
+        """The module protocol: the mapped features; rows without a flow (unknown s, NaN) get a reason."""
+        return self.map_rows(batch.X, batch.s)
+
+    # ------------------------------------------------------------------ artifacts
+
+    def get_params(self) -> dict:
+        return {"columns": list(self.columns) if self.named else None, "group_aware": bool(self.group_aware),
+                "n_blocks": self.n_blocks, "hidden": list(self.hidden), "training": dict(self.training)}
+
+    def to_artifact(self, version: int = 1, metrics: dict | None = None,
+                    data_fingerprint: str | None = None) -> artifacts.Artifact:
+        """Freeze the flow into an :class:`~fairstream.repair.artifacts.Artifact` of kind ``flow`` (arrays only).
+
+        >>> flow = FlowPreprocessor.identity(3, n_blocks=1, hidden=(2,))
+        >>> copy = FlowPreprocessor.from_artifact(artifacts.decode(artifacts.encode(flow.to_artifact())))
+        >>> copy.n_features, copy.hidden, copy.groups.tolist()
+        (3, (2,), [0, 1])
+        """
+        arrays = {"groups": self.groups, "mean": self.mean, "scale": self.scale, "masks": self.masks,
+                  "data_min": self.data_min, "data_max": self.data_max}
+        for net in NETS:
+            for j, (w, b) in enumerate(zip(getattr(self, f"{net}_weights"), getattr(self, f"{net}_biases"))):
+                arrays[f"{net}_w{j}"], arrays[f"{net}_b{j}"] = w, b
+        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.get_params(), metrics=metrics or {},
+                              data_fingerprint=data_fingerprint, version=version)
+
+    @classmethod
+    def from_artifact(cls, artifact: artifacts.Artifact) -> "FlowPreprocessor":
+        """Rebuild the frozen flow; a payload whose arrays do not fit together is refused."""
+        if artifact.kind != ARTIFACT_KIND:
+            raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
+        params, a = artifact.parameters, artifact.arrays
+        n_linear = len(params.get("hidden", [])) + 1
+        try:
+            nets = {net: (tuple(np.array(a[f"{net}_w{j}"]) for j in range(n_linear)),
+                          tuple(np.array(a[f"{net}_b{j}"]) for j in range(n_linear))) for net in NETS}
+            d = len(a["mean"])
+            flow = cls(columns=tuple(column_names(d, params["columns"])), groups=np.array(a["groups"]),
+                       group_aware=bool(params["group_aware"]), mean=np.array(a["mean"]), scale=np.array(a["scale"]),
+                       masks=np.array(a["masks"]), scale_weights=nets["scale"][0], scale_biases=nets["scale"][1],
+                       shift_weights=nets["shift"][0], shift_biases=nets["shift"][1],
+                       data_min=np.array(a["data_min"]), data_max=np.array(a["data_max"]),
+                       named=params["columns"] is not None, training=dict(params.get("training", {})))
+        except KeyError as missing:
+            raise artifacts.ArtifactError(f"flow artifact lacks {missing}; refusing to load") from None
+        except RepairInputError as err:
+            raise artifacts.ArtifactError(f"flow artifact: {err}; refusing to load") from None
+        if flow.n_blocks != params.get("n_blocks") or list(flow.hidden) != list(params.get("hidden", [])):
+            raise artifacts.ArtifactError(f"flow arrays hold {flow.n_blocks} blocks of hidden sizes {list(flow.hidden)}, "
+                                          f"the manifest says {params.get('n_blocks')} and {params.get('hidden')}")
+        return flow
+
+
+def _check_shapes(flow: FlowPreprocessor) -> None:
+    """Every array must fit the feature count, the layer count and the number of flows; say which does not."""
+    d = len(flow.columns)
+    groups = np.asarray(flow.groups)
+    if groups.ndim != 1 or len(groups) == 0 or len(np.unique(groups)) != len(groups) \
+            or not np.array_equal(np.sort(groups), groups):
+        raise artifacts.ArtifactError(f"flow groups must be sorted unique labels, got {groups.tolist()}")
+    for name in ("mean", "scale", "data_min", "data_max"):
+        if np.shape(getattr(flow, name)) != (d,):
+            raise artifacts.ArtifactError(f"flow array {name!r} has shape {np.shape(getattr(flow, name))}, "
+                                          f"expected ({d},) for features {list(flow.columns)}")
+    if not np.all(np.isfinite(flow.mean)) or not np.all(np.isfinite(flow.scale)) or np.any(flow.scale <= 0):
+        raise artifacts.ArtifactError("flow standardisation must be finite with positive scales")
+    masks = np.asarray(flow.masks)
+    if masks.ndim != 2 or masks.shape[1] != d or masks.shape[0] == 0 or masks.shape[0] % 2 \
+            or not np.isin(masks, (0.0, 1.0)).all():
+        raise artifacts.ArtifactError(f"flow masks must be an even number of 0/1 rows of length {d}, got shape {masks.shape}")
+    n_flows = len(groups) if flow.group_aware else 1
+    for net in NETS:
+        weights, biases = getattr(flow, f"{net}_weights"), getattr(flow, f"{net}_biases")
+        if len(weights) != len(biases) or not weights:
+            raise artifacts.ArtifactError(f"flow {net} net has {len(weights)} weight and {len(biases)} bias arrays")
+        n_in = d
+        for j, (w, b) in enumerate(zip(weights, biases)):
+            w, b = np.asarray(w), np.asarray(b)
+            n_out = w.shape[2] if w.ndim == 4 else -1
+            expected = (n_flows, len(masks), n_out, n_in)
+            if w.ndim != 4 or w.shape != expected or b.shape != expected[:3] or n_out < 1:
+                raise artifacts.ArtifactError(f"flow {net} layer {j}: weights {w.shape}, biases {b.shape}; expected "
+                                              f"({n_flows}, {len(masks)}, out, {n_in}) and ({n_flows}, {len(masks)}, out)")
+            if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
+                raise artifacts.ArtifactError(f"flow {net} layer {j} has non-finite weights")
+            n_in = n_out
+        if n_in != d:
+            raise artifacts.ArtifactError(f"flow {net} net outputs {n_in} values for {d} features")
+    hidden = [w.shape[2] for w in flow.scale_weights[:-1]]
+    if hidden != [w.shape[2] for w in flow.shift_weights[:-1]]:
+        raise artifacts.ArtifactError("flow scale and shift nets have different hidden sizes")
+
+
+# ---------------------------------------------------------------------------------------------
+# validation of (flow + scorer) on a labelled holdout
+
+
+@dataclass(frozen=True)
+class FlowValidation:
+    """Accuracy and fairness gaps of decisions ``1[score >= threshold]`` on a labelled holdout.
+
+    ``dp_gap`` is the spread (max - min) of positive rates across groups, ``eopp_gap`` the same
+    among rows with ``y = 1``, ``eo_gap`` the larger of the spreads among ``y = 1`` and ``y = 0``.
+    Rows the flow cannot map (unknown group, NaN) are left out and counted in ``n_refused``.
+    """
+
+    accuracy: float
+    dp_gap: float
+    eopp_gap: float
+    eo_gap: float
+    positive_rates: dict
+    n_rows: int
+    n_refused: int
+
+    def as_metrics(self) -> dict:
+        """JSON-ready metrics for an artifact manifest (gaps that could not be measured are left out)."""
+        values = {"accuracy": self.accuracy, "dp_gap": self.dp_gap, "eopp_gap": self.eopp_gap,
+                  "eo_gap": self.eo_gap, "n_rows": self.n_rows, "n_refused": self.n_refused}
+        return {k: v for k, v in values.items() if not (isinstance(v, float) and np.isnan(v))}
+
+
+def scorer_probabilities(scorer, X: np.ndarray) -> np.ndarray:
+    """Pr[y = 1 | x] from a scorer with ``predict_proba`` (numpy), or from a torch module returning logits."""
+    if hasattr(scorer, "predict_proba"):
+        return np.asarray(scorer.predict_proba(X), dtype=np.float64).reshape(len(X), -1)[:, -1]
+    if callable(scorer):
+        import torch  # only a torch scorer pulls torch in
+
+        dtype = next((p.dtype for p in scorer.parameters()), torch.float32) if hasattr(scorer, "parameters") \
+            else torch.float64
+        with torch.inference_mode():
+            logits = scorer(torch.as_tensor(X, dtype=dtype))
+        return torch.sigmoid(logits.reshape(len(X))).double().numpy()
+    raise TypeError(f"a scorer needs predict_proba(X) or must be a torch module returning logits, "
+                    f"got {type(scorer).__name__}")
+
+
+def _spread(decision: np.ndarray, codes: np.ndarray, n_groups: int, rows: np.ndarray) -> tuple[float, np.ndarray]:
+    totals = np.bincount(codes[rows], minlength=n_groups)
+    positives = np.bincount(codes[rows], weights=decision[rows], minlength=n_groups)
+    present = totals > 0
+    rates = np.divide(positives, totals, out=np.full(n_groups, np.nan), where=present)
+    gap = float(np.nanmax(rates) - np.nanmin(rates)) if present.sum() >= 2 else float("nan")
+    return gap, rates
+
+
+def validate_flow(flow: FlowPreprocessor | None, scorer, X, s, y, threshold: float = 0.5) -> FlowValidation:
+    """DP/EO gaps and accuracy of ``scorer(flow(x))`` on a labelled holdout (``flow=None``: the scorer alone).
+
+    A re-fit job calls it on the same holdout for the active and the candidate flow and compares.
+
+    >>> import numpy as np
+    >>> class Half:  # scores 0.9 for the first feature > 0, else 0.1
+    ...     def predict_proba(self, X): return np.where(X[:, 0] > 0, 0.9, 0.1)
+    >>> X = np.array([[1.0], [1.0], [-1.0], [1.0]]); s = [0, 0, 1, 1]; y = [1, 0, 0, 1]
+    >>> result = validate_flow(None, Half(), X, s, y)
+    >>> result.accuracy, result.dp_gap, result.positive_rates
+    (0.75, 0.5, {0: 1.0, 1: 0.5})
+    """
+    X = as_2d(X, n_features=None if flow is None else flow.n_features, columns=None if flow is None else flow.columns)
+    n = len(X)
+    s = normalise_labels(as_labels(s, n, "s"))
+    y = as_binary(y, n)
+    if flow is None:
+        ok, mapped = np.isfinite(X).all(axis=1), X
+    else:
+        result = flow.map_rows(X, s)
+        ok, mapped = result.ok, result.X
+    rows = np.flatnonzero(ok)
+    score = np.full(n, np.nan)
+    score[rows] = scorer_probabilities(scorer, mapped[rows])
+    decision = (score >= threshold).astype(np.float64)
+    groups, codes = np.unique(s, return_inverse=True)
+    dp, rates = _spread(decision, codes, len(groups), rows)
+    eopp, _ = _spread(decision, codes, len(groups), rows[y[rows] == 1])
+    eo_negative, _ = _spread(decision, codes, len(groups), rows[y[rows] == 0])
+    eo = max(eopp, eo_negative) if not np.isnan(eopp + eo_negative) else float("nan")
+    return FlowValidation(
+        accuracy=float(np.mean(decision[rows] == y[rows])) if len(rows) else float("nan"),
+        dp_gap=dp, eopp_gap=eopp, eo_gap=eo,
+        positive_rates={g.item(): float(r) for g, r in zip(groups, rates) if not np.isnan(r)},
+        n_rows=len(rows), n_refused=int(n - len(rows)),
+    )
