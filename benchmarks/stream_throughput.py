@@ -308,12 +308,12 @@ _LOOP_RUNNERS = re.compile(r"^(Handle\._run \(asyncio/|Worker\.execute_from_comm
 _FAIRSTREAM = r"\((fairstream/)?"
 CATEGORIES = [
     ("repair (plan, numpy)", re.compile(_FAIRSTREAM + r"repair/")),
-    ("decode + validate", re.compile(r"^(decode_records|_parse|_check_\w+|_number|_key|_label|_labels)\b.*streams/codec\.py")),
+    ("decode + validate", re.compile(r"^(decode_records|_parse|_check_\w+|_number|_key|_label|labels_array)\b.*streams/codec\.py")),
     ("encode", re.compile(r"^(encode_repaired|_scalar|_literal|dead_letter|_dead_letters|provenance)\b")),
     ("send (Faust + aiokafka producer)", re.compile(
         r"aiokafka/(producer|partitioner)|^(Producer|ProducerBuffer)\.\w+ \(faust/|send_all|send_batched")),
-    ("fairness monitor", re.compile(r"streams/monitor\.py|monitor_fairness|monitor_delivered|export_fairness")),
-    ("agent + batch glue", re.compile(r"streams/(app|processing)\.py")),
+    ("fairness monitor", re.compile(r"streams/worker/monitor\.py|monitor_fairness|monitor_delivered|export_fairness")),
+    ("agent + batch glue", re.compile(r"streams/worker/(app|processing)\.py")),
     ("Faust/mode event machinery", re.compile(r"\((faust|mode)/")),
 ]
 # Faust runs the aiokafka consumer (fetching, record parsing) in a thread of its own.

@@ -103,8 +103,9 @@ class CentroidFairness:
         Seeds the initialisation and the batches (CPU training is then reproducible).
 
     Fitted attributes: ``module_`` (the frozen :class:`FairnessModule`), ``groups_``,
-    ``reference_`` (label), ``targets_`` (:class:`CentroidTargets`), ``centroids_`` (trained, unit
-    rows, training-only), ``history_`` (per-epoch mean loss and its FAR and FRR terms),
+    ``reference_`` (label), ``targets_`` (:class:`CentroidTargets`; it keeps the training
+    embeddings and, for exact groups, 8 bytes per same-group pseudo-pair), ``centroids_`` (trained,
+    unit rows, training-only), ``history_`` (per-epoch mean loss and its FAR and FRR terms),
     ``n_steps_`` and ``fit_seconds_``.
     """
 

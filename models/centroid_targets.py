@@ -53,6 +53,7 @@ __all__ = [
     "frr_weights",
     "pretrained_centroids",
     "pseudo_score_block",
+    "pseudo_score_block_rows",
 ]
 
 _BLOCK_ROWS = 2048
@@ -131,6 +132,7 @@ class IdentityStructure:
 
     @property
     def n_identities(self) -> int:
+        """Number of distinct identities K."""
         return int(self.identity_labels.size)
 
     def group_codes(self) -> np.ndarray:

@@ -51,10 +51,10 @@ DTYPE = torch.float64
 class FlowBank(nn.Module):
     """Coupling flows, one per group (or one shared), on features standardised by ``mean`` and ``scale``.
 
-    Each coupling layer ``k`` of flow ``f`` has a scale MLP (tanh output) and a shift MLP. Their
-    j-th linear layers are stored stacked as ``weights[j][f, k, net]`` (net 0: scale, 1: shift), so
-    one batched matmul runs both nets of a layer for every group at once: with tiny layers, the
-    number of torch ops, not the arithmetic, sets the training time.
+    Each coupling layer ``k`` of flow ``f`` has a scale MLP (tanh output) and a shift MLP. The j-th
+    linear layers of all of them are one parameter ``weights[j]`` of shape (layers, flows, 2, in,
+    out) (net 0: scale, 1: shift), so one batched matmul runs both nets of a layer for every group
+    at once: with layers this small, the number of torch ops, not the arithmetic, sets the time.
     """
 
     def __init__(self, n_flows: int, masks: np.ndarray, hidden: Sequence[int], mean: np.ndarray, scale: np.ndarray):
@@ -65,39 +65,37 @@ class FlowBank(nn.Module):
         self.register_buffer("std", torch.as_tensor(scale, dtype=DTYPE))
         self.hidden = tuple(int(h) for h in hidden)
         sizes = [d, *self.hidden, d]
-        shape = (n_flows, len(masks), len(NETS))
+        shape = (len(masks), n_flows, len(NETS))
         self.weights, self.biases = nn.ParameterList(), nn.ParameterList()
         for j, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             # torch.nn.Linear's default initialisation; the last layer starts at zero (identity map).
             bound = 0.0 if j == len(sizes) - 2 else 1.0 / np.sqrt(n_in)
-            self.weights.append(nn.Parameter(torch.empty(*shape, n_out, n_in, dtype=DTYPE).uniform_(-bound, bound)))
-            self.biases.append(nn.Parameter(torch.empty(*shape, n_out, dtype=DTYPE).uniform_(-bound, bound)))
+            self.weights.append(nn.Parameter(torch.empty(*shape, n_in, n_out, dtype=DTYPE).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(*shape, 1, n_out, dtype=DTYPE).uniform_(-bound, bound)))
 
     @property
     def n_flows(self) -> int:
-        return int(self.weights[0].shape[0])
-
-    def _nets(self, kept: torch.Tensor, weights, biases, k: int):
-        """Both MLPs of layer ``k`` on ``kept`` (flows, n, d): log-scale and shift, each (flows, n, d)."""
-        h = kept.unsqueeze(1)
-        last = len(weights) - 1
-        for j, (w, b) in enumerate(zip(weights, biases)):
-            h = torch.matmul(h, w[:, k].transpose(-1, -2)) + b[:, k].unsqueeze(-2)
-            if j < last:
-                h = torch.relu(h)
-        return torch.tanh(h[:, 0]), h[:, 1]
+        return int(self.weights[0].shape[1])
 
     def forward(self, x: torch.Tensor, flows: Sequence[int] | None = None, inverse: bool = False) -> torch.Tensor:
-        """Map ``x`` (len(flows), n, d): slice ``i`` through flow ``flows[i]`` (default: every flow)."""
+        """Map ``x`` of shape (len(flows), n, d): slice ``i`` goes through flow ``flows[i]`` (default: all flows)."""
+        n_flows, n, d = x.shape
         index = None if flows is None else torch.as_tensor(np.asarray(flows, dtype=np.int64))
-        weights = [w if index is None else w[index] for w in self.weights]
-        biases = [b if index is None else b[index] for b in self.biases]
+        # Per layer k: weights (flows * 2, in, out), biases (flows * 2, 1, out); unbind is one op for all k.
+        layers = [(p if index is None else p.index_select(1, index)).flatten(1, 2).unbind(0)
+                  for p in [*self.weights, *self.biases]]
+        n_linear = len(self.weights)
         z = (x - self.mean) / self.std
-        order = range(len(self.masks) - 1, -1, -1) if inverse else range(len(self.masks))
-        for k in order:
+        for k in (range(len(self.masks) - 1, -1, -1) if inverse else range(len(self.masks))):
             mask = self.masks[k]
             kept = z * mask
-            log_scale, shift = self._nets(kept, weights, biases, k)
+            h = kept.unsqueeze(1).expand(n_flows, 2, n, d).reshape(n_flows * 2, n, d)
+            for j in range(n_linear):
+                h = torch.baddbmm(layers[n_linear + j][k], h, layers[j][k])
+                if j < n_linear - 1:
+                    h = torch.relu(h)
+            h = h.view(n_flows, 2, n, d)
+            log_scale, shift = torch.tanh(h[:, 0]), h[:, 1]
             moved = (z - shift) * torch.exp(-log_scale) if inverse else z * torch.exp(log_scale) + shift
             z = kept + (1.0 - mask) * moved
         return z * self.std + self.mean
@@ -107,24 +105,27 @@ class FlowBank(nn.Module):
         """A bank whose flow ``f`` copies frozen flow ``sources[f]`` (None: identity)."""
         bank = cls(len(sources), frozen.masks, frozen.hidden, frozen.mean, frozen.scale)
         with torch.no_grad():
-            for f, source in enumerate(sources):
-                for j in range(len(bank.weights)):
+            for j, (w, b) in enumerate(zip(bank.weights, bank.biases)):
+                for f, source in enumerate(sources):
                     if source is None:
                         if j == len(bank.weights) - 1:
-                            bank.weights[j][f].zero_()
-                            bank.biases[j][f].zero_()
+                            w[:, f].zero_()
+                            b[:, f].zero_()
                         continue
                     for net_index, net in enumerate(NETS):
-                        bank.weights[j][f, :, net_index] = torch.as_tensor(getattr(frozen, f"{net}_weights")[j][source])
-                        bank.biases[j][f, :, net_index] = torch.as_tensor(getattr(frozen, f"{net}_biases")[j][source])
+                        # frozen: (flows, layers, out, in) -> here: (layers, in, out)
+                        w[:, f, net_index] = torch.as_tensor(getattr(frozen, f"{net}_weights")[j][source]).transpose(-1, -2)
+                        b[:, f, net_index, 0] = torch.as_tensor(getattr(frozen, f"{net}_biases")[j][source])
         return bank
 
     def freeze(self, **fields) -> FlowPreprocessor:
-        """The numpy :class:`FlowPreprocessor` of this bank (weights as float64 arrays)."""
+        """The numpy :class:`FlowPreprocessor` of this bank (float64 arrays, (flows, layers, out, in))."""
         arrays = {}
         for net_index, net in enumerate(NETS):
-            arrays[f"{net}_weights"] = tuple(w[:, :, net_index].detach().double().numpy().copy() for w in self.weights)
-            arrays[f"{net}_biases"] = tuple(b[:, :, net_index].detach().double().numpy().copy() for b in self.biases)
+            arrays[f"{net}_weights"] = tuple(w[:, :, net_index].detach().transpose(-1, -2).transpose(0, 1)
+                                             .double().numpy().copy() for w in self.weights)
+            arrays[f"{net}_biases"] = tuple(b[:, :, net_index, 0].detach().transpose(0, 1).double().numpy().copy()
+                                            for b in self.biases)
         return FlowPreprocessor(mean=self.mean.double().numpy().copy(), scale=self.std.double().numpy().copy(),
                                 masks=self.masks.double().numpy().copy(), **arrays, **fields)
 
@@ -162,8 +163,11 @@ class MLPClassifier(nn.Module):
         super().__init__()
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.as_tensor(scale, dtype=torch.float32))
-        self.net = nn.Sequential(*[m for n_in, n_out in zip([len(mean), *hidden], hidden)
-                                   for m in (nn.Linear(n_in, n_out), nn.ReLU())], nn.Linear(([len(mean), *hidden])[-1], 1))
+        sizes = [len(mean), *hidden]
+        layers: list[nn.Module] = []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:]):
+            layers += [nn.Linear(n_in, n_out), nn.ReLU()]
+        self.net = nn.Sequential(*layers, nn.Linear(sizes[-1], 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net((x - self.mean) / self.std).squeeze(-1)
@@ -243,7 +247,7 @@ class AdapFair:
 
     def __init__(self, scorer, group_aware: bool = True, notion: str = "dp", divergence: str = "sinkhorn",
                  eps: float = 200.0, lam: float = 0.5, n_blocks: int = 10, hidden: Sequence[int] = (20, 20),
-                 n_steps: int = 300, batch_size: int = 256, lr: float = 1e-3, seed: int = 0,
+                 n_steps: int = 200, batch_size: int = 128, lr: float = 2e-3, seed: int = 0,
                  columns: Sequence[str] | None = None, warm_start=None):
         self.scorer = scorer
         self.group_aware = group_aware

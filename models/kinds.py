@@ -23,9 +23,11 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.protocol import FrozenModule, PipelineSchema
 
 from .embedding import FairnessModule
+from .flow import FlowPreprocessor
 from .scorer import LogisticScorer
 
-MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, LogisticScorer, FairnessModule)}
+MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, LogisticScorer, FairnessModule,
+                                                           FlowPreprocessor)}
 """Artifact kind -> the class that loads, checks and applies it."""
 
 

@@ -77,7 +77,7 @@ def _scores(r, name: str) -> np.ndarray:
     if r.ndim != 1 or r.size == 0:
         raise RepairInputError(f"{name} must be a non-empty 1-D array of scores, got shape {r.shape}")
     if not np.all(np.isfinite(r)):
-        raise RepairInputError(f"{name} has a non-finite score {r[~np.isfinite(r)][0]!r}")
+        raise RepairInputError(f"{name} has a non-finite score {float(r[~np.isfinite(r)][0])!r}")
     return r
 
 

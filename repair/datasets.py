@@ -558,3 +558,88 @@ def load(name: str, **kwargs) -> Dataset:
     if key not in _LOADERS:
         raise RepairInputError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
     return _LOADERS[key](**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Group and label definitions of the AdapFair experiments (Huang, Tang and Chang 2025)
+# --------------------------------------------------------------------------------------------
+
+CRIME_RACE_SHARES = ("racepctblack", "racePctWhite", "racePctAsian", "racePctHisp")
+CRIME_FLOW_FEATURES = ("PctKids2Par", "PctIlleg", "PctPopUnderPov", "PctUnemployed", "medIncome", "PctPersDenseHous")
+HEALTH_AGE_60_PLUS = ("age_65", "age_75", "age_85")  # the file's bands 60-69, 70-79 and 80+
+HEALTH_FLOW_FEATURES = (
+    "no_Claims", "no_Providers", "no_Vendors", "no_PCPs", "no_PlaceSvcs", "no_Specialities",
+    "no_PrimaryConditionGroups", "no_ProcedureGroups", "PayDelay_max", "drugCount_ave", "labCount_ave",
+)
+
+
+def _refuse_defining_columns(features: Sequence[str], defining: Sequence[str], what: str) -> None:
+    """A feature that defines the group or the label would leak it into the classifier."""
+    leaked = [name for name in features if name in defining]
+    if leaked:
+        raise RepairInputError(f"features {leaked} define {what}; choose other columns")
+
+
+def load_crime_minority(features: Sequence[str] = CRIME_FLOW_FEATURES) -> Dataset:
+    """Communities and Crime with the AdapFair paper's groups and label (1,993 rows).
+
+    ``s`` = 1 for a minority-majority community, ``racePctWhite / 5 < racepctblack + racePctAsian
+    + racePctHisp``. The bundled shares are min-max scaled, not the raw percentages the rule was
+    written for, so 68% of the rows are in group 1 here. ``y`` = 1 when ``ViolentCrimesPerPop`` is
+    above its median (high crime, the paper's text); the paper's own base-rate table fits the
+    opposite coding (1 = low crime). ``u`` is urban, as in :func:`load_crime`.
+
+    >>> crime = load_crime_minority()
+    >>> len(crime), crime.X.shape[1], round(float(crime.s.mean()), 2)
+    (1993, 6, 0.68)
+    """
+    features = _feature_list(features)
+    _refuse_defining_columns(features, [*CRIME_RACE_SHARES, "ViolentCrimesPerPop", "high_crime"], "s or y")
+    table = _read(_FILES["crime"], [*features, *CRIME_RACE_SHARES, "ViolentCrimesPerPop", "pctUrban"])
+    black, white, asian, hispanic = table.numeric(CRIME_RACE_SHARES).T
+    crime_rate = table.numeric(["ViolentCrimesPerPop"])[:, 0]
+    return Dataset(
+        name="crime-minority",
+        X=table.numeric(features),
+        feature_names=features,
+        s=(white / 5 < black + asian + hispanic).astype(np.int64),
+        s_name="minority-majority community",
+        s_labels={0: "White-majority", 1: "minority-majority"},
+        u=table.above("pctUrban", 0.5),
+        u_name="urban",
+        u_labels={0: "pctUrban <= 0.5", 1: "pctUrban > 0.5"},
+        y=(crime_rate > np.median(crime_rate)).astype(np.int64),
+        y_name="violent crime above median",
+    )
+
+
+def load_health_by_age(features: Sequence[str] = HEALTH_FLOW_FEATURES, year: str | None = "Y1") -> Dataset:
+    """Heritage Health with the AdapFair paper's groups and label; ``u`` is sex, the drift split.
+
+    ``s`` = 1 for members aged 60 or over at their first claim (the file's bands 60-69, 70-79,
+    80+). ``y`` = 1 when the Charlson comorbidity index is 0 (the paper's coding; the complement of
+    :func:`load_health`'s ``y``). ``u`` = 1 for male members: the paper trains the classifier on
+    men and re-fits the flow on women. ``year`` defaults to "Y1", one row per member (pass None
+    for all member-years). Age and Charlson columns cannot be features.
+    """
+    if year is not None and year not in _HEALTH_YEARS:
+        raise RepairInputError(f"year must be one of {_HEALTH_YEARS} or None, got {year!r}")
+    features = _feature_list(features)
+    _refuse_defining_columns(features, [c for c in _header(_FILES["health"]) if c.startswith(("age_", "Charlson"))],
+                             "s or y")
+    table = _read(_FILES["health"], [*features, "YEAR_t", "sexMALE", *HEALTH_AGE_60_PLUS, "Charlson>0"])
+    if year is not None:
+        table = table.rows_where(table.columns["YEAR_t"] == year)
+    return Dataset(
+        name="health-age" if year is None else f"health-age-{year}",
+        X=table.numeric(features),
+        feature_names=features,
+        s=table.any_flag(HEALTH_AGE_60_PLUS),
+        s_name="age 60+",
+        s_labels={0: "under 60", 1: "60 or over"},
+        u=table.flag("sexMALE"),
+        u_name="sex",
+        u_labels={0: "female", 1: "male"},
+        y=1 - table.flag("Charlson>0"),
+        y_name="Charlson index = 0",
+    )

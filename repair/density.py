@@ -52,6 +52,27 @@ def silverman_bandwidth(x: np.ndarray) -> float:
     return factor * spread * x.size ** (-0.2)
 
 
+def binned_bandwidth(nodes: np.ndarray, mass: np.ndarray, n_effective: float) -> float:
+    """Silverman's rule for a sample given as ``mass`` on ``nodes`` with ``n_effective`` records.
+
+    >>> nodes = np.arange(-40, 41) / 10.0
+    >>> mass = np.exp(-0.5 * nodes ** 2)
+    >>> round(binned_bandwidth(nodes, mass, 100.0) / (0.9 * 100 ** -0.2), 1)
+    1.0
+    """
+    total = mass.sum()
+    if total <= 0 or n_effective < 2:
+        return 0.0
+    mean = mass @ nodes / total
+    sd = float(np.sqrt(max(mass @ (nodes - mean) ** 2 / total, 0.0)))
+    cdf = np.cumsum(mass) / total
+    q25, q75 = nodes[np.searchsorted(cdf, [0.25, 0.75])]
+    iqr = float(q75 - q25)
+    spread = min(sd, iqr / 1.34) if iqr > 0 else sd
+    factor = 0.9 if iqr > 0 else 1.06
+    return factor * spread * n_effective ** (-0.2)
+
+
 def bin_position(x: np.ndarray, start: float, step: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
     """Lower node index q and interpolation ratio tau in [0, 1] of each x on a uniform grid.
 
@@ -103,9 +124,10 @@ def row_kernel(nodes: np.ndarray, bandwidth: float) -> np.ndarray:
     (True, True)
     """
     n = len(nodes)
-    if n < 2 or bandwidth <= 0:
+    step = float(nodes[1] - nodes[0]) if n > 1 else 0.0
+    # A kernel a million times narrower than the spacing moves no measurable mass off its node.
+    if n < 2 or bandwidth <= 1e-6 * step:
         return np.eye(n)
-    step = float(nodes[1] - nodes[0])
     offset = nodes[None, :] - nodes[:, None]  # [j, i]: source node minus row node
     K = (_ramp(offset + step, bandwidth) - 2.0 * _ramp(offset, bandwidth) + _ramp(offset - step, bandwidth)) / step
     # End rows: the half hat inside the grid plus everything beyond it.
@@ -199,40 +221,48 @@ def proportion_strength(counts: np.ndarray, proportions: np.ndarray) -> float:
     return float(STRENGTHS[int(np.argmax([evidence(m) for m in STRENGTHS]))])
 
 
-def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarray, bandwidth: float,
+def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarray, bandwidth_scale: float = 1.0,
                proportions: np.ndarray | None = None, smoothing: str | float = "auto",
                strength: str | float = "auto") -> np.ndarray:
     """Source pmfs (n_groups, n_nodes) of the groups of one stratum and feature.
 
-    ``x`` is the stratum's pooled research sample and ``codes`` each row's group. The pooled pmf
+    ``x`` is the stratum's pooled research sample and ``codes`` each row's group. The pooled
     counts are reweighted towards each group by the group's share per node (a blend of its
     observed share and ``proportions[g]``, a smooth model of Pr[s = g | x = node]: the
     density-ratio model of the module docstring), then blended, as a Dirichlet process, with
-    their KDE; pass a single group and no ``proportions`` to estimate a group alone.
-    ``smoothing``: ``"auto"`` (both blends by empirical Bayes, or with the fixed ``strength``),
-    ``"kde"`` (no atoms: the pooled counts reweighted by the smooth shares, smoothed), ``"empirical"`` (each group's own
-    linear binning), or a weight in [0, 1] of the ``"kde"`` pmf against the group's own binning.
+    their KDE, whose bandwidth is ``bandwidth_scale`` times Silverman's rule for the reweighted
+    sample (its spread and effective size). Pass a single group and no ``proportions`` to
+    estimate a group alone. ``smoothing``: ``"auto"`` (both blends by empirical Bayes, or with
+    the fixed ``strength``), ``"kde"`` (no atoms: the reweighted counts smoothed),
+    ``"empirical"`` (each group's own linear binning), or a weight in [0, 1] of the ``"kde"``
+    pmf against the group's own binning.
     """
     own = np.array([binned_counts(x[codes == g], nodes) for g in range(n_groups)])
     present = own.sum(axis=1) > 0
+    own_pmf = own / np.where(present, own.sum(axis=1), 1.0)[:, None]
     if proportions is None:  # no pooling: one group's rows are the whole "stratum"
         proportions = np.ones((n_groups, len(nodes)))
     if smoothing == "empirical":
-        return own / np.where(present, own.sum(axis=1), 1.0)[:, None]
-    K = row_kernel(nodes, bandwidth)
+        return own_pmf
     pooled = own.sum(axis=0)
+    atom_share, shares = 0.0, proportions
     if smoothing == "auto":
-        n0 = dirichlet_strength(pooled, K @ pooled / pooled.sum()) if strength == "auto" else float(strength)
+        smooth = kde_pmf(x, nodes, bandwidth_scale * silverman_bandwidth(x))
+        n0 = dirichlet_strength(pooled, smooth) if strength == "auto" else float(strength)
         m = proportion_strength(own[present], proportions[present]) if strength == "auto" else float(strength)
         atom_share = pooled.sum() / (pooled.sum() + n0)
-        shares = (own + m * proportions) / (pooled + m)
-    else:
-        atom_share, shares = 0.0, proportions
-    # Reweight the pooled counts towards each group, then smooth: each group keeps its own spread.
-    tilted = pooled * shares
-    pmfs = atom_share * tilted + (1.0 - atom_share) * tilted @ K.T
-    pmfs = np.where(present[:, None], pmfs, 0.0)
-    pmfs /= np.where(present, pmfs.sum(axis=1), 1.0)[:, None]
+        # Where no research record fell (or with m = 0 and no data) the model's share stands.
+        denominator = pooled + m
+        shares = np.divide(own + m * proportions, denominator, out=proportions.astype(np.float64).copy(),
+                           where=denominator > 0)
+    pmfs = np.zeros((n_groups, len(nodes)))
+    for g in np.flatnonzero(present):
+        # Reweight the pooled counts towards the group, then smooth with the group's own spread.
+        tilted = pooled * shares[g]
+        n_effective = tilted.sum() ** 2 / max(float(pooled @ shares[g] ** 2), 1e-300)
+        K = row_kernel(nodes, bandwidth_scale * binned_bandwidth(nodes, tilted, n_effective))
+        pmf = atom_share * tilted + (1.0 - atom_share) * K @ tilted
+        pmfs[g] = pmf / pmf.sum()
     if isinstance(smoothing, (int, float, np.number)):
-        return (1.0 - float(smoothing)) * own / np.where(present, own.sum(axis=1), 1.0)[:, None] + float(smoothing) * pmfs
+        return (1.0 - float(smoothing)) * own_pmf + float(smoothing) * pmfs
     return pmfs

@@ -41,7 +41,7 @@ from ._validation import (
     encode_mask,
     normalise_labels,
 )
-from .density import bin_position, group_pmfs, silverman_bandwidth
+from .density import bin_position, group_pmfs
 from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
 from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
@@ -232,16 +232,14 @@ class DistributionalRepair:
         """Source pmfs of the planned ``groups`` of one stratum (values ``x``) and feature."""
         scale = float(self.bandwidth_scale)
         if self.pooling == "none":
-            return np.vstack([group_pmfs(x[m], np.zeros(int(m.sum()), dtype=np.intp), 1, nodes,
-                                         scale * silverman_bandwidth(x[m]), None, self.smoothing, self.prior_strength)
-                              for m in members])
+            return np.vstack([group_pmfs(x[m], np.zeros(int(m.sum()), dtype=np.intp), 1, nodes, scale, None,
+                                         self.smoothing, self.prior_strength) for m in members])
         # The 1-D posterior Pr[s | x_k, u] within the stratum: the groups' smooth shares per node.
         zeros = np.zeros(len(x), dtype=np.intp)
         posterior = GroupPosterior(n_folds=0).fit(x[:, None], s, zeros, groups=self.groups_)
         shares = posterior.proba_codes(nodes[:, None], np.zeros(len(nodes), dtype=np.intp)).T
         codes = np.searchsorted(self.groups_, s)
-        pmfs = group_pmfs(x, codes, len(self.groups_), nodes, scale * silverman_bandwidth(x), shares,
-                          self.smoothing, self.prior_strength)
+        pmfs = group_pmfs(x, codes, len(self.groups_), nodes, scale, shares, self.smoothing, self.prior_strength)
         return pmfs[groups]
 
     def _weights(self) -> np.ndarray:

@@ -84,6 +84,7 @@ class EmbeddingSet:
 
     @property
     def dimension(self) -> int:
+        """Length d of the vectors."""
         return int(self.vectors.shape[1])
 
     @property

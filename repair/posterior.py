@@ -11,8 +11,9 @@ Two uses in the distributional repair:
   stratum's 250.
 
 The model, per stratum u: one logistic regression per group (one-vs-rest) on the standardised
-features and their squares, normalised over the groups. Squares make the log-odds exact for
-normal groups with unequal variances; for two groups one-vs-rest is plain logistic regression.
+features (and, where BIC prefers it, their squares), normalised over the groups. Linear log-odds
+are exact for normal groups with equal variances, squares for unequal ones; thin strata cannot
+afford the squares' noise, large ones can. For two groups one-vs-rest is logistic regression.
 It is fitted with the project's Newton/IRLS solver (:mod:`fairstream.repair.logistic`), and
 checked for calibration by K-fold cross-validation at fit time (:attr:`GroupPosterior.cv_`).
 
@@ -99,22 +100,23 @@ class GroupPosterior:
     Parameters
     ----------
     degree:
-        Highest power of each standardised feature in the log-odds (2: normal groups exactly).
+        Highest power of each standardised feature in the log-odds, or ``"bic"``: 1 or 2 per
+        stratum, whichever has the lower Bayesian information criterion.
     l2:
         Ridge penalty on the standardised coefficients; keeps separable strata finite.
     n_folds:
         Folds of the cross-validated calibration check run at fit time (0 skips it).
     """
 
-    def __init__(self, degree: int = 2, l2: float = 1e-3, n_folds: int = 5):
+    def __init__(self, degree: int | str = "bic", l2: float = 1e-3, n_folds: int = 5):
         self.degree = degree
         self.l2 = l2
         self.n_folds = n_folds
 
     def fit(self, X, s, u, groups: Sequence | None = None, strata: Sequence | None = None) -> "GroupPosterior":
         """Fit on labelled rows; ``groups``/``strata`` fix the label sets (default: those seen)."""
-        if not (isinstance(self.degree, (int, np.integer)) and self.degree >= 1):
-            raise RepairInputError(f"degree must be an integer >= 1, got {self.degree!r}")
+        if self.degree != "bic" and not (isinstance(self.degree, (int, np.integer)) and self.degree >= 1):
+            raise RepairInputError(f"degree must be 'bic' or an integer >= 1, got {self.degree!r}")
         X = as_2d(X)
         check_finite(X, [f"x{k}" for k in range(X.shape[1])])
         s = normalise_labels(as_labels(s, len(X), "s"))
@@ -127,10 +129,15 @@ class GroupPosterior:
         self.cv_ = self._cross_validate(X, s_codes, u_codes)
         return self
 
+    @property
+    def max_degree(self) -> int:
+        """The degree of the stored design: the highest power any stratum may use."""
+        return 2 if self.degree == "bic" else int(self.degree)
+
     def _fit_codes(self, X, s_codes, u_codes):
         n_u, n_g, d = len(self.strata_), len(self.groups_), X.shape[1]
         mean, scale = np.zeros((n_u, d)), np.ones((n_u, d))
-        coef = np.full((n_u, n_g, 1 + d * self.degree), np.nan)
+        coef = np.full((n_u, n_g, 1 + d * self.max_degree), np.nan)
         for a in range(n_u):
             rows = u_codes == a
             if not rows.any():
@@ -138,9 +145,27 @@ class GroupPosterior:
             mean[a] = X[rows].mean(axis=0)
             sd = X[rows].std(axis=0)
             scale[a] = np.where(sd > 0, sd, 1.0)  # a constant column stays 0 after standardising
-            design = polynomial_design((X[rows] - mean[a]) / scale[a], self.degree)
-            coef[a] = one_vs_rest(design, s_codes[rows], n_g, float(self.l2))
+            design = polynomial_design((X[rows] - mean[a]) / scale[a], self.max_degree)
+            coef[a] = self._fit_stratum(design, s_codes[rows], n_g, d)
         return mean, scale, coef
+
+    def _fit_stratum(self, design: np.ndarray, codes: np.ndarray, n_groups: int, d: int) -> np.ndarray:
+        """One-vs-rest coefficients in the max-degree layout (unused powers are 0)."""
+        degrees = (1, 2) if self.degree == "bic" else (int(self.degree),)
+        best = None
+        for degree in degrees:
+            width = 1 + d * degree
+            coef = np.zeros((n_groups, design.shape[1]))
+            coef[:, :width] = one_vs_rest(design[:, :width], codes, n_groups, float(self.l2))
+            coef[np.isnan(coef[:, 0])] = np.nan  # absent groups stay absent in every column
+            if len(degrees) == 1:
+                return coef
+            proba = ovr_proba(design, coef)[np.arange(len(codes)), codes]
+            n_free = (np.count_nonzero(np.bincount(codes, minlength=n_groups)) - 1) * width
+            bic = -2.0 * np.sum(np.log(np.clip(proba, 1e-300, None))) + n_free * np.log(len(codes))
+            if best is None or bic < best[0]:
+                best = (bic, coef)
+        return best[1]
 
     def _cross_validate(self, X, s_codes, u_codes) -> np.ndarray:
         """Out-of-fold log-loss, Brier score, calibration error, AUC (two groups) and accuracy."""
@@ -161,7 +186,7 @@ class GroupPosterior:
         return calibration_metrics(proba, s_codes)
 
     def _proba(self, X, u_codes, mean, scale, coef) -> np.ndarray:
-        design = polynomial_design((X - mean[u_codes]) / scale[u_codes], self.degree)
+        design = polynomial_design((X - mean[u_codes]) / scale[u_codes], self.max_degree)
         return ovr_proba(design, coef[u_codes])
 
     def proba_codes(self, X: np.ndarray, u_codes: np.ndarray) -> np.ndarray:
@@ -191,13 +216,14 @@ class GroupPosterior:
         """The learned state as plain arrays (for an artifact's npz payload)."""
         self._check_fitted()
         return {f"{prefix}coef": self.coef_, f"{prefix}mean": self.mean_, f"{prefix}scale": self.scale_,
-                f"{prefix}cv": self.cv_, f"{prefix}degree": np.array(int(self.degree)),
+                f"{prefix}cv": self.cv_, f"{prefix}degree": np.array(str(self.degree)),
                 f"{prefix}l2": np.array(float(self.l2)), f"{prefix}n_folds": np.array(int(self.n_folds))}
 
     @classmethod
     def from_arrays(cls, arrays, groups: np.ndarray, strata: np.ndarray, prefix: str = "posterior_") -> "GroupPosterior":
         """Rebuild from :meth:`to_arrays` output (bit-exact) with the owner's group and stratum labels."""
-        post = cls(degree=int(arrays[f"{prefix}degree"]), l2=float(arrays[f"{prefix}l2"]),
+        degree = str(arrays[f"{prefix}degree"])
+        post = cls(degree=degree if degree == "bic" else int(degree), l2=float(arrays[f"{prefix}l2"]),
                    n_folds=int(arrays[f"{prefix}n_folds"]))
         post.coef_, post.mean_, post.scale_ = (np.asarray(arrays[f"{prefix}{n}"]) for n in ("coef", "mean", "scale"))
         post.cv_ = np.asarray(arrays[f"{prefix}cv"])

@@ -16,6 +16,7 @@ which round-trips exactly, so a repaired value read back equals the batch ``tran
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import time
@@ -298,17 +299,26 @@ def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> Repaired
     )
 
 
+MAX_DEAD_LETTER_ORIGINAL = 512 * 1024
+"""Bytes of an original message a dead letter keeps: base64 makes them 683 KiB, so the envelope stays
+under Kafka's default 1 MiB message limit whatever arrived (a 3 MB message is dead-lettered too)."""
+
+
 def dead_letter(value: bytes | None, reason: str, topic: str, partition: int, offset: int, agent: str,
                 key: bytes | None = None) -> bytes:
-    """The dead-letter envelope: the original bytes (base64, exact), why, and where they came from."""
+    """The dead-letter envelope: the original bytes (base64; the first 512 KiB of larger ones), why, and whence."""
+    original = value or b""
+    kept = original[:MAX_DEAD_LETTER_ORIGINAL]
     letter = DeadLetter(reason=reason, agent=agent, topic=topic, partition=partition, offset=offset,
-                        key_b64=base64.b64encode(key).decode() if key else None,
-                        original_b64=base64.b64encode(value or b"").decode())
+                        key_b64=base64.b64encode(key[:MAX_DEAD_LETTER_ORIGINAL]).decode() if key else None,
+                        original_b64=base64.b64encode(kept).decode(), original_size=len(original),
+                        original_sha256=hashlib.sha256(original).hexdigest(),
+                        original_truncated=len(kept) < len(original))
     return json.dumps(letter.asdict(), separators=(",", ":")).encode()
 
 
 def original_bytes(letter: dict) -> bytes:
-    """The exact bytes a dead letter was made from."""
+    """The bytes a dead letter keeps of its original: all of them unless ``original_truncated``."""
     return base64.b64decode(letter["original_b64"])
 
 

@@ -56,7 +56,11 @@ class EmbeddingRecord(_Schema):
 
 
 class DeadLetter(_Schema):
-    """A message on ``dlq``: the original bytes, why it was refused, and where it came from."""
+    """A message on ``dlq``: the original bytes, why it was refused, and where it came from.
+
+    An original too large to fit in a dead letter under the output's message limit is kept as its
+    first bytes (``original_truncated``); its full length and sha256 identify it.
+    """
 
     reason: str
     agent: str
@@ -64,6 +68,9 @@ class DeadLetter(_Schema):
     partition: int
     offset: int
     original_b64: str
+    original_size: int
+    original_sha256: str
+    original_truncated: bool = False
     key_b64: Optional[str] = None
 
 

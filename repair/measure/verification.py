@@ -48,6 +48,7 @@ __all__ = [
     "cosine_scores",
     "curve_distance",
     "l2_normalise",
+    "paired_cosine",
     "rates_from_counts",
     "same_group_pair_scores",
     "threshold_at_far",
@@ -88,6 +89,18 @@ def cosine_scores(a, b) -> np.ndarray:
     [[1.0, 0.0]]
     """
     return l2_normalise(a) @ l2_normalise(b).T
+
+
+def paired_cosine(a, b) -> np.ndarray:
+    """Cosine similarity of row i of ``a`` with row i of ``b`` (the scores of labelled pairs).
+
+    >>> paired_cosine([[1.0, 0.0], [1.0, 1.0]], [[3.0, 0.0], [-1.0, 1.0]]).tolist()
+    [1.0, 0.0]
+    """
+    za, zb = l2_normalise(a), l2_normalise(b)
+    if za.shape != zb.shape:
+        raise RepairInputError(f"paired vectors need equal shapes, got {za.shape} and {zb.shape}")
+    return np.einsum("ij,ij->i", za, zb)
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,7 +333,7 @@ class VerificationAccumulator(_Mergeable):
     """Mergeable per-group counts of false accepts/rejects at a fixed threshold, for windowed monitoring.
 
     Feed it labelled pairs sampled from the stream (their cosine scores under the active module,
-    whether they are genuine, and the pairs' group); wrap it in a
+    e.g. :func:`paired_cosine`, whether they are genuine, and the pairs' group); wrap it in a
     :class:`~fairstream.repair.measure.windows.CountWindow` or ``TimeWindow`` for windows. ``value()``
     equals :func:`verification_rates` on all pairs seen. The threshold is part of the settings:
     accumulators at different thresholds do not merge.
@@ -491,6 +504,7 @@ class _TopKeeper:
         self.groups: list[np.ndarray] = [np.zeros(0, dtype=np.intp)]
 
     def add(self, scores: np.ndarray, group: int) -> None:
+        """Offer a block of one group's scores."""
         keep = scores > self.cutoff  # anything at or below the cutoff is beaten by m kept scores
         self.scores.append(scores[keep])
         self.groups.append(np.full(int(keep.sum()), group, dtype=np.intp))

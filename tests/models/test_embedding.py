@@ -104,3 +104,13 @@ def test_applying_a_module_does_not_import_torch():
             "FairnessModule.identity(3).transform(np.ones((2, 3)))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_single_precision_apply_is_close_and_typed():
+    m = random_module()
+    v = np.random.default_rng(5).normal(size=(7, 4))
+    out32 = m.transform(v, dtype=np.float32)
+    assert out32.dtype == np.float32 and FairnessModule.identity(4).transform(v, dtype=np.float32).dtype == np.float32
+    np.testing.assert_allclose(out32, m.transform(v), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RepairInputError, match="float64 or float32"):
+        m.transform(v, dtype=np.int64)

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy.stats import wasserstein_distance
+from scipy.stats import norm, wasserstein_distance
 
 from fairstream.repair._validation import RepairInputError
 from fairstream.repair.distributional import DistributionalRepair
@@ -242,3 +242,40 @@ def test_artifact_round_trip_is_bit_exact(tmp_path, labels):
         assert again.get_params() == rep.get_params()
         keys = np.array([f"k{i}" for i in range(len(X))])
         np.testing.assert_array_equal(again.transform(X, s, u, keys=keys), rep.transform(X, s, u, keys=keys))
+
+
+# ------------------------------------------------------------------ convergence to the barycentre
+
+
+def w1_to_normal(y, mean, sd):
+    """W1 between a sample and N(mean, sd^2), by the quantile coupling."""
+    levels = (np.arange(len(y)) + 0.5) / len(y)
+    return float(np.mean(np.abs(np.sort(y) - norm.ppf(levels, mean, sd))))
+
+
+def pushed_w1(means, sds, p0, n_research, seed, n_archive=10_000):
+    """Largest W1 between a group's pushed archive and the exact W2 barycentre of the two normals."""
+    rng = np.random.default_rng(seed)
+
+    def draw(n):
+        s = (rng.random(n) >= p0).astype(int)
+        return rng.normal(np.take(means, s), np.take(sds, s))[:, None], s, np.zeros(n, int)
+
+    XR, sR, uR = draw(n_research)
+    XA, sA, uA = draw(n_archive)
+    y = DistributionalRepair(n_q=100, posterior=False).fit(XR, sR, uR).transform(XA, sA, uA, keys=np.arange(n_archive))[:, 0]
+    # The W2 barycentre of N(m0, s0^2) and N(m1, s1^2) with weights 1/2 is N(mean of m, (mean of s)^2).
+    return max(w1_to_normal(y[sA == g], np.mean(means), np.mean(sds)) for g in (0, 1))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.tuples(st.floats(-2, 2), st.floats(-2, 2)), st.tuples(st.floats(0.5, 2), st.floats(0.5, 2)), st.floats(0.1, 0.5))
+def test_pushed_groups_converge_to_the_barycentre_as_research_grows(means, sds, p0):
+    # Research sampling error shrinks like n^-1/2 (the thin group has p0 * n rows); the rest is
+    # the grid (half a spacing) and the archive's own sampling noise.
+    spread = float(np.mean(sds))
+    floor = 0.5 * (max(means) - min(means) + 8 * max(sds)) / 99 + spread / np.sqrt(10_000 * p0)
+    w1 = {n: np.mean([pushed_w1(means, sds, p0, n, seed) for seed in (0, 1)]) for n in (200, 3200)}
+    for n, value in w1.items():
+        assert value < floor + 1.5 * spread / np.sqrt(n * p0)
+    assert w1[3200] < w1[200] or w1[200] < floor

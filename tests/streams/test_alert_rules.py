@@ -135,7 +135,7 @@ def test_exported_names_come_from_the_metrics_module():
 
 
 def test_every_metric_in_the_alert_rules_is_exported():
-    """Renaming a metric in streams/metrics.py without updating alerts.yml fails here."""
+    """Renaming a metric in streams/worker/metrics.py without updating alerts.yml fails here."""
     exported = exported_sample_names()
     used = {name for expr in rule_exprs(ALERTS_YML.read_text()) for name in metric_names(expr)}
     assert {"fairstream_fairness", "fairstream_drift_events_total", "fairstream_records_dead_lettered_total",

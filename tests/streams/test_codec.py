@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import doctest
+import hashlib
 import json
 import math
 import struct
@@ -21,6 +22,7 @@ from hypothesis.extra.numpy import arrays
 
 from fairstream.streams import codec
 from fairstream.streams.codec import (
+    MAX_DEAD_LETTER_ORIGINAL,
     dead_letter,
     decode_embeddings,
     decode_records,
@@ -877,3 +879,15 @@ def test_repaired_output_matches_its_schema():
 def test_docstring_example():
     result = doctest.testmod(codec, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 2 and result.failed == 0
+
+
+@pytest.mark.parametrize("size", [500_000, 800_000, 1_500_000, 3_000_000])
+def test_a_dead_letter_fits_under_the_message_limit_whatever_arrived(size):
+    value = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    letter_bytes = dead_letter(value, "oversized", "fs.records.in", 3, 17, "records", key=b"k")
+    assert len(letter_bytes) < 1024 * 1024
+    letter = json.loads(letter_bytes)
+    kept = original_bytes(letter)
+    assert letter["original_size"] == size and letter["original_sha256"] == hashlib.sha256(value).hexdigest()
+    assert letter["original_truncated"] == (size > MAX_DEAD_LETTER_ORIGINAL)
+    assert kept == value[:MAX_DEAD_LETTER_ORIGINAL]

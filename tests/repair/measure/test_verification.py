@@ -17,6 +17,7 @@ from fairstream.repair.measure.verification import (
     cosine_scores,
     curve_distance,
     l2_normalise,
+    paired_cosine,
     same_group_pair_scores,
     threshold_at_far,
     verification_rates,
@@ -80,9 +81,10 @@ def test_histogram_curve_puts_mass_at_left_edges():
 def test_curve_distance_is_the_sup_over_all_thresholds(a, b):
     ca, cb = ScoreCurve.from_scores(a), ScoreCurve.from_scores(b)
     grid = np.linspace(-1.1, 1.1, 881)  # contains every value k/20 and points between them
-    brute = max(abs((a <= t).mean() - (b <= t).mean()) for t in grid)
-    assert curve_distance(ca, cb) == pytest.approx(brute, abs=1e-12)
-    assert curve_distance(ca, cb) == pytest.approx(max(abs((a > t).mean() - (b > t).mean()) for t in grid))
+    frr_gap = (a[:, None] <= grid).mean(axis=0) - (b[:, None] <= grid).mean(axis=0)
+    far_gap = (a[:, None] > grid).mean(axis=0) - (b[:, None] > grid).mean(axis=0)
+    assert curve_distance(ca, cb) == pytest.approx(np.abs(frr_gap).max(), abs=1e-12)
+    assert curve_distance(ca, cb) == pytest.approx(np.abs(far_gap).max(), abs=1e-12)
 
 
 def test_bias_ratio_conventions():
@@ -205,3 +207,11 @@ def test_cosine_scores_ignore_scale():
     a = np.random.default_rng(1).normal(size=(3, 4))
     np.testing.assert_allclose(cosine_scores(a, 5 * a), cosine_scores(a, a))
     np.testing.assert_allclose(np.diag(cosine_scores(a, a)), 1.0)
+
+
+def test_paired_cosine_is_the_diagonal_of_the_score_matrix():
+    rng = np.random.default_rng(2)
+    a, b = rng.normal(size=(6, 3)), rng.normal(size=(6, 3))
+    np.testing.assert_allclose(paired_cosine(a, b), np.diag(cosine_scores(a, b)))
+    with pytest.raises(RepairInputError, match="equal shapes"):
+        paired_cosine(a, b[:2])

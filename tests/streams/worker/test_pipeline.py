@@ -135,12 +135,13 @@ def test_stream_output_equals_batch_transform_bit_for_bit(pipeline):
 def test_hot_swap_mid_replay_stamps_one_version_per_record_and_loses_nothing(pipeline):
     part = pipeline.archive.subset(slice(4000, 10000))
     messages = record_messages(part, pipeline.config, id_prefix="swap")
-    sender = threading.Thread(target=pipeline.send, args=(messages, 2000.0))
-    sender.start()
-    time.sleep(1.0)
     other_research = datasets.load("adult").split(5_000, seed=7)[0]
-    new_version = pipeline.publish(DistributionalRepair(n_q=100, out_of_range="reject").fit(
-        other_research.X, other_research.s, other_research.u))
+    new_plan = DistributionalRepair(n_q=100, out_of_range="reject").fit(
+        other_research.X, other_research.s, other_research.u)
+    sender = threading.Thread(target=pipeline.send, args=(messages, 1000.0))  # 6 s of records
+    sender.start()
+    time.sleep(2.0)
+    new_version = pipeline.publish(new_plan)
     sender.join()
     ids = [k.decode() for k, _ in messages]
     repaired, dead = pipeline.outputs(set(ids))

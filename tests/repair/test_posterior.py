@@ -1,0 +1,99 @@
+"""Pr[s | x, u]: calibration on data from a known logistic model, shapes, row-wise determinism."""
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings, strategies as st
+from scipy.special import expit
+
+from fairstream.repair._validation import RepairInputError
+from fairstream.repair.posterior import GroupPosterior, calibration_metrics, missing_mask
+
+
+def logistic_data(n, coef_by_stratum, seed):
+    """x ~ N(0, I_2); Pr[s = 1 | x, u] = sigmoid(a + b x_0 + c x_0^2 + d x_1) with per-stratum (a, b, c, d)."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, len(coef_by_stratum), n)
+    X = rng.normal(size=(n, 2))
+    a, b, c, d = np.array(coef_by_stratum)[u].T
+    p = expit(a + b * X[:, 0] + c * X[:, 0] ** 2 + d * X[:, 1])
+    return X, (rng.random(n) < p).astype(int), u, p
+
+
+coefficients = st.tuples(st.floats(-1, 1), st.floats(-2, 2), st.floats(-0.8, 0.8), st.floats(-2, 2))
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.lists(coefficients, min_size=1, max_size=2), st.integers(0, 1000))
+def test_probabilities_recover_a_known_posterior_and_are_calibrated(coefs, seed):
+    X, s, u, p_true = logistic_data(6000, coefs, seed)
+    assume(min(np.bincount(s, minlength=2)) >= 100)  # enough of both groups to estimate anything
+    post = GroupPosterior(degree=2).fit(X, s, u)
+    proba = post.predict_proba(X, u)
+    assert np.allclose(proba.sum(axis=1), 1.0)
+    assert np.mean(np.abs(proba[:, 1] - p_true)) < 0.04
+    report = post.report()
+    assert report["ece"] < 0.04
+    # Cross-validated log-loss is close to the true model's (no overfitting with 5 parameters).
+    true_loss = calibration_metrics(np.column_stack([1 - p_true, p_true]), s)[0]
+    assert report["log_loss"] < true_loss + 0.02
+
+
+def test_bic_keeps_squares_only_where_the_data_need_them():
+    rng = np.random.default_rng(3)
+    n = 20_000
+    x = rng.normal(size=n)
+    # Stratum 0: log-odds linear in x; stratum 1: groups with unequal spread (log-odds quadratic).
+    u = rng.integers(0, 2, n)
+    s = (rng.random(n) < expit(np.where(u == 0, 1.5 * x, 1.5 * x ** 2 - 1.0))).astype(int)
+    post = GroupPosterior(degree="bic").fit(x[:, None], s, u)
+    squares = post.coef_[:, 1, 2]  # group 1's coefficient of x^2, per stratum
+    assert squares[0] == 0.0 and abs(squares[1]) > 1.0
+
+
+def test_absent_and_single_groups():
+    X = np.arange(12.0).reshape(6, 2)
+    post = GroupPosterior(n_folds=0).fit(X, s=[0, 0, 0, 1, 0, 1], u=[0, 0, 0, 1, 1, 1], groups=[0, 1, 2])
+    proba = post.predict_proba(X, [0, 0, 0, 1, 1, 1])
+    np.testing.assert_array_equal(proba[:3], [[1.0, 0.0, 0.0]] * 3)  # stratum 0 only ever saw group 0
+    assert np.all(proba[:, 2] == 0.0)  # group 2 never seen
+    assert np.allclose(proba.sum(axis=1), 1.0)
+
+
+BATCH = logistic_data(300, [(0.2, 1.0, 0.3, -0.5), (-0.3, 0.5, -0.2, 1.0)], seed=4)
+BATCH_POSTERIOR = GroupPosterior().fit(*BATCH[:3])
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 299))
+def test_a_rows_probabilities_do_not_depend_on_its_batch(cut):
+    X, s, u, _ = BATCH
+    post = BATCH_POSTERIOR
+    whole = post.predict_proba(X, u)
+    np.testing.assert_array_equal(post.predict_proba(X[cut:], u[cut:]), whole[cut:])
+    np.testing.assert_array_equal(post.predict_proba(X[cut - 1], u[cut - 1:cut]), whole[cut - 1:cut])
+
+
+def test_arrays_round_trip_bit_exact():
+    X, s, u, _ = logistic_data(2000, [(0.1, 1.0, 0.5, 0.0), (0.0, -1.0, 0.0, 2.0)], seed=5)
+    post = GroupPosterior().fit(X, s, u)
+    again = GroupPosterior.from_arrays(post.to_arrays(), post.groups_, post.strata_)
+    np.testing.assert_array_equal(again.predict_proba(X, u), post.predict_proba(X, u))
+    assert again.degree == post.degree and again.l2 == post.l2
+    np.testing.assert_array_equal(again.cv_, post.cv_)
+
+
+def test_missing_mask_reads_none_and_nan_only():
+    assert missing_mask(np.array([0, 1, 2])).tolist() == [False] * 3
+    assert missing_mask(np.array(["f", "m"])).tolist() == [False, False]
+    assert missing_mask(np.array([1.0, np.nan])).tolist() == [False, True]
+    assert missing_mask(np.array(["m", None, np.nan, 0], dtype=object)).tolist() == [False, True, True, False]
+
+
+def test_unseen_stratum_and_unfitted_raise():
+    post = GroupPosterior(n_folds=0).fit([[0.0], [1.0], [2.0], [3.0]], [0, 1, 0, 1], [0, 0, 0, 0])
+    with pytest.raises(RepairInputError, match="u has an unknown value 7"):
+        post.predict_proba([[0.0]], [7])
+    with pytest.raises(RepairInputError, match="not fitted"):
+        GroupPosterior().predict_proba([[0.0]], [0])
+    with pytest.raises(RepairInputError, match="degree"):
+        GroupPosterior(degree=0).fit([[0.0], [1.0]], [0, 1], [0, 0])
