@@ -150,26 +150,47 @@ class FlowPreprocessor:
             return np.zeros(n, dtype=np.intp), np.ones(n, dtype=bool)
         return encode_mask(normalise_labels(as_labels(s, n, "s")), self.groups)
 
+    def _fused(self) -> list:
+        """Per flow and layer, both nets' weights arranged for few, large numpy calls (built once).
+
+        The first linear layers of the scale and shift nets share their input, so they are one
+        (d, 2h) matrix; the later ones are stacked (2, in, out) for one batched matmul.
+        """
+        cached = self.__dict__.get("_fused_cache")
+        if cached is None:
+            cached = [[self._fuse(k, layer) for layer in range(len(self.masks))] for k in range(self.n_flows)]
+            object.__setattr__(self, "_fused_cache", cached)
+        return cached
+
+    def _fuse(self, k: int, layer: int) -> list:
+        pairs = [(sw[k, layer], sb[k, layer], tw[k, layer], tb[k, layer]) for sw, sb, tw, tb in
+                 zip(self.scale_weights, self.scale_biases, self.shift_weights, self.shift_biases)]
+        first = pairs[0]
+        fused = [(np.ascontiguousarray(np.concatenate([first[0], first[2]]).T), np.concatenate([first[1], first[3]]))]
+        for sw, sb, tw, tb in pairs[1:]:
+            fused.append((np.ascontiguousarray(np.stack([sw.T, tw.T])), np.stack([sb, tb])[:, None, :]))
+        return fused
+
     def _map(self, Z: np.ndarray, k: int, inverse: bool) -> np.ndarray:
         """Flow ``k`` (or its inverse) on standardised rows ``Z``."""
+        fused = self._fused()[k]
+        n = len(Z)
         order = range(len(self.masks) - 1, -1, -1) if inverse else range(len(self.masks))
         for layer in order:
             mask = self.masks[layer]
             kept = Z * mask
-            log_scale = np.tanh(self._mlp(kept, self.scale_weights, self.scale_biases, k, layer))
-            shift = self._mlp(kept, self.shift_weights, self.shift_biases, k, layer)
+            (w, b), *rest = fused[layer]
+            h = kept @ w
+            h += b
+            h = h.reshape(n, 2, -1).transpose(1, 0, 2)  # (2 nets, n, units)
+            for w, b in rest:
+                np.maximum(h, 0.0, out=h)
+                h = np.matmul(h, w)
+                h += b
+            log_scale, shift = _tanh(h[0]), h[1]
             moved = (Z - shift) * np.exp(-log_scale) if inverse else Z * np.exp(log_scale) + shift
             Z = kept + (1.0 - mask) * moved
         return Z
-
-    @staticmethod
-    def _mlp(h: np.ndarray, weights, biases, k: int, layer: int) -> np.ndarray:
-        last = len(weights) - 1
-        for j, (w, b) in enumerate(zip(weights, biases)):
-            h = h @ w[k, layer].T + b[k, layer]
-            if j < last:
-                h = np.maximum(h, 0.0)
-        return h
 
     def _run(self, X: np.ndarray, flow: np.ndarray, rows: np.ndarray, inverse: bool) -> np.ndarray:
         out = X.copy()
@@ -288,6 +309,17 @@ class FlowPreprocessor:
             raise artifacts.ArtifactError(f"flow arrays hold {flow.n_blocks} blocks of hidden sizes {list(flow.hidden)}, "
                                           f"the manifest says {params.get('n_blocks')} and {params.get('hidden')}")
         return flow
+
+
+def _tanh(x: np.ndarray) -> np.ndarray:
+    """tanh as ``1 - 2 / (exp(2x) + 1)``: numpy's float64 tanh is 3-4x slower than its exp on AVX2.
+
+    Inputs are clipped to +-20, where tanh is 1 to double precision, so exp cannot overflow; the
+    absolute error is at the rounding level, which is what the coupling layer's ``exp`` needs.
+    """
+    e = np.exp(2.0 * np.clip(x, -20.0, 20.0))
+    e += 1.0
+    return 1.0 - 2.0 / e
 
 
 def _check_shapes(flow: FlowPreprocessor) -> None:

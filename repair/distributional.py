@@ -104,18 +104,18 @@ class DistributionalRepair:
         (the paper's t = 1/2 for two groups).
     smoothing:
         How the source pmfs are estimated (see :mod:`fairstream.repair.density`): ``"auto"``
-        (Dirichlet-process blends of each group's own values and a smoothed base), ``"kde"``
-        (the smoothed base alone: the paper's KDE with ``pooling="none"``), ``"empirical"``
-        (each group's own values), or a fixed weight of the base in [0, 1].
+        (Dirichlet-process blends that keep atoms where the data support them), ``"kde"`` (KDE
+        only: the paper's estimator with ``pooling="none"``), ``"empirical"`` (each group's own
+        values), or a fixed weight in [0, 1] of the ``"kde"`` estimate against the own values.
     prior_strength:
-        ``n0`` of the Dirichlet-process blends (the base's weight is ``n0 / (n0 + n)``), or
-        ``"auto"``: chosen per stratum, group and feature by empirical Bayes.
+        Strength of the Dirichlet-process blends (the smooth part's weight is ``n0 / (n0 + n)``),
+        or ``"auto"``: chosen per stratum and feature by empirical Bayes.
     pooling:
-        ``"tilt"``: a group's smoothed base is its stratum's pooled research sample reweighted by
+        ``"tilt"``: a group's pmf is its stratum's pooled research sample reweighted by
         Pr[s | x_k, u], so thin groups borrow their stratum's shape; ``"none"``: each group alone.
     bandwidth_scale:
-        Multiplies Silverman's bandwidth. Above 1 because what matters is the gap between groups,
-        and a pooled over-smoothing is shared by them (the reproduction measures 1.5 best).
+        Multiplies Silverman's bandwidth (1.5: best excess-E reduction on the paper's simulation;
+        empirical Bayes returns to the data's own values where smoothing does not fit them).
     posterior:
         Fit and keep Pr[s | x, u] (all columns of X, per stratum), which ``impute_s`` draws from.
     pad:
@@ -204,11 +204,10 @@ class DistributionalRepair:
             if len(groups) == 0:
                 continue
             rows = u == self.strata_[a]
-            members = np.array([s[rows] == self.groups_[b] for b in groups])
             for k, col in enumerate(self.features_):
                 nodes = grids[a][k]
                 m = len(nodes)
-                pmfs = self._pmfs(X[rows, col], s[rows], members, groups, nodes)
+                pmfs = self._pmfs(X[rows, col], s[rows], groups, nodes)
                 nu = barycenter(pmfs, nodes, weights[groups])
                 self.barycenter_[a, k, :m] = nu
                 for pmf, b in zip(pmfs, groups):
@@ -228,19 +227,17 @@ class DistributionalRepair:
         step = (hi - lo) / (self.n_q - 1)
         return lo + step * np.arange(self.n_q)
 
-    def _pmfs(self, x: np.ndarray, s: np.ndarray, members: np.ndarray, groups: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """Source pmfs of the planned ``groups`` of one stratum (values ``x``) and feature."""
-        scale = float(self.bandwidth_scale)
-        if self.pooling == "none":
-            return np.vstack([group_pmfs(x[m], np.zeros(int(m.sum()), dtype=np.intp), 1, nodes, scale, None,
-                                         self.smoothing, self.prior_strength) for m in members])
-        # The 1-D posterior Pr[s | x_k, u] within the stratum: the groups' smooth shares per node.
-        zeros = np.zeros(len(x), dtype=np.intp)
-        posterior = GroupPosterior(n_folds=0).fit(x[:, None], s, zeros, groups=self.groups_)
-        shares = posterior.proba_codes(nodes[:, None], np.zeros(len(nodes), dtype=np.intp)).T
+    def _pmfs(self, x: np.ndarray, s: np.ndarray, groups: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """Source pmfs of the planned ``groups`` (codes) of one stratum (values ``x``, labels ``s``) and feature."""
         codes = np.searchsorted(self.groups_, s)
-        pmfs = group_pmfs(x, codes, len(self.groups_), nodes, scale, shares, self.smoothing, self.prior_strength)
-        return pmfs[groups]
+        scale, smoothing, strength = float(self.bandwidth_scale), self.smoothing, self.prior_strength
+        if self.pooling == "none":
+            return np.vstack([group_pmfs(x[codes == b], np.zeros(int(np.sum(codes == b)), dtype=np.intp), 1, nodes,
+                                         scale, None, smoothing, strength) for b in groups])
+        # The 1-D posterior Pr[s | x_k, u] within the stratum: the groups' smooth shares per node.
+        posterior = GroupPosterior(n_folds=0).fit(x[:, None], s, np.zeros(len(x)), groups=self.groups_)
+        shares = posterior.proba_codes(nodes[:, None], np.zeros(len(nodes), dtype=np.intp)).T
+        return group_pmfs(x, codes, len(self.groups_), nodes, scale, shares, smoothing, strength)[groups]
 
     def _weights(self) -> np.ndarray:
         if self.group_weights is None:

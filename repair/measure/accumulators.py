@@ -105,7 +105,9 @@ class _Mergeable(ABC):
         if type(other) is not type(self) or not _same(self._settings(), other._settings()):
             raise RepairInputError(f"cannot merge {type(other).__name__} with different settings into "
                                    f"{type(self).__name__}")
-        merged = copy.deepcopy(self)
+        # A shallow copy suffices: every count is replaced by a fresh array below, and settings
+        # (bin edges, labels) are never mutated. A deep copy made merging the monitor's hot spot.
+        merged = copy.copy(self)
         for name in self._counts:
             setattr(merged, name, _add(getattr(self, name), getattr(other, name)))
         return merged
@@ -133,6 +135,8 @@ def _zeros_like(a):
 
 def _same(a, b) -> bool:
     """Deep equality of settings tuples holding arrays and lists of arrays."""
+    if a is b:  # accumulators from one factory share their settings objects
+        return True
     if isinstance(a, (list, tuple)):
         return isinstance(b, (list, tuple)) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

@@ -124,18 +124,34 @@ class StatisticWindows:
         """Records in the window now."""
         return self.oor.n_records
 
-    def rows(self) -> Iterable[tuple[str, str, str, str, str, float]]:
-        """(statistic, stage, stratum, feature, group_pair, value) for every gauge."""
+    def rows(self, statistic: str | None = None) -> Iterable[tuple[str, str, str, str, str, float]]:
+        """(statistic, stage, stratum, feature, group_pair, value) for every gauge, or for one statistic."""
+        for names, rows in self._row_makers():
+            if statistic is None or statistic in names:
+                yield from (row for row in rows() if statistic is None or row[0] == statistic)
+
+    def _row_makers(self):
+        # Each maker reads only its own windows: the detector's statistic is computed every batch,
+        # the rest once a second for the gauges.
+        return [(("dependence_e",), self._e_rows), (("w1",), self._w1_rows),
+                (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("mdp",), self._mdp_rows),
+                (("out_of_range_rate",), self._oor_rows)]
+
+    def _e_rows(self):
         for stage, window in self.e.items():
             r = window.value()
             yield from _per_stratum_feature("dependence_e", stage, r.strata, self.features, r.per_stratum, "all")
             yield from (("dependence_e", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
             yield "dependence_e", stage, "all", "all", "all", r.total
+
+    def _w1_rows(self):
         for stage, window in self.w1.items():
             r = window.value()
             for j, p, k in itertools.product(range(len(r.strata)), range(len(r.pairs)), range(len(self.features))):
                 yield "w1", stage, str(r.strata[j]), self.features[k], "-".join(map(str, r.pairs[p])), r.per_pair[j, p, k]
             yield from (("w1", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
+
+    def _dp_rows(self):
         dp_windows = {**({"label": self.label} if self.label is not None else {}), **self.dp}
         for stage, window in dp_windows.items():
             r = window.value()
@@ -143,10 +159,14 @@ class StatisticWindows:
             yield "dp_ratio", stage, "all", "all", "all", r.ratio
             yield "conditional_dp", stage, "all", "all", "all", r.conditional_difference
             yield from (("dp_difference", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
+
+    def _mdp_rows(self):
         for stage, window in self.mdp.items():
             r = window.value()
             yield from (("mdp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
             yield "mdp", stage, "all", "all", "all", r.overall
+
+    def _oor_rows(self):
         r = self.oor.value()
         yield from (("out_of_range_rate", "before", str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
         yield "out_of_range_rate", "before", "all", "all", "all", r.overall
@@ -253,15 +273,15 @@ class FairnessMonitor:
         codes = np.clip(codes, 0, len(plan.strata_) - 1)
         return ((batch.before < plan.grid_start_[codes]) | (batch.before > plan.grid_stop_[codes])).any(axis=1)
 
-    def rows(self, window: str = "count") -> list[tuple]:
-        """Gauge rows of one window, or [] while it holds fewer than ``min_records`` records."""
+    def rows(self, window: str = "count", statistic: str | None = None) -> list[tuple]:
+        """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records."""
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return []
-        return [row for row in self.windows[window].rows() if np.isfinite(row[-1])]
+        return [row for row in self.windows[window].rows(statistic) if np.isfinite(row[-1])]
 
     def statistic(self, window: str = "count") -> float | None:
         """The detector's statistic (after repair, all strata and features) over a window."""
-        for statistic, stage, stratum, feature, pair, value in self.rows(window):
+        for statistic, stage, stratum, feature, pair, value in self.rows(window, self.monitor.statistic):
             if (statistic, stage, stratum, feature, pair) == (self.monitor.statistic, "after", "all", "all", "all"):
                 return float(value)
         return None

@@ -13,6 +13,7 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from fairstream.models.embedding import normalise
 from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec import (
     RepairedBatch,
@@ -64,8 +65,8 @@ def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str
             for i, reason in failures]
 
 
-def _output_key(message: MessageLike, record: dict) -> bytes:
-    return message.key if message.key is not None else str(record["id"]).encode()
+def _output_key(message: MessageLike, record_id) -> bytes:
+    return message.key if message.key is not None else str(record_id).encode()
 
 
 def _provenance(active) -> dict:
@@ -90,22 +91,22 @@ class RecordRepairer:
             result = apply_chain([active.module], batch)
             ok = np.flatnonzero(result.ok)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
-            records = [decoded.records[i] for i in ok]
-            values = encode_repaired(records, batch.X[ok], result.X[ok], self.config, _provenance(active))
-            outcome.repaired = [(_output_key(messages[decoded.index[i]], r), v) for i, r, v in zip(ok, records, values)]
+            fields = decoded.fields.take(ok)
+            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(active))
+            outcome.repaired = [(_output_key(messages[decoded.index[i]], rid), v)
+                                for i, rid, v in zip(ok, fields.ids, values)]
             outcome.out_of_range = int(result.out_of_range.sum())
-            outcome.event_times = [r["ts"] for r in records if r.get("ts") is not None]
-            outcome.monitor_batch = _monitor_batch(records, batch.take(ok), result.X[ok], result.out_of_range[ok],
+            outcome.event_times = [ts for ts in fields.ts if ts is not None]
+            outcome.monitor_batch = _monitor_batch(batch.take(ok), result.X[ok], result.out_of_range[ok],
                                                    outcome.event_times)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
 
-def _monitor_batch(records, batch: Batch, repaired, out_of_range, event_times) -> RepairedBatch:
-    ys = [r.get("y") for r in records]
-    ts = np.array(event_times, dtype=np.float64) if len(event_times) == len(records) else np.full(len(records), time.time())
-    return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts,
-                         y=np.array(ys, dtype=np.int64) if ys and all(y is not None for y in ys) else None,
+def _monitor_batch(batch: Batch, repaired, out_of_range, event_times) -> RepairedBatch:
+    n = len(batch)
+    ts = np.array(event_times, dtype=np.float64) if len(event_times) == n else np.full(n, time.time())
+    return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
                          out_of_range=out_of_range)
 
 
@@ -118,15 +119,15 @@ class EmbeddingRepairer:
         self.config = config
 
     def process(self, messages: Sequence[MessageLike], active=None) -> BatchOutcome:
-        """``active`` is the registry's active ``embedding`` artifact, or None for the identity."""
+        """``active`` is the registry's active ``embedding`` artifact, or None for the identity (normalisation)."""
         decoded = decode_embeddings([m.value for m in messages], self.config)
-        if active is None:
-            vectors, prov = decoded.vectors, provenance("identity", 0, "", "")
+        if active is None:  # the identity module: L2 normalisation, what a trained module starts from
+            vectors, prov = normalise(decoded.vectors), provenance("identity", 0, "", "")
         else:
             vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance(active)
         values = encode_embeddings(decoded.records, vectors, prov)
         return BatchOutcome(
-            repaired=[(_output_key(messages[i], r), v) for i, r, v in zip(decoded.index, decoded.records, values)],
+            repaired=[(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)],
             dead=_dead_letters(messages, decoded.errors, self.agent),
             version=prov["version"],
         )

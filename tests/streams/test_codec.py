@@ -23,6 +23,7 @@ from hypothesis.extra.numpy import arrays
 from fairstream.streams import codec
 from fairstream.streams.codec import (
     MAX_DEAD_LETTER_ORIGINAL,
+    RecordFields,
     dead_letter,
     decode_embeddings,
     decode_records,
@@ -105,10 +106,13 @@ def check_batch(batch, values, config) -> None:
     assert batch.X.dtype == np.float64
     assert batch.X.shape == (len(batch.index), len(config.features))
     assert np.isfinite(batch.X).all()
-    assert len(batch.records) == len(batch.keys) == len(batch.s) == len(batch.u) == len(batch.index)
-    for i, rec in enumerate(batch.records):
+    assert len(batch.fields) == len(batch.keys) == len(batch.s) == len(batch.u) == len(batch.index)
+    for i in range(len(batch.index)):
+        rec = json.loads(values[batch.index[i]])
         assert batch.keys[i] == str(rec["id"])
-        assert rec == json.loads(values[batch.index[i]])
+        got = [column[i] for column in (batch.fields.ids, batch.fields.ts, batch.fields.s, batch.fields.u, batch.fields.y)]
+        expected = [rec["id"], rec.get("ts"), rec["s"], rec["u"], rec.get("y")]
+        assert got == expected and [type(v) for v in got] == [type(v) for v in expected]  # re-encoded unchanged
         assert batch.X[i].tolist() == [float(rec["features"][name]) for name in config.features]
         assert batch.s[i] == rec["s"] and batch.u[i] == rec["u"]
     # Every refused value can be dead-lettered and recovered exactly.
@@ -248,9 +252,55 @@ def test_every_record_is_either_used_or_refused_consistently_with_a_batch_of_one
             assert (i, alone.errors[0][1]) in batch.errors
 
 
+def reference_decode(value, config):
+    """The reference path alone: (fields, row) of an accepted value, or the reason it is refused."""
+    try:
+        obj = codec._parse(value, config.max_message_bytes)
+        row = codec._check_record(obj, config, frozenset(config.groups), frozenset(config.strata))
+    except codec.Invalid as exc:
+        return str(exc)
+    return [obj["id"], obj.get("ts"), obj["s"], obj["u"], obj.get("y")], row
+
+
+TRICKY_VALUES = [
+    b'\xef\xbb\xbf{"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1}',  # UTF-8 BOM
+    b'{"id":1,"id":"2","features":{"age":3,"hours-per-week":4},"s":0,"u":1}',  # duplicate keys: the last wins
+    b'{"id":1,"features":{"age":3,"age":true,"hours-per-week":4},"s":0,"u":1}',
+    b'{"id":1,"features":{"age":1e400,"hours-per-week":4},"s":0,"u":1}',
+    b'{"id":1,"features":{"age":NaN,"hours-per-week":4},"s":0,"u":1}',
+    b'{"id":"a\\u0000b","features":{"age":3,"hours-per-week":4},"s":0,"u":1}',
+    b'{"id":"\\ud800","features":{"age":3,"hours-per-week":4},"s":0,"u":1}',  # a lone surrogate
+    b'{"id":' + b"9" * 5000 + b',"features":{"age":3,"hours-per-week":4},"s":0,"u":1}',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1,"ts":1e400}',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1,"ts":17}',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1,"y":2}',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":1.0,"u":1}',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":"0","u":1}',
+    b' {"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1} ',
+    b'{"id":1,"features":{"age":3,"hours-per-week":4},"s":0,"u":1}x',
+    b'{"id":-0,"features":{"age":-0.0,"hours-per-week":4E2},"s":0,"u":1}',
+]
+
+
+@PROPERTY
+@given(st.lists(json_bytes(near_valid_records(ADULT)) | RAW_VALUES | json_bytes(JSON_VALUES | HUGE_INTS), max_size=10))
+def test_the_typed_decoder_accepts_exactly_what_the_reference_path_accepts(values):
+    for value in values + TRICKY_VALUES:
+        expected = reference_decode(value, ADULT)
+        batch = decode_records([value], ADULT)
+        if isinstance(expected, str):
+            assert batch.errors == [(0, expected)]
+        else:
+            fields, row = expected
+            got = [column[0] for column in (batch.fields.ids, batch.fields.ts, batch.fields.s, batch.fields.u,
+                                            batch.fields.y)]
+            assert got == fields and [type(v) for v in got] == [type(v) for v in fields]
+            assert batch.X[0].tolist() == row
+
+
 def test_empty_batch():
     batch = decode_records([], ADULT)
-    assert batch.index.shape == (0,) and batch.errors == [] and batch.records == []
+    assert batch.index.shape == (0,) and batch.errors == [] and len(batch.fields) == 0
     assert batch.X.shape == (0, 2) and batch.keys.shape == (0,)
     assert len(batch.s) == 0 and len(batch.u) == 0
 
@@ -492,7 +542,7 @@ def test_numeric_features(features, row):
 def test_optional_fields(changes):
     obj = record(**changes)
     batch = accepted(raw(obj))
-    assert batch.records == [obj]
+    assert batch.fields == RecordFields.of([obj])
 
 
 def test_json_with_whitespace_and_unicode_escapes_is_accepted():
@@ -587,7 +637,7 @@ def check_encoded(encoded, records, X, repaired, config, prov) -> None:
 def test_encode_repaired_round_trips_exactly(config_and_batch, include_original):
     config, (records, X, repaired) = config_and_batch
     config = adult_config(groups=config.groups, strata=config.strata, include_original=include_original)
-    encoded = encode_repaired(records, X, repaired, config, PROV)
+    encoded = encode_repaired(RecordFields.of(records), X, repaired, config, PROV)
     check_encoded(encoded, records, X, repaired, config, PROV)
 
 
@@ -595,7 +645,7 @@ def test_encode_repaired_tricky_floats():
     X = np.array([[0.1 + 0.2, 1e-300], [-0.0, 5e-324], [1.7976931348623157e308, 2.0**53 + 2]])
     repaired = X[::-1] * -1.0
     records = [record(id=i) for i in range(3)]
-    encoded = encode_repaired(records, X, repaired, ADULT, PROV)
+    encoded = encode_repaired(RecordFields.of(records), X, repaired, ADULT, PROV)
     check_encoded(encoded, records, X, repaired, ADULT, PROV)
     assert json.loads(encoded[0])["original"]["age"] == 0.30000000000000004
     assert math.copysign(1.0, json.loads(encoded[1])["original"]["age"]) == -1.0
@@ -605,14 +655,14 @@ def test_include_original_false_omits_original():
     config = adult_config(include_original=False)
     records = [record(id="a", ts=5, y=1)]
     X = np.array([[30.0, 40.0]])
-    obj = json.loads(encode_repaired(records, X, X + 1, config, PROV)[0])
+    obj = json.loads(encode_repaired(RecordFields.of(records), X, X + 1, config, PROV)[0])
     assert "original" not in obj
     assert obj == {"id": "a", "ts": 5, "s": 0, "u": 1, "y": 1, "features": {"age": 31.0, "hours-per-week": 41.0},
                    "provenance": PROV}
 
 
 def test_encode_repaired_of_an_empty_batch():
-    assert encode_repaired([], np.empty((0, 2)), np.empty((0, 2)), ADULT, PROV) == []
+    assert encode_repaired(RecordFields.of([]), np.empty((0, 2)), np.empty((0, 2)), ADULT, PROV) == []
 
 
 ESCAPED_NAMES = ('a"b', "ü", "back\\slash", "new\nline", "€ and 😀", "tab\there", "{}", "'quoted'")
@@ -625,7 +675,7 @@ def test_feature_names_needing_json_escaping_round_trip():
     batch = decode_records(values, config)
     check_batch(batch, values, config)
     assert batch.errors == []
-    encoded = encode_repaired(batch.records, batch.X, batch.X * 2, config, PROV)
+    encoded = encode_repaired(batch.fields, batch.X, batch.X * 2, config, PROV)
     obj = strict_loads(encoded[0])
     assert obj["original"] == features
     assert obj["features"] == {name: 2 * v for name, v in features.items()}
@@ -636,7 +686,7 @@ def test_feature_names_with_percent_signs_round_trip(names):
     # The names are spliced into a %-format template; a literal '%' must stay a literal.
     config = adult_config(features=names)
     X = np.array([[1.0, 2.0]])
-    obj = strict_loads(encode_repaired([record(config)], X, X + 1, config, PROV)[0])
+    obj = strict_loads(encode_repaired(RecordFields.of([record(config)]), X, X + 1, config, PROV)[0])
     assert obj["features"] == {names[0]: 2.0, names[1]: 3.0}
     assert obj["original"] == {names[0]: 1.0, names[1]: 2.0}
 
@@ -645,7 +695,7 @@ def test_feature_names_with_percent_signs_round_trip(names):
 def test_provenance_with_percent_signs_round_trips(seed):
     prov = provenance("plan", 1, "%d" * 4, seed)
     X = np.array([[1.0, 2.0]])
-    obj = strict_loads(encode_repaired([record()], X, X, ADULT, prov)[0])
+    obj = strict_loads(encode_repaired(RecordFields.of([record()]), X, X, ADULT, prov)[0])
     assert obj["provenance"] == prov
 
 
@@ -655,7 +705,7 @@ def test_provenance_with_percent_signs_round_trips(seed):
 def test_any_provenance_round_trips(prov_fields):
     prov = provenance(**prov_fields)
     X = np.array([[1.0, 2.0]])
-    check_encoded(encode_repaired([record()], X, X, ADULT, prov), [record()], X, X, ADULT, prov)
+    check_encoded(encode_repaired(RecordFields.of([record()]), X, X, ADULT, prov), [record()], X, X, ADULT, prov)
 
 
 def test_decode_then_encode_preserves_every_valid_record():
@@ -663,7 +713,7 @@ def test_decode_then_encode_preserves_every_valid_record():
                          features={"age": 17 + i, "hours-per-week": 0.1 * i})) for i in range(10)]
     batch = decode_records(values, ADULT)
     assert batch.errors == []
-    for value, out in zip(values, encode_repaired(batch.records, batch.X, batch.X, ADULT, PROV)):
+    for value, out in zip(values, encode_repaired(batch.fields, batch.X, batch.X, ADULT, PROV)):
         obj, original = strict_loads(out), json.loads(value)
         assert obj["features"] == obj["original"] == {k: float(v) for k, v in original["features"].items()}
         assert {k: obj[k] for k in ("id", "ts", "s", "u", "y")} == {k: original[k] for k in ("id", "ts", "s", "u", "y")}
@@ -868,7 +918,7 @@ def test_repaired_output_matches_its_schema():
     X = np.array([[30.0, 40.0]])
     for include_original in (True, False):
         config = adult_config(include_original=include_original)
-        obj = json.loads(encode_repaired([record(ts=1, y=0)], X, X, config, PROV)[0])
+        obj = json.loads(encode_repaired(RecordFields.of([record(ts=1, y=0)]), X, X, config, PROV)[0])
         assert set(RepairedRecord.required_fields()) <= set(obj) <= set(RepairedRecord.field_names())
         assert ("original" in obj) == include_original
 

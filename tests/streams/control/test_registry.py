@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from fairstream.repair import artifacts
-from fairstream.repair.artifacts import ArtifactError
 from fairstream.models.embedding import FairnessModule
 from fairstream.models.scorer import LogisticScorer
+from fairstream.repair import artifacts
+from fairstream.repair.artifacts import ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.control.client import ControlClient
