@@ -48,6 +48,7 @@ from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, Pip
 __all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flow"]
 
 ARTIFACT_KIND = "flow"
+_CHUNK_ROWS = 1024  # rows mapped per pass: keeps the layers' intermediate arrays in cache
 NETS = ("scale", "shift")
 
 
@@ -196,9 +197,9 @@ class FlowPreprocessor:
         out = X.copy()
         for k in range(self.n_flows):
             pick = rows[flow[rows] == k]
-            if len(pick):
-                Z = (X[pick] - self.mean) / self.scale
-                out[pick] = self._map(Z, k, inverse) * self.scale + self.mean
+            for start in range(0, len(pick), _CHUNK_ROWS):
+                part = pick[start:start + _CHUNK_ROWS]
+                out[part] = self._map((X[part] - self.mean) / self.scale, k, inverse) * self.scale + self.mean
         return out
 
     def _reasons(self, X: np.ndarray, s, finite: np.ndarray, unknown: np.ndarray) -> list:

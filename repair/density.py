@@ -12,13 +12,15 @@ records are the barycentre reweighted by f/p, not the barycentre. Hence:
   computed with :func:`row_kernel`, which integrates the kernel against Algorithm 2's linear
   interpolation and folds the tails beyond the grid onto the end rows, where clamped records go
   (a KDE evaluated at the nodes and renormalised would move that tail mass into the interior);
-- ``group_pmfs``: the estimator used by the repair. Per group it is the posterior mean of a
-  Dirichlet process, ``(counts + n0 * base) / (n + n0)``: large groups keep their atoms (half of
-  Adult works exactly 40 hours a week; LSAC grades come in steps of 0.1), small ones lean on the
-  base measure. The base is the stratum's *pooled* research sample reweighted towards the group
-  by Pr[s | x_k, u] (a density-ratio model), smoothed by the KDE, and itself a Dirichlet-process
-  blend of the pooled atoms and the pooled KDE. The strengths n0 are chosen by empirical Bayes
-  (:func:`dirichlet_strength`), so the data decide how much smoothing and pooling they need.
+- ``group_pmfs``: the estimator used by the repair, built for thin research strata. A group of
+  25 rows cannot say much about its shape, its stratum of 250 can: the group's pmf is the
+  stratum's *pooled* counts reweighted by the group's share at each node (a density-ratio
+  model), then smoothed with the group's own spread. The share is the posterior Pr[s | x_k, u]
+  of :mod:`fairstream.repair.posterior`, blended with the observed share where many records
+  contradict it; the smoothing is a Dirichlet-process blend of the counts and their KDE, which
+  keeps atoms (half of Adult works exactly 40 hours a week; LSAC grades come in steps of 0.1).
+  Both blend strengths are chosen by empirical Bayes (:func:`dirichlet_strength`,
+  :func:`proportion_strength`), so the data decide how much they are smoothed and pooled.
 
 >>> import numpy as np
 >>> nodes = np.linspace(0.0, 4.0, 5)
@@ -137,27 +139,15 @@ def row_kernel(nodes: np.ndarray, bandwidth: float) -> np.ndarray:
     return np.clip(K, 0.0, None)
 
 
-def kde_pmf(x: np.ndarray, nodes: np.ndarray, bandwidth: float, weights: np.ndarray | None = None,
-            kernel: np.ndarray | None = None) -> np.ndarray:
+def kde_pmf(x: np.ndarray, nodes: np.ndarray, bandwidth: float) -> np.ndarray:
     """Rows used by records drawn from the Gaussian KDE of ``x`` (Eq. 11-12), computed binned.
 
-    The (weighted) sample is linearly binned onto the grid and the bins are spread by
-    :func:`row_kernel`: O(n + n_nodes^2), exact when the data sit on the nodes (integer data on
-    the integer lattice). Pass ``kernel`` to reuse one matrix for several samples.
+    The sample is linearly binned onto the grid and the bins are spread by :func:`row_kernel`:
+    O(n + n_nodes^2), exact when the data sit on the nodes (integer data on the integer lattice).
     """
-    K = row_kernel(nodes, bandwidth) if kernel is None else kernel
-    dens = K @ binned_counts(x, nodes, weights)
+    dens = row_kernel(nodes, bandwidth) @ binned_counts(x, nodes)
     total = dens.sum()
     return dens / total if total > 0 else dens
-
-
-def source_pmf(x: np.ndarray, nodes: np.ndarray, smoothing: float, bandwidth: float) -> np.ndarray:
-    """The blend ``(1 - smoothing) * linear_binning + smoothing * kde`` of one sample."""
-    if smoothing <= 0:
-        return linear_binning(x, nodes)
-    if smoothing >= 1:
-        return kde_pmf(x, nodes, bandwidth)
-    return (1.0 - smoothing) * linear_binning(x, nodes) + smoothing * kde_pmf(x, nodes, bandwidth)
 
 
 def dirichlet_log_evidence(counts: np.ndarray, base: np.ndarray, strength: float) -> float:
@@ -191,15 +181,6 @@ def dirichlet_strength(counts: np.ndarray, base: np.ndarray) -> float:
     base = base / base.sum()
     evidence = [dirichlet_log_evidence(counts, base, n0) for n0 in STRENGTHS]
     return float(STRENGTHS[int(np.argmax(evidence))])
-
-
-def dirichlet_blend(counts: np.ndarray, base: np.ndarray, strength: float | str) -> np.ndarray:
-    """Posterior mean ``(counts + n0 * base) / (n + n0)`` of a DP; ``strength="auto"``: empirical Bayes."""
-    n0 = dirichlet_strength(counts, base) if strength == "auto" else float(strength)
-    n = counts.sum()
-    if n + n0 <= 0:
-        return base
-    return (counts + n0 * base) / (n + n0)
 
 
 def proportion_strength(counts: np.ndarray, proportions: np.ndarray) -> float:
@@ -262,7 +243,8 @@ def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarra
         n_effective = tilted.sum() ** 2 / max(float(pooled @ shares[g] ** 2), 1e-300)
         K = row_kernel(nodes, bandwidth_scale * binned_bandwidth(nodes, tilted, n_effective))
         pmf = atom_share * tilted + (1.0 - atom_share) * K @ tilted
-        pmfs[g] = pmf / pmf.sum()
+        # A model share that underflowed to 0 everywhere leaves the group's own values.
+        pmfs[g] = pmf / pmf.sum() if pmf.sum() > 0 else own_pmf[g]
     if isinstance(smoothing, (int, float, np.number)):
         return (1.0 - float(smoothing)) * own_pmf + float(smoothing) * pmfs
     return pmfs

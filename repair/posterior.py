@@ -102,7 +102,7 @@ def ovr_proba(design: np.ndarray, coef: np.ndarray) -> np.ndarray:
     The linear predictor is an element-wise product summed per row (not a matrix product), so a
     row's probabilities are bit-identical whatever batch it is computed in.
     """
-    eta = (design[:, None, :] * coef).sum(axis=-1) if coef.ndim == 3 else (design[:, None, :] * coef[None]).sum(axis=-1)
+    eta = (design[:, None, :] * (coef if coef.ndim == 3 else coef[None])).sum(axis=-1)
     score = np.where(np.isnan(eta), 0.0, expit(np.nan_to_num(eta)))
     total = score.sum(axis=1, keepdims=True)
     return score / np.where(total > 0, total, 1.0)

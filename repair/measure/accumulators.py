@@ -57,6 +57,7 @@ __all__ = [
     "MatchedGapAccumulator",
     "MatchedGapResult",
     "PositiveRateAccumulator",
+    "EncodedLabels",
     "RateAccumulator",
     "RateResult",
     "WassersteinAccumulator",
@@ -76,6 +77,31 @@ def configured_labels(values, name: str) -> np.ndarray:
     return classes
 
 
+class EncodedLabels(np.ndarray):
+    """Labels already encoded as codes in ``classes``: encode a batch once, feed many accumulators.
+
+    A window slices it row by row like any array; an accumulator built with the same classes takes
+    the codes as they are instead of encoding the labels again.
+
+    >>> codes = EncodedLabels.encode(["b", "a", "b"], ["a", "b"])
+    >>> codes.tolist(), codes[1:].classes.tolist()
+    ([1, 0, 1], ['a', 'b'])
+    """
+
+    classes: np.ndarray
+
+    @classmethod
+    def encode(cls, values, labels, name: str = "labels") -> "EncodedLabels":
+        """Codes of ``values`` in the configured ``labels``; an unknown value raises naming it."""
+        classes = configured_labels(labels, name)
+        codes = encode(normalise_labels(np.asarray(values)), classes, name).view(cls)
+        codes.classes = classes
+        return codes
+
+    def __array_finalize__(self, obj) -> None:
+        self.classes = getattr(obj, "classes", None)
+
+
 def label_codes(values, classes: np.ndarray, n_rows: int, name: str, configured: bool = True) -> np.ndarray:
     """Codes of a batch's labels in the configured ``classes``; an unknown label raises naming it."""
     if not configured:
@@ -84,6 +110,9 @@ def label_codes(values, classes: np.ndarray, n_rows: int, name: str, configured:
         return np.zeros(n_rows, dtype=np.intp)
     if values is None:
         raise RepairInputError(f"{name} is required: the accumulator was built with {name} labels {classes.tolist()}")
+    if isinstance(values, EncodedLabels) and values.classes is not None and len(values) == n_rows \
+            and _same(values.classes, classes):
+        return values.view(np.ndarray)
     return encode(normalise_labels(as_labels(values, n_rows, name)), classes, name)
 
 
@@ -111,6 +140,10 @@ class _Mergeable(ABC):
         for name in self._counts:
             setattr(merged, name, _add(getattr(self, name), getattr(other, name)))
         return merged
+
+    def fresh(self):
+        """An empty accumulator with the same settings, shared: cheap to make and to merge with this one."""
+        return copy.copy(self).reset()
 
     def reset(self):
         """Forget every record seen; the settings stay. Returns ``self``."""

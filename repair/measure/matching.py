@@ -30,8 +30,10 @@ TransportMap = Callable[[np.ndarray, object, object, object], np.ndarray]
 
 def next_group(s: np.ndarray, groups: Sequence) -> np.ndarray:
     """The group each record is matched to: the next one in ``groups``, cyclically."""
-    position = {g: i for i, g in enumerate(groups)}
-    return np.array([groups[(position[g] + 1) % len(groups)] for g in s.tolist()], dtype=s.dtype)
+    matched = np.empty_like(s)
+    for i, group in enumerate(groups):  # one vectorised pass per group, none per record
+        matched[s == group] = groups[(i + 1) % len(groups)]
+    return matched
 
 
 def matched_counterparts(X: np.ndarray, s: np.ndarray, u: np.ndarray, groups: Sequence,

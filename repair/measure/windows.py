@@ -31,7 +31,7 @@ import numpy as np
 
 from fairstream.repair._validation import RepairInputError
 
-__all__ = ["CountWindow", "TimeWindow"]
+__all__ = ["BatchWindow", "CountWindow", "TimeWindow"]
 
 
 class _Batch:
@@ -60,7 +60,7 @@ def _as_rows(value, name: str):
     if value is None or isinstance(value, (str, bytes)):
         return value
     try:
-        arr = np.asarray(value)
+        arr = np.asanyarray(value)  # keeps subclasses such as EncodedLabels through the slicing
     except ValueError:  # ragged nested lists
         raise RepairInputError(f"{name} is not a rectangular array") from None
     return arr if arr.ndim >= 1 else value
@@ -353,3 +353,94 @@ def _timestamps(ts, n_rows: int) -> np.ndarray:
         row = int(np.argmax(bad))
         raise RepairInputError(f"ts has a non-finite value {float(arr[row])!r} at row {row}")
     return arr
+
+
+class BatchWindow:
+    """A sliding window over whole batches, each already summarised by an accumulator.
+
+    Where :class:`CountWindow` and :class:`TimeWindow` cut every batch at bucket boundaries and
+    update one accumulator per piece, a caller that measures several windows of the same records
+    (the stream monitor keeps a count window and a time window of a dozen statistics) can update
+    one accumulator per batch and :meth:`add` it to each window: a merge, a few array additions.
+    Buckets hold whole batches, so the window covers its ``records`` (or ``seconds``) plus at most
+    one bucket and one batch: batch-granular, which is what a monitor needs.
+
+    >>> from fairstream.repair.measure.accumulators import PositiveRateAccumulator
+    >>> window = BatchWindow(records=4, buckets=2)
+    >>> for y, s in (([1, 1], [0, 1]), ([0, 0], [0, 1]), ([1, 0], [0, 1])):
+    ...     _ = window.add(PositiveRateAccumulator(groups=[0, 1]).update(y, s), n_records=2)
+    >>> window.n_records, window.value().difference
+    (4, 0.5)
+    """
+
+    def __init__(self, records: int | None = None, seconds: float | None = None, buckets: int = 10):
+        if (records is None) == (seconds is None):
+            raise RepairInputError("a BatchWindow is bounded by records or by seconds: give exactly one")
+        self.buckets = _check_positive_int(buckets, "buckets")
+        if records is not None:
+            self.records = _check_positive_int(records, "records")
+            self.capacity = -(-self.records // self.buckets)  # records per bucket, rounded up
+        else:
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+                raise RepairInputError(f"seconds must be a positive number, got {seconds!r}")
+            self.span = float(seconds) / self.buckets
+        self.seconds = seconds
+        self.ring_: deque = deque()  # [key, accumulator, records] per bucket, oldest first
+
+    @property
+    def n_records(self) -> int:
+        """Records in the window now."""
+        return int(sum(bucket[2] for bucket in self.ring_))
+
+    def add(self, accumulator, n_records: int, ts: float | None = None) -> "BatchWindow":
+        """Add one batch's accumulator (``ts``: the batch's time, required for a time window)."""
+        if self.seconds is None:
+            self._add_counted(accumulator, n_records)
+        else:
+            if ts is None or not np.isfinite(ts):
+                raise RepairInputError(f"a time window needs each batch's finite time, got {ts!r}")
+            self._add_timed(accumulator, n_records, float(ts))
+        return self
+
+    def _add_counted(self, accumulator, n: int) -> None:
+        if self.ring_ and self.ring_[-1][2] < self.capacity:
+            self._merge_into(self.ring_[-1], accumulator, n)
+        else:
+            self.ring_.append([None, accumulator, n])
+        while len(self.ring_) > 1 and self.n_records - self.ring_[0][2] >= self.records:
+            self.ring_.popleft()
+
+    def _add_timed(self, accumulator, n: int, ts: float) -> None:
+        key = int(np.floor(ts / self.span))
+        newest = self.ring_[-1][0] if self.ring_ else key
+        if key < newest - self.buckets + 1:
+            return  # older than the window: it would leave at once
+        match = next((bucket for bucket in self.ring_ if bucket[0] == key), None)
+        if match is not None:
+            self._merge_into(match, accumulator, n)
+        elif key > newest or not self.ring_:
+            self.ring_.append([key, accumulator, n])
+        else:  # a late batch for a bucket that saw nothing: kept in time order
+            self.ring_.append([key, accumulator, n])
+            self.ring_ = deque(sorted(self.ring_, key=lambda bucket: bucket[0]))
+        newest = self.ring_[-1][0]
+        while self.ring_ and self.ring_[0][0] <= newest - self.buckets:
+            self.ring_.popleft()
+
+    @staticmethod
+    def _merge_into(bucket: list, accumulator, n: int) -> None:
+        bucket[1] = bucket[1].merge(accumulator)
+        bucket[2] += n
+
+    def accumulator(self):
+        """A new accumulator holding every batch in the window, or None while it is empty."""
+        if not self.ring_:
+            return None
+        return reduce(lambda a, b: a.merge(b), [bucket[1] for bucket in self.ring_])
+
+    def value(self):
+        """The wrapped accumulator's ``value()`` over the batches in the window."""
+        merged = self.accumulator()
+        if merged is None:
+            raise RepairInputError("the window is empty: add a batch first")
+        return merged.value()

@@ -31,6 +31,8 @@ FAIRNESS = Gauge("fairstream_fairness", "A fairness statistic over the monitor's
 WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", ["window"])
 DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fairness statistic (after hysteresis)",
                        ["statistic", "detector"])
+MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
+                      "CPU seconds the fairness monitor spent (compare with process_cpu_seconds_total)")
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
 
 

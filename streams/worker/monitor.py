@@ -34,6 +34,7 @@ import numpy as np
 from river import drift
 
 from fairstream.repair.measure.accumulators import (
+    EncodedLabels,
     HistogramDependenceAccumulator,
     MatchedGapAccumulator,
     PositiveRateAccumulator,
@@ -41,7 +42,7 @@ from fairstream.repair.measure.accumulators import (
     WassersteinAccumulator,
 )
 from fairstream.repair.measure.matching import matched_counterparts
-from fairstream.repair.measure.windows import CountWindow, TimeWindow
+from fairstream.repair.measure.windows import BatchWindow
 from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import MonitorConfig, PipelineConfig
 
@@ -90,45 +91,82 @@ class Scores:
         self.f_matched_after = scorer.predict_proba(counterpart)
 
 
-class StatisticWindows:
-    """Every windowed accumulator of one window kind (count or time) for one plan version."""
+class BatchStatistics:
+    """One accumulator per statistic and stage, filled once per batch and shared by every window."""
 
-    def __init__(self, window: Callable, plan, config: PipelineConfig, with_scorer: bool):
+    def __init__(self, plan, config: PipelineConfig, with_scorer: bool):
         groups, strata = list(config.groups), list(config.strata)
+        self.groups, self.strata = groups, strata
         e_edges, w_edges = plan_edges(plan, E_BINS), plan_edges(plan, W1_BINS)
-        self.e = {st: window(lambda: HistogramDependenceAccumulator(e_edges, groups, strata)) for st in ("before", "after")}
-        self.w1 = {st: window(lambda: WassersteinAccumulator(w_edges, groups, strata)) for st in ("before", "after")}
-        self.label = window(lambda: PositiveRateAccumulator(groups, strata)) if config.label else None
-        stages = ("before", "after") if with_scorer else ()
-        self.dp = {st: window(lambda: PositiveRateAccumulator(groups, strata)) for st in stages}
-        self.mdp = {st: window(lambda: MatchedGapAccumulator(strata)) for st in stages}
-        self.oor = window(lambda: RateAccumulator(strata))
-        self.features = list(config.features)
+        stages = ("before", "after")
+        self.factories = {
+            **{("dependence_e", st): (lambda: HistogramDependenceAccumulator(e_edges, groups, strata)) for st in stages},
+            **{("w1", st): (lambda: WassersteinAccumulator(w_edges, groups, strata)) for st in stages},
+            **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
+            **{("dp", st): (lambda: PositiveRateAccumulator(groups, strata)) for st in (stages if with_scorer else ())},
+            **{("mdp", st): (lambda: MatchedGapAccumulator(strata)) for st in (stages if with_scorer else ())},
+            ("out_of_range_rate", "before"): lambda: RateAccumulator(strata),
+        }
+        # Fresh copies of one prototype share its settings (edges, labels), so merging them skips
+        # comparing those arrays element by element.
+        prototypes = {key: factory() for key, factory in self.factories.items()}
+        self.factories = {key: prototype.fresh for key, prototype in prototypes.items()}
 
-    def update(self, batch: RepairedBatch, out_of_range: np.ndarray, scores: Scores | None, **when) -> None:
-        """Add one batch to every window."""
+    def of(self, batch: RepairedBatch, out_of_range: np.ndarray, scores: Scores | None) -> dict:
+        """The batch's accumulators (labels encoded once, not once per accumulator)."""
+        s, u = EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
+        self.encoded = s, u  # the drift tracker reuses them
+        new = {key: factory() for key, factory in self.factories.items()}
         for stage, X in (("before", batch.before), ("after", batch.after)):
-            self.e[stage].update(X, batch.s, batch.u, **when)
-            self.w1[stage].update(X, batch.s, batch.u, **when)
-        if self.label is not None and batch.y is not None:
-            self.label.update(batch.y, batch.s, batch.u, **when)
-        if scores is not None and self.dp:
-            self.dp["before"].update(scores.decisions_before, batch.s, batch.u, **when)
-            self.dp["after"].update(scores.decisions_after, batch.s, batch.u, **when)
-            self.mdp["before"].update(scores.f_before, scores.f_matched_before, batch.u, **when)
-            self.mdp["after"].update(scores.f_after, scores.f_matched_after, batch.u, **when)
-        self.oor.update(out_of_range, batch.u, **when)
+            new["dependence_e", stage].update(X, s, u)
+            new["w1", stage].update(X, s, u)
+        if ("dp", "label") in new:
+            if batch.y is not None:
+                new["dp", "label"].update(batch.y, s, u)
+            else:
+                del new["dp", "label"]
+        if scores is not None and ("dp", "before") in new:
+            new["dp", "before"].update(scores.decisions_before, s, u)
+            new["dp", "after"].update(scores.decisions_after, s, u)
+            new["mdp", "before"].update(scores.f_before, scores.f_matched_before, u)
+            new["mdp", "after"].update(scores.f_after, scores.f_matched_after, u)
+        new["out_of_range_rate", "before"].update(out_of_range, u)
+        return new
+
+
+class StatisticWindows:
+    """Every statistic's window of one kind (count or time) for one plan version."""
+
+    def __init__(self, make_window: Callable[[], BatchWindow], statistics: BatchStatistics, features: list):
+        self.windows = {key: make_window() for key in statistics.factories}
+        self.features = features
+
+    def add(self, accumulators: dict, n_records: int, ts: float) -> None:
+        """Add one batch's accumulators."""
+        for key, accumulator in accumulators.items():
+            self.windows[key].add(accumulator, n_records, ts=ts)
 
     @property
     def n_records(self) -> int:
         """Records in the window now."""
-        return self.oor.n_records
+        return self.windows["out_of_range_rate", "before"].n_records
 
-    def rows(self, statistic: str | None = None) -> Iterable[tuple[str, str, str, str, str, float]]:
+    def _values(self, statistic: str, stages) -> dict:
+        return {stage: window.value() for (name, stage), window in self.windows.items()
+                if name == statistic and window.n_records and (stages is None or stage in stages)}
+
+    def detector_value(self, statistic: str) -> float | None:
+        """``statistic`` after repair over all strata and features: the one value read every batch."""
+        for row in self.rows(statistic, stages=("after",)):
+            if row[1:5] == ("after", "all", "all", "all") and np.isfinite(row[-1]):
+                return float(row[-1])
+        return None
+
+    def rows(self, statistic: str | None = None, stages=None) -> Iterable[tuple[str, str, str, str, str, float]]:
         """(statistic, stage, stratum, feature, group_pair, value) for every gauge, or for one statistic."""
         for names, rows in self._row_makers():
             if statistic is None or statistic in names:
-                yield from (row for row in rows() if statistic is None or row[0] == statistic)
+                yield from (row for row in rows(stages) if statistic is None or row[0] == statistic)
 
     def _row_makers(self):
         # Each maker reads only its own windows: the detector's statistic is computed every batch,
@@ -137,39 +175,34 @@ class StatisticWindows:
                 (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("mdp",), self._mdp_rows),
                 (("out_of_range_rate",), self._oor_rows)]
 
-    def _e_rows(self):
-        for stage, window in self.e.items():
-            r = window.value()
+    def _e_rows(self, stages=None):
+        for stage, r in self._values("dependence_e", stages).items():
             yield from _per_stratum_feature("dependence_e", stage, r.strata, self.features, r.per_stratum, "all")
             yield from (("dependence_e", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
             yield "dependence_e", stage, "all", "all", "all", r.total
 
-    def _w1_rows(self):
-        for stage, window in self.w1.items():
-            r = window.value()
+    def _w1_rows(self, stages=None):
+        for stage, r in self._values("w1", stages).items():
             for j, p, k in itertools.product(range(len(r.strata)), range(len(r.pairs)), range(len(self.features))):
                 yield "w1", stage, str(r.strata[j]), self.features[k], "-".join(map(str, r.pairs[p])), r.per_pair[j, p, k]
             yield from (("w1", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
 
-    def _dp_rows(self):
-        dp_windows = {**({"label": self.label} if self.label is not None else {}), **self.dp}
-        for stage, window in dp_windows.items():
-            r = window.value()
+    def _dp_rows(self, stages=None):
+        for stage, r in self._values("dp", stages).items():
             yield "dp_difference", stage, "all", "all", "all", r.difference
             yield "dp_ratio", stage, "all", "all", "all", r.ratio
             yield "conditional_dp", stage, "all", "all", "all", r.conditional_difference
             yield from (("dp_difference", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
 
-    def _mdp_rows(self):
-        for stage, window in self.mdp.items():
-            r = window.value()
+    def _mdp_rows(self, stages=None):
+        for stage, r in self._values("mdp", stages).items():
             yield from (("mdp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
             yield "mdp", stage, "all", "all", "all", r.overall
 
-    def _oor_rows(self):
-        r = self.oor.value()
-        yield from (("out_of_range_rate", "before", str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
-        yield "out_of_range_rate", "before", "all", "all", "all", r.overall
+    def _oor_rows(self, stages=None):
+        for _, r in self._values("out_of_range_rate", stages).items():
+            yield from (("out_of_range_rate", "before", str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
+            yield "out_of_range_rate", "before", "all", "all", "all", r.overall
 
 
 def _per_stratum_feature(statistic, stage, strata, features, values, pair):
@@ -180,15 +213,15 @@ def _per_stratum_feature(statistic, stage, strata, features, values, pair):
 class DriftTracker:
     """River detector on chunks of the after-repair statistic, with hysteresis (one event per shift)."""
 
-    def __init__(self, monitor: MonitorConfig, plan, config: PipelineConfig, clock: Callable[[], float]):
+    def __init__(self, monitor: MonitorConfig, new_chunk: Callable, clock: Callable[[], float]):
         self.monitor, self.clock = monitor, clock
         self.detector = make_detector(monitor.detector)
         # 16 chunks per window: enough detector samples before a shift (ADWIN needs a few dozen)
-        # while each chunk's E stays well above its own estimation noise.
+        # while each chunk's E stays well above its own estimation noise. Chunks are cut from the
+        # records, not from batches, so the detector's sensitivity does not depend on batch size.
         self.chunk_size = max(50, monitor.window_records // 16)
-        edges = plan_edges(plan, E_BINS)
-        self._new_chunk = lambda: HistogramDependenceAccumulator(edges, list(config.groups), list(config.strata))
-        self.chunk, self.chunk_records = self._new_chunk(), 0
+        self._new_chunk = new_chunk
+        self.chunk, self.chunk_records = new_chunk(), 0
         self.armed, self.last_event = True, -np.inf
         self.pending = 0  # records left during which a detector hit waits for the window to confirm it
 
@@ -201,15 +234,15 @@ class DriftTracker:
             # threshold, so the hit waits (at most one window of records) for that confirmation.
             self.pending = self.monitor.window_records
 
-    def update(self, batch: RepairedBatch, window_value: float) -> bool:
-        """Feed a batch; True when a drift event is confirmed."""
-        self.pending = max(self.pending - len(batch.s), 0)
+    def update(self, after: np.ndarray, s: np.ndarray, u: np.ndarray, window_value: float) -> bool:
+        """Feed a batch's repaired rows and labels; True when a drift event is confirmed."""
+        self.pending = max(self.pending - len(s), 0)
         if window_value < self.monitor.threshold:
             self.armed = True
         start = 0
-        while start < len(batch.s):  # cut the batch at chunk boundaries
-            stop = start + min(self.chunk_size - self.chunk_records, len(batch.s) - start)
-            self.chunk.update(batch.after[start:stop], batch.s[start:stop], batch.u[start:stop])
+        while start < len(s):  # cut the batch at chunk boundaries
+            stop = start + min(self.chunk_size - self.chunk_records, len(s) - start)
+            self.chunk.update(after[start:stop], s[start:stop], u[start:stop])
             self.chunk_records += stop - start
             start = stop
             if self.chunk_records == self.chunk_size:
@@ -233,11 +266,15 @@ class FairnessMonitor:
     def _start(self, plan_active, with_scorer: bool) -> None:
         m, plan = self.monitor, plan_active.module
         self.version, self.with_scorer = plan_active.version, with_scorer
+        self.statistics = BatchStatistics(plan, self.config, with_scorer)
+        features = list(self.config.features)
         self.windows = {
-            "count": StatisticWindows(lambda f: CountWindow(f, m.window_records, m.buckets), plan, self.config, with_scorer),
-            "time": StatisticWindows(lambda f: TimeWindow(f, m.window_seconds, m.buckets), plan, self.config, with_scorer),
+            "count": StatisticWindows(lambda: BatchWindow(records=m.window_records, buckets=m.buckets), self.statistics,
+                                      features),
+            "time": StatisticWindows(lambda: BatchWindow(seconds=m.window_seconds, buckets=m.buckets), self.statistics,
+                                     features),
         }
-        self.tracker = DriftTracker(m, plan, self.config, self.clock)
+        self.tracker = DriftTracker(m, self.statistics.factories["dependence_e", "after"], self.clock)
         log.info("monitoring plan version %s (scorer: %s)", self.version, with_scorer)
 
     def observe(self, values: list[bytes], plan_active, scorer_active=None) -> list[DriftEvent]:
@@ -260,10 +297,12 @@ class FairnessMonitor:
         plan = plan_active.module
         scores = Scores(batch, plan, scorer_active.module, tuple(self.config.groups)) if scorer_active else None
         out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, plan)
-        self.windows["count"].update(batch, out_of_range, scores)
-        self.windows["time"].update(batch, out_of_range, scores, ts=batch.ts)
+        accumulators = self.statistics.of(batch, out_of_range, scores)
+        self.windows["count"].add(accumulators, len(batch), ts=float(np.max(batch.ts)))
+        self.windows["time"].add(accumulators, len(batch), ts=float(np.max(batch.ts)))
         value = self.statistic("count")
-        if value is not None and self.tracker.update(batch, value):
+        s, u = self.statistics.encoded
+        if value is not None and self.tracker.update(batch.after, s, u, value):
             return [DriftEvent(self.monitor.statistic, self.monitor.detector, value, self.version, self.clock())]
         return []
 
@@ -281,7 +320,6 @@ class FairnessMonitor:
 
     def statistic(self, window: str = "count") -> float | None:
         """The detector's statistic (after repair, all strata and features) over a window."""
-        for statistic, stage, stratum, feature, pair, value in self.rows(window, self.monitor.statistic):
-            if (statistic, stage, stratum, feature, pair) == (self.monitor.statistic, "after", "all", "all", "all"):
-                return float(value)
-        return None
+        if self.version is None or self.windows[window].n_records < self.monitor.min_records:
+            return None
+        return self.windows[window].detector_value(self.monitor.statistic)

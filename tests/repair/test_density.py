@@ -13,7 +13,6 @@ from fairstream.repair.density import (
     proportion_strength,
     row_kernel,
     silverman_bandwidth,
-    source_pmf,
 )
 
 NODES = np.linspace(0.0, 10.0, 21)
@@ -25,12 +24,6 @@ def test_linear_binning_keeps_mass_and_mean(x):
     p = linear_binning(x, NODES)
     assert abs(p.sum() - 1) < 1e-9
     assert abs(p @ NODES - x.mean()) < 1e-9
-
-
-@given(samples, st.floats(0.0, 1.0))
-def test_source_pmf_is_a_pmf(x, lam):
-    p = source_pmf(x, NODES, lam, silverman_bandwidth(x))
-    assert np.all(p >= 0) and abs(p.sum() - 1) < 1e-9
 
 
 def test_atoms_survive_the_empirical_estimate_but_not_the_kde():
