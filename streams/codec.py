@@ -80,11 +80,14 @@ class DecodedRecords:
     u: np.ndarray
     errors: list[tuple[int, str]] = field(default_factory=list)
 
+    impute_s: bool = False  # records without s were accepted, to be repaired under an imputed s
+
     def batch(self) -> Batch:
         """The usable records as the modules' :class:`~fairstream.repair.protocol.Batch`."""
         y = self.fields.y
         labelled = bool(y) and all(v is not None for v in y)
-        return Batch(X=self.X, keys=self.keys, s=self.s, u=self.u, y=np.array(y, dtype=np.int64) if labelled else None)
+        return Batch(X=self.X, keys=self.keys, s=self.s, u=self.u, y=np.array(y, dtype=np.int64) if labelled else None,
+                     impute_s=self.impute_s)
 
 
 def _parse(value: bytes | None, limit: int) -> dict:
@@ -144,7 +147,8 @@ def _label(value, configured: frozenset, name: str, listed: tuple) -> None:
 
 
 def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: frozenset) -> list[float]:
-    _check_fields(obj, _INPUT_REQUIRED, _INPUT_ALLOWED)
+    imputes = config.imputes_s
+    _check_fields(obj, _INPUT_REQUIRED - {"s"} if imputes else _INPUT_REQUIRED, _INPUT_ALLOWED)
     _key(obj)
     features = obj["features"]
     if not isinstance(features, dict):
@@ -153,7 +157,8 @@ def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: 
         missing = sorted(set(config.features) - features.keys())
         raise Invalid(f"missing feature(s) {missing}" if missing else f"unexpected feature(s) {sorted(features.keys() - set(config.features))}")
     row = [_number(features[name], f"feature {name!r}") for name in config.features]
-    _label(obj["s"], groups, "s", config.groups)
+    if not (imputes and obj.get("s") is None):  # a missing s is imputed by the plan
+        _label(obj["s"], groups, "s", config.groups)
     _label(obj["u"], strata, "u", config.strata)
     if obj.get("ts") is not None:
         _number(obj["ts"], "ts")
@@ -187,14 +192,14 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
             except Invalid as exc:
                 errors.append((i, str(exc)))
                 continue
-            ids.append(obj["id"]), ts.append(obj.get("ts")), s_values.append(obj["s"]), u_values.append(obj["u"])
+            ids.append(obj["id"]), ts.append(obj.get("ts")), s_values.append(obj.get("s")), u_values.append(obj["u"])
             ys.append(obj.get("y"))
         index.append(i)
     X = np.array(rows, dtype=np.float64).reshape(len(rows), len(config.features))
     return DecodedRecords(
         index=np.array(index, dtype=np.intp), fields=RecordFields(ids, ts, s_values, u_values, ys),
         keys=np.array([str(rid) for rid in ids], dtype=str), X=X, s=labels_array(s_values), u=labels_array(u_values),
-        errors=errors,
+        errors=errors, impute_s=config.imputes_s,
     )
 
 
@@ -211,19 +216,23 @@ class _FastRecords:
         except ValueError:  # feature names msgspec cannot match (quotes, backslashes): reference path only
             self._decoder = None
         else:
+            # A missing s is allowed only where it is imputed; its default then marks it missing.
+            s_field = ("s", Union[int, str, None], None) if config.imputes_s else ("s", Union[int, str])
             record = msgspec.defstruct("Record", [("id", Union[int, str]), ("features", features),
-                                                  ("s", Union[int, str]), ("u", Union[int, str]),
+                                                  ("u", Union[int, str]), s_field,
                                                   ("ts", Union[int, float, None], None), ("y", Union[int, None], None)],
                                        forbid_unknown_fields=True)
             self._decoder = msgspec.json.Decoder(record)
         self._getters = [operator.attrgetter(n) for n in names]
         self.limit = config.max_message_bytes
         self.groups, self.strata = frozenset(config.groups), frozenset(config.strata)
+        self.imputes_s = config.imputes_s
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> "_FastRecords":
         """The decoder of ``config`` (built once per distinct pipeline)."""
-        key = (tuple(config.features), tuple(config.groups), tuple(config.strata), config.max_message_bytes)
+        key = (tuple(config.features), tuple(config.groups), tuple(config.strata), config.max_message_bytes,
+               config.imputes_s)
         if key not in cls._cache:
             cls._cache[key] = cls(config)
         return cls._cache[key]
@@ -242,7 +251,7 @@ class _FastRecords:
                 return None
         elif rid.bit_length() > _MAX_ID_BITS:  # json.loads refuses integers of more than 4300 digits
             return None
-        if record.s not in self.groups or record.u not in self.strata:
+        if (record.s not in self.groups and not (record.s is None and self.imputes_s)) or record.u not in self.strata:
             return None
         if record.y is not None and record.y not in (0, 1):
             return None
@@ -338,19 +347,29 @@ def _literal(text: str) -> str:
 
 
 def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
-                    prov: dict) -> list[bytes]:
-    """Repaired records as JSON bytes, one precompiled template for the whole batch."""
+                    prov: dict, imputed: np.ndarray | None = None) -> list[bytes]:
+    """Repaired records as JSON bytes, one precompiled template for the whole batch.
+
+    On an input that imputes a missing s, every record says whether its s was imputed
+    (``s_imputed``); ``s`` itself stays as it arrived (null when missing).
+    """
     names = [_literal(json.dumps(n)) for n in config.features]
     features = ",".join(f"{n}:%r" for n in names)
     template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
     if config.include_original:
         template += ',"original":{' + features + "}"
+    template += "%s"  # the s_imputed flag, or nothing
+    flags = [""] * len(fields)
+    if config.imputes_s:
+        marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
+        flags = [',"s_imputed":true' if flag else ',"s_imputed":false' for flag in marks.tolist()]
     template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
     new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
     old_rows = X.tolist() if config.include_original else [[]] * len(fields)
     return [
-        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old)).encode()
-        for rid, ts, s, u, y, new, old in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y, new_rows, old_rows)
+        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag)).encode()
+        for rid, ts, s, u, y, new, old, flag in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y, new_rows,
+                                                    old_rows, flags)
     ]
 
 

@@ -53,8 +53,11 @@ class AgentConfig:
     artifact: str
     batch_size: int = 1000
     batch_within: float = 0.05  # seconds to wait for a batch to fill before processing what is there
+    missing_s: str = "dead_letter"  # records only: "impute" repairs a record without s under a drawn s
 
     def __post_init__(self) -> None:
+        if self.missing_s not in ("dead_letter", "impute"):
+            raise ConfigError(f"missing_s must be 'dead_letter' or 'impute', got {self.missing_s!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
         if isinstance(self.batch_within, bool) or not isinstance(self.batch_within, (int, float)) or self.batch_within <= 0:
@@ -129,7 +132,12 @@ class PipelineConfig:
     def schema(self) -> PipelineSchema:
         """What this pipeline promises its modules (checked by every module at load time)."""
         return PipelineSchema(features=tuple(self.features), groups=tuple(self.groups), strata=tuple(self.strata),
-                              dimension=self.embeddings.dimension)
+                              dimension=self.embeddings.dimension, impute_s=self.imputes_s)
+
+    @property
+    def imputes_s(self) -> bool:
+        """Whether records without s are repaired under an imputed s (else dead-lettered)."""
+        return self.records.missing_s == "impute"
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "PipelineConfig":

@@ -45,6 +45,7 @@ class RepairedRecord(_Schema):
     ts: Optional[float] = None
     y: Optional[int] = None
     original: Optional[dict] = None
+    s_imputed: Optional[bool] = None  # only from inputs that impute a missing s: was this record's s drawn?
 
 
 class EmbeddingRecord(_Schema):

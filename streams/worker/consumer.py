@@ -41,6 +41,7 @@ from .metrics import (
     RECORDS_IN,
     RECORDS_OUT_OF_RANGE,
     RECORDS_REPAIRED,
+    RECORDS_S_IMPUTED,
 )
 from .processing import BatchOutcome
 
@@ -182,6 +183,7 @@ class BatchConsumer(mode.Service):
         RECORDS_REPAIRED.labels(agent).inc(len(outcome.repaired))
         RECORDS_DEAD.labels(agent).inc(len(outcome.dead))
         RECORDS_OUT_OF_RANGE.labels(agent).inc(outcome.out_of_range)
+        RECORDS_S_IMPUTED.labels(agent).inc(outcome.imputed)
         now = time.time()
         times = outcome.event_times
         for ts in times[:: max(1, len(times) // LATENCY_SAMPLES)]:

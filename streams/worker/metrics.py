@@ -18,6 +18,9 @@ RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent re
 RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic", ["agent"])
 RECORDS_OUT_OF_RANGE = Counter("fairstream_records_out_of_range_total",
                                "Records with a value outside the plan's range (clamped or refused by policy)", ["agent"])
+RECORDS_S_IMPUTED = Counter("fairstream_records_s_imputed_total",
+                            "Records repaired under an imputed protected attribute (left out of the fairness statistics)",
+                            ["agent"])
 BATCH_SECONDS = Histogram("fairstream_batch_duration_seconds", "Time to process one batch, decode to delivered output",
                           ["agent"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
 RECORD_LATENCY = Histogram("fairstream_record_latency_seconds", "Time from a record's ts to its repaired output",

@@ -55,6 +55,7 @@ class BatchOutcome:
     dead: list[tuple[bytes | None, bytes]] = field(default_factory=list)
     version: int | None = None
     out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
+    imputed: int = 0  # repaired records whose missing s was imputed
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
     monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
 
@@ -92,13 +93,18 @@ class RecordRepairer:
             ok = np.flatnonzero(result.ok)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
             fields = decoded.fields.take(ok)
-            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(active))
+            imputed = result.imputed[ok] if result.imputed is not None else None
+            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(active), imputed)
             outcome.repaired = [(_output_key(messages[decoded.index[i]], rid), v)
                                 for i, rid, v in zip(ok, fields.ids, values)]
             outcome.out_of_range = int(result.out_of_range.sum())
             outcome.event_times = [ts for ts in fields.ts if ts is not None]
-            outcome.monitor_batch = _monitor_batch(batch.take(ok), result.X[ok], result.out_of_range[ok],
-                                                   outcome.event_times)
+            outcome.imputed = 0 if imputed is None else int(imputed.sum())
+            # Fairness is measured on records with their true s: imputed ones are only counted.
+            measured = ok if imputed is None else ok[~imputed]
+            times = [fields.ts[i] for i in (np.arange(len(ok)) if imputed is None else np.flatnonzero(~imputed))]
+            outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
+                                                   result.out_of_range[measured], [ts for ts in times if ts is not None])
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 

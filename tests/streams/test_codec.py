@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import doctest
 import hashlib
+import itertools
 import json
 import math
 import struct
@@ -32,7 +33,7 @@ from fairstream.streams.codec import (
     original_bytes,
     provenance,
 )
-from fairstream.streams.config import EmbeddingConfig, adult_config
+from fairstream.streams.config import AgentConfig, EmbeddingConfig, adult_config
 from fairstream.streams.schemas import DeadLetter, EmbeddingRecord, InputRecord, RepairedRecord
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -259,7 +260,7 @@ def reference_decode(value, config):
         row = codec._check_record(obj, config, frozenset(config.groups), frozenset(config.strata))
     except codec.Invalid as exc:
         return str(exc)
-    return [obj["id"], obj.get("ts"), obj["s"], obj["u"], obj.get("y")], row
+    return [obj["id"], obj.get("ts"), obj.get("s"), obj["u"], obj.get("y")], row
 
 
 TRICKY_VALUES = [
@@ -285,9 +286,9 @@ TRICKY_VALUES = [
 @PROPERTY
 @given(st.lists(json_bytes(near_valid_records(ADULT)) | RAW_VALUES | json_bytes(JSON_VALUES | HUGE_INTS), max_size=10))
 def test_the_typed_decoder_accepts_exactly_what_the_reference_path_accepts(values):
-    for value in values + TRICKY_VALUES:
-        expected = reference_decode(value, ADULT)
-        batch = decode_records([value], ADULT)
+    for value, config in itertools.product(values + TRICKY_VALUES, (ADULT, IMPUTING)):
+        expected = reference_decode(value, config)
+        batch = decode_records([value], config)
         if isinstance(expected, str):
             assert batch.errors == [(0, expected)]
         else:
@@ -296,6 +297,18 @@ def test_the_typed_decoder_accepts_exactly_what_the_reference_path_accepts(value
                                             batch.fields.y)]
             assert got == fields and [type(v) for v in got] == [type(v) for v in fields]
             assert batch.X[0].tolist() == row
+
+
+IMPUTING = adult_config(records=AgentConfig(artifact="plan", missing_s="impute"))
+
+
+def test_an_imputing_input_accepts_a_record_without_s_and_nothing_else_new():
+    base = {"id": 1, "features": {"age": 30, "hours-per-week": 40}, "u": 1}
+    for value in (raw(base), raw({**base, "s": None})):
+        assert decode_records([value], IMPUTING).fields.s == [None]
+        assert decode_records([value], ADULT).errors
+    for bad in ({**base, "s": 7}, {**base, "s": True}, {**base, "s": "0"}):
+        assert "not a configured group" in decode_records([raw(bad)], IMPUTING).errors[0][1]
 
 
 def test_empty_batch():

@@ -1,0 +1,86 @@
+"""The worker's batch logic without a broker: records through the module protocol, imputed s."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.repair.protocol import IncompatibleArtifact
+from fairstream.streams.config import AgentConfig, ConfigError, adult_config
+from fairstream.streams.control.registry import Active
+from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+
+IMPUTING = adult_config(records=AgentConfig(artifact="plan", missing_s="impute"))
+
+
+@pytest.fixture(scope="module")
+def adult():
+    research, archive = datasets.load("adult").split(10_000, seed=0)
+    plan = DistributionalRepair(n_q=100).fit(research.X, research.s, research.u)
+    return archive.subset(slice(0, 400)), Active("plan", 3, "a" * 64, None, plan)
+
+
+def messages(data, config, drop_s_every=0, prefix="r"):
+    out = []
+    for i, (key, value) in enumerate(record_messages(data, config, id_prefix=prefix)):
+        record = json.loads(value)
+        if drop_s_every and i % drop_s_every == 0:
+            if i % (2 * drop_s_every):
+                record["s"] = None  # explicit null
+            else:
+                del record["s"]  # absent
+        out.append(SimpleMessage(json.dumps(record).encode(), key))
+    return out
+
+
+def outputs(outcome):
+    return {json.loads(v)["id"]: json.loads(v) for _, v in outcome.repaired}
+
+
+def test_missing_s_is_dead_lettered_by_default(adult):
+    data, plan = adult
+    config = adult_config()
+    outcome = RecordRepairer(config).process(messages(data, config, drop_s_every=4), plan)
+    reasons = [json.loads(v)["reason"] for _, v in outcome.dead]
+    assert len(outcome.dead) == 100 and len(outcome.repaired) == 300
+    assert all("missing field(s) ['s']" in r or "s value None is not a configured group" in r for r in reasons)
+    assert all("s_imputed" not in r for r in outputs(outcome).values())
+
+
+def test_an_imputing_input_repairs_records_without_s_and_says_so(adult):
+    data, plan = adult
+    outcome = RecordRepairer(IMPUTING).process(messages(data, IMPUTING, drop_s_every=4), plan)
+    assert outcome.dead == [] and len(outcome.repaired) == 400 and outcome.imputed == 100
+    out = outputs(outcome)
+    imputed = {rid for rid, r in out.items() if r["s_imputed"]}
+    assert len(imputed) == 100 and all(out[rid]["s"] is None for rid in imputed)
+    assert all(r["s"] in (0, 1) for rid, r in out.items() if rid not in imputed)
+    # The monitor sees only the records with their true s.
+    assert len(outcome.monitor_batch) == 300 and set(outcome.monitor_batch.s.tolist()) <= {0, 1}
+
+
+def test_the_imputed_draw_is_a_function_of_the_record_key_not_of_the_batch(adult):
+    data, plan = adult
+    batch = messages(data, IMPUTING, drop_s_every=2)
+    whole = outputs(RecordRepairer(IMPUTING).process(batch, plan))
+    reordered = batch[::-1][:150] + batch[150:][::3]
+    part = outputs(RecordRepairer(IMPUTING).process(reordered, plan))
+    assert part and all(part[rid] == whole[rid] for rid in part)
+
+
+def test_a_plan_without_a_posterior_cannot_serve_an_imputing_pipeline(adult):
+    data, _ = adult
+    rng = np.random.default_rng(0)
+    s, u = rng.integers(0, 2, 300), rng.integers(0, 2, 300)
+    plan = DistributionalRepair(n_q=30, posterior=False).fit(rng.normal(size=(300, 2)) + s[:, None], s, u)
+    with pytest.raises(IncompatibleArtifact, match="posterior"):
+        plan.check_compatible(IMPUTING.schema())
+    plan.check_compatible(adult_config().schema())
+
+
+def test_missing_s_must_name_a_known_policy():
+    with pytest.raises(ConfigError, match="missing_s must be 'dead_letter' or 'impute', got 'guess'"):
+        AgentConfig(artifact="plan", missing_s="guess")
