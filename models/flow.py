@@ -48,7 +48,7 @@ from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, Pip
 __all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flow"]
 
 ARTIFACT_KIND = "flow"
-_CHUNK_ROWS = 1024  # rows mapped per pass: keeps the layers' intermediate arrays in cache
+_CHUNK_ROWS = 2048  # rows mapped per pass: bounds the layers' intermediate arrays for huge batches
 NETS = ("scale", "shift")
 
 
@@ -93,6 +93,12 @@ class FlowPreprocessor:
     training: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # Read-only float64 views: the fused weights cached by _fused must never go stale.
+        for name in ("mean", "scale", "masks", "data_min", "data_max", "groups"):
+            object.__setattr__(self, name, _frozen(getattr(self, name), name != "groups"))
+        for name in ("scale_weights", "scale_biases", "shift_weights", "shift_biases"):
+            object.__setattr__(self, name, tuple(_frozen(a, True) for a in getattr(self, name)))
+        object.__setattr__(self, "columns", tuple(self.columns))
         _check_shapes(self)
 
     # ------------------------------------------------------------------ construction
@@ -110,8 +116,8 @@ class FlowPreprocessor:
         masks = coupling_masks(d, n_blocks, seed)
         sizes = [d, *[int(h) for h in hidden], d]
         nets = {}
+        rng = np.random.default_rng(seed + 1)
         for net in NETS:
-            rng = np.random.default_rng(seed + 1)
             weights = [rng.normal(0.0, 1.0 / np.sqrt(n_in), size=(n_flows, len(masks), n_out, n_in))
                        for n_in, n_out in zip(sizes[:-1], sizes[1:])]
             weights[-1][:] = 0.0  # a zero last layer: s = t = 0, the identity map
@@ -127,18 +133,22 @@ class FlowPreprocessor:
 
     @property
     def n_features(self) -> int:
+        """Number of features the flow maps."""
         return len(self.columns)
 
     @property
     def n_flows(self) -> int:
+        """Number of flows: one per group when group-aware, else 1."""
         return int(self.scale_weights[0].shape[0])
 
     @property
     def n_blocks(self) -> int:
+        """Number of blocks, each a pair of complementary coupling layers."""
         return self.masks.shape[0] // 2
 
     @property
     def hidden(self) -> tuple[int, ...]:
+        """Hidden layer sizes of the coupling MLPs."""
         return tuple(int(w.shape[2]) for w in self.scale_weights[:-1])
 
     # ------------------------------------------------------------------ the map
@@ -265,6 +275,7 @@ class FlowPreprocessor:
     # ------------------------------------------------------------------ artifacts
 
     def get_params(self) -> dict:
+        """The manifest parameters: feature names, mode, architecture and training provenance."""
         return {"columns": list(self.columns) if self.named else None, "group_aware": bool(self.group_aware),
                 "n_blocks": self.n_blocks, "hidden": list(self.hidden), "training": dict(self.training)}
 
@@ -310,6 +321,14 @@ class FlowPreprocessor:
             raise artifacts.ArtifactError(f"flow arrays hold {flow.n_blocks} blocks of hidden sizes {list(flow.hidden)}, "
                                           f"the manifest says {params.get('n_blocks')} and {params.get('hidden')}")
         return flow
+
+
+def _frozen(value, numeric: bool) -> np.ndarray:
+    array = np.array(value, dtype=np.float64 if numeric else None)  # a private copy
+    if array.dtype.kind == "O":
+        raise artifacts.ArtifactError("flow arrays must hold numbers or strings, not objects")
+    array.flags.writeable = False
+    return array
 
 
 def _tanh(x: np.ndarray) -> np.ndarray:

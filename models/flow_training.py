@@ -60,9 +60,9 @@ class FlowBank(nn.Module):
     def __init__(self, n_flows: int, masks: np.ndarray, hidden: Sequence[int], mean: np.ndarray, scale: np.ndarray):
         super().__init__()
         d = masks.shape[1]
-        self.register_buffer("masks", torch.as_tensor(masks, dtype=DTYPE))
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=DTYPE))
-        self.register_buffer("std", torch.as_tensor(scale, dtype=DTYPE))
+        self.register_buffer("masks", torch.tensor(masks, dtype=DTYPE))
+        self.register_buffer("mean", torch.tensor(mean, dtype=DTYPE))
+        self.register_buffer("std", torch.tensor(scale, dtype=DTYPE))
         self.hidden = tuple(int(h) for h in hidden)
         sizes = [d, *self.hidden, d]
         shape = (len(masks), n_flows, len(NETS))
@@ -114,8 +114,8 @@ class FlowBank(nn.Module):
                         continue
                     for net_index, net in enumerate(NETS):
                         # frozen: (flows, layers, out, in) -> here: (layers, in, out)
-                        w[:, f, net_index] = torch.as_tensor(getattr(frozen, f"{net}_weights")[j][source]).transpose(-1, -2)
-                        b[:, f, net_index, 0] = torch.as_tensor(getattr(frozen, f"{net}_biases")[j][source])
+                        w[:, f, net_index] = torch.tensor(getattr(frozen, f"{net}_weights")[j][source]).transpose(-1, -2)
+                        b[:, f, net_index, 0] = torch.tensor(getattr(frozen, f"{net}_biases")[j][source])
         return bank
 
     def freeze(self, **fields) -> FlowPreprocessor:
@@ -139,10 +139,10 @@ class LogisticLogits(nn.Module):
 
     def __init__(self, mean: np.ndarray, scale: np.ndarray, coef: np.ndarray, intercept: float):
         super().__init__()
-        self.register_buffer("mean", torch.as_tensor(np.asarray(mean), dtype=DTYPE))
-        self.register_buffer("std", torch.as_tensor(np.asarray(scale), dtype=DTYPE))
-        self.register_buffer("coef", torch.as_tensor(np.asarray(coef), dtype=DTYPE))
-        self.register_buffer("intercept", torch.as_tensor(float(intercept), dtype=DTYPE))
+        self.register_buffer("mean", torch.tensor(np.asarray(mean), dtype=DTYPE))
+        self.register_buffer("std", torch.tensor(np.asarray(scale), dtype=DTYPE))
+        self.register_buffer("coef", torch.tensor(np.asarray(coef), dtype=DTYPE))
+        self.register_buffer("intercept", torch.tensor(float(intercept), dtype=DTYPE))
 
     @classmethod
     def from_scorer(cls, scorer) -> "LogisticLogits":
@@ -161,8 +161,8 @@ class MLPClassifier(nn.Module):
 
     def __init__(self, mean: np.ndarray, scale: np.ndarray, hidden: Sequence[int] = (20, 20)):
         super().__init__()
-        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
-        self.register_buffer("std", torch.as_tensor(scale, dtype=torch.float32))
+        self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("std", torch.tensor(scale, dtype=torch.float32))
         sizes = [len(mean), *hidden]
         layers: list[nn.Module] = []
         for n_in, n_out in zip(sizes[:-1], sizes[1:]):
@@ -283,6 +283,7 @@ class AdapFair:
             raise RepairInputError(f"hidden must be positive layer sizes, got {self.hidden!r}")
 
     def get_params(self) -> dict:
+        """The training parameters recorded in the flow's ``training`` provenance."""
         return {"group_aware": bool(self.group_aware), "notion": self.notion, "divergence": self.divergence,
                 "eps": float(self.eps), "lam": float(self.lam), "n_steps": int(self.n_steps),
                 "batch_size": int(self.batch_size), "lr": float(self.lr), "seed": int(self.seed)}
@@ -293,7 +294,10 @@ class AdapFair:
         """Fit the flow(s) on features ``X``, groups ``s`` and binary labels ``y`` (Algorithm 1)."""
         self._check_params()
         X = as_2d(X, columns=self.columns)
-        names = column_names(X.shape[1], self.columns)
+        warm = self._warm_flow(X.shape[1])
+        # A re-fit keeps the deployed flow's feature names unless it is given its own.
+        named = self.columns is not None or (warm is not None and warm.named)
+        names = column_names(X.shape[1], self.columns if self.columns is not None or warm is None else warm.columns)
         check_finite(X, names)
         n = len(X)
         s = normalise_labels(as_labels(s, n, "s"))
@@ -301,7 +305,6 @@ class AdapFair:
         groups, codes = np.unique(s, return_inverse=True)
         if len(groups) < 2:
             raise RepairInputError(f"s holds only the group {groups.tolist()}; a fairness flow needs two or more")
-        warm = self._warm_flow(len(names))
         bank, flow_of_group, all_groups = self._bank(X, groups, warm)
         scorer = as_torch_scorer(self.scorer)
         cells = self._cells(codes, y)
@@ -310,7 +313,7 @@ class AdapFair:
         self.fit_seconds_ = time.perf_counter() - started
         training = {**self.get_params(), "n_rows": n, "warm_start": warm is not None}
         self.flow_ = bank.freeze(columns=tuple(names), groups=all_groups, group_aware=bool(self.group_aware),
-                                 data_min=X.min(axis=0), data_max=X.max(axis=0), named=self.columns is not None,
+                                 data_min=X.min(axis=0), data_max=X.max(axis=0), named=named,
                                  training=training)
         return self
 
@@ -324,6 +327,9 @@ class AdapFair:
             raise TypeError(f"warm_start must be a FlowPreprocessor or a flow artifact, got {type(warm).__name__}")
         if warm.n_features != n_features:
             raise RepairInputError(f"warm_start maps {warm.n_features} features, X has {n_features}")
+        if warm.named and self.columns is not None and tuple(self.columns) != warm.columns:
+            raise RepairInputError(f"warm_start was fitted on features {list(warm.columns)}, "
+                                   f"the re-fit names {list(self.columns)}")
         if warm.group_aware != bool(self.group_aware):
             raise RepairInputError(f"warm_start is {'group-aware' if warm.group_aware else 'blind'}, "
                                    f"the re-fit asks for {'group-aware' if self.group_aware else 'blind'}")

@@ -28,6 +28,7 @@ True
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -169,28 +170,54 @@ def solve_semidual(M, a, b, eps: float, beta0=None, tol: float = 1e-10, max_iter
         alpha, E, scale = _kernel(M, a, beta, eps)
         return -alpha @ a - beta @ b + 1.0 / eps, (scale @ E)[:-1] - b[:-1]
 
-    # ftol=0: stop on the marginal error (gtol), not on a stalled objective.
-    result = optimize.minimize(objective, beta[:-1], jac=True, method="L-BFGS-B",
-                               options={"maxiter": max_iter, "gtol": max(tol, newton_from) * float(b[:-1].min()),
-                                        "ftol": 0.0, "maxcor": 20})
-    beta, n_iter = np.append(result.x, 0.0), int(result.nit)
+    def lbfgs(beta: np.ndarray, target: float) -> tuple[np.ndarray, int]:
+        # ftol=0: stop on the marginal error (gtol), not on a stalled objective.
+        result = optimize.minimize(objective, beta[:-1], jac=True, method="L-BFGS-B",
+                                   options={"maxiter": max_iter, "gtol": target * float(b[:-1].min()),
+                                            "ftol": 0.0, "maxcor": 20})
+        return np.append(result.x, 0.0), int(result.nit)
+
+    beta, n_iter = lbfgs(beta, max(tol, newton_from))
     alpha, plan, error = _solution(M, a, b, beta, eps)
     for _ in range(_MAX_NEWTON_STEPS):
         if error <= tol:
             break
-        columns = plan.sum(axis=0)
-        P_t = plan[:, :-1]
-        hessian = eps * (np.diag(columns[:-1]) - P_t.T @ (P_t / a[:, None]))
         try:
-            step = linalg.solve(hessian, columns[:-1] - b[:-1], assume_a="pos")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", linalg.LinAlgWarning)  # the backtracking guards the step
+                step = linalg.solve(eps * _hessian(plan, a), plan.sum(axis=0)[:-1] - b[:-1], assume_a="pos")
         except (linalg.LinAlgError, ValueError):
             break
-        candidate = beta - np.append(step, 0.0)
-        new = _solution(M, a, b, candidate, eps)
-        if not new[2] < error:  # a step that does not improve (rounding level) ends the polish
+        # Backtrack: with a nearly sparse plan the Hessian is ill-conditioned and a full step can overshoot.
+        for t in (1.0, 0.5, 0.25, 0.125):
+            candidate = beta - t * np.append(step, 0.0)
+            new = _solution(M, a, b, candidate, eps)
+            if new[2] < error:
+                break
+        else:
             break
         beta, (alpha, plan, error), n_iter = candidate, new, n_iter + 1
+    if error > tol:  # Newton stalled (rounding level or ill-conditioning): let L-BFGS finish
+        beta, more = lbfgs(beta, tol)
+        alpha, plan, error = _solution(M, a, b, beta, eps)
+        n_iter += more
     return DualSolution(alpha=alpha, beta=beta, plan=plan, n_iter=n_iter, marginal_error=error)
+
+
+def _hessian(plan: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """``Diag(P~'1) - P~' Diag(1/a) P~`` (the paper's ``B`` at the optimum), without cancellation.
+
+    Written as a difference, the diagonal loses all its digits when a row of the plan is nearly
+    one-hot (large ``eps``). Its entries equal ``sum_i P_ij * (sum_{k != j} P_ik) / a_i``; the sums
+    over the other columns come from prefix and suffix sums, which cancel nothing.
+    """
+    P_t = plan[:, :-1]
+    H = -(P_t / a[:, None]).T @ P_t
+    left = np.cumsum(plan, axis=1) - plan
+    right = np.cumsum(plan[:, ::-1], axis=1)[:, ::-1] - plan
+    diagonal = np.sum(P_t * (left + right)[:, :-1] / a[:, None], axis=0)
+    H[np.diag_indices_from(H)] = diagonal
+    return H
 
 
 def _solution(M, a, b, beta, eps):
@@ -211,10 +238,14 @@ def cost_gradient(M, plan, a, b, eps: float) -> np.ndarray:
     P_t = P[:, :-1]
     mu_r = (M * P).sum(axis=1)
     mu_c = (M[:, :-1] * P_t).sum(axis=0)
-    B = np.diag(b[:-1]) - P_t.T @ (P_t / a[:, None])
+    B = _hessian(P, a)  # = Diag(b~) - P~' Diag(1/a) P~ at the optimum
     rhs = mu_c - P_t.T @ (mu_r / a)
     try:
-        s_v = linalg.solve(B, rhs, assume_a="pos") if len(rhs) else rhs
+        with warnings.catch_warnings():
+            # A column coupled to nearly nothing (large eps, few points) makes B ill-conditioned
+            # along a direction the right-hand side barely touches; the solution stays usable.
+            warnings.simplefilter("ignore", linalg.LinAlgWarning)
+            s_v = linalg.solve(B, rhs, assume_a="pos") if len(rhs) else rhs
     except (linalg.LinAlgError, ValueError):
         # B is positive definite in exact arithmetic; a nearly singular one (a plan close to a
         # permutation) gets the least-squares solution instead of an exception mid-training.

@@ -163,6 +163,10 @@ def test_bad_windows_and_warm_starts_raise(data):
         AdapFair(scorer).fit(X, np.zeros(len(X)), y)
     with pytest.raises(RepairInputError, match="warm_start maps 2 features"):
         AdapFair(scorer, warm_start=FlowPreprocessor.identity(2)).fit(X, s, y)
+    named = FlowPreprocessor.identity(["a", "b", "c"])
+    with pytest.raises(RepairInputError, match=r"warm_start was fitted on features \['a', 'b', 'c'\]"):
+        AdapFair(scorer, warm_start=named, columns=["a", "b", "x"]).fit(X, s, y)
+    assert refit_flow(X, s, y, scorer, warm_start=named, n_steps=0).columns == ("a", "b", "c")
     with pytest.raises(RepairInputError, match="warm_start is blind"):
         AdapFair(scorer, warm_start=FlowPreprocessor.identity(3, group_aware=False)).fit(X, s, y)
     with pytest.raises(RepairInputError, match="column 'x1' has a non-finite value"):
