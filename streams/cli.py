@@ -1,4 +1,9 @@
-"""``fairstream``: the command line. Each subcommand is a small function; heavy imports stay inside them."""
+"""``fairstream``: the command line. Each subcommand is a small function; heavy imports stay inside them.
+
+A user's mistake (a bad config, an unknown data set, a missing file, an unreachable broker, a
+taken port) is reported in one line on stderr with exit status 1; the traceback is shown only with
+``--debug`` (or ``FAIRSTREAM_DEBUG=1``), and for anything else, which is a bug.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +34,37 @@ DEFAULT_CONFIG = "deploy/pipeline.adult.toml"
 BROKER_RUN_DIR = Path("runs/broker")
 
 
+class CliError(Exception):
+    """A mistake in what the user asked for; reported in one line."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that are the user's to fix (input, config, files, broker, ports), not bugs."""
+    types: list[type[BaseException]] = [CliError, FileNotFoundError, PermissionError, IsADirectoryError,
+                                        NotADirectoryError, TimeoutError]
+    for module, names in (("fairstream.streams.config", ["ConfigError"]),
+                          ("fairstream.repair.artifacts", ["ArtifactError"]),
+                          ("fairstream.repair.datasets", ["RepairInputError"]),
+                          ("fairstream.streams.topics", ["TopicConfigError"]),
+                          ("fairstream.streams.codec", ["RefitRequestError"]),
+                          ("fairstream.streams.control.records", ["ControlError"]),
+                          ("fairstream.streams.ops.broker", ["BrokerError"]),
+                          ("fairstream.streams.worker.metrics", ["MetricsPortError"]),
+                          ("aiokafka.errors", ["KafkaError"]), ("kafka.errors", ["KafkaError"])):
+        try:
+            imported = __import__(module, fromlist=names)
+        except ImportError:  # an extra that is not installed cannot have raised
+            continue
+        types += [getattr(imported, name) for name in names]
+    return tuple(types)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if isinstance(exc, CliError) or type(exc).__module__.startswith("fairstream") \
+        else f"{type(exc).__name__}: {text}"
+
+
 def _config(args: argparse.Namespace):
     from .config import PipelineConfig, adult_config
 
@@ -46,7 +82,11 @@ def _broker(args: argparse.Namespace):
 
     url = args.broker or os.environ.get("FAIRSTREAM_BROKER") or _running_embedded_broker()
     if url:
-        yield ExternalBroker(parse_broker_url(url))
+        try:
+            address = parse_broker_url(url)
+        except ValueError as exc:
+            raise CliError(f"--broker: {exc}") from None
+        yield ExternalBroker(address)
         return
     with broker_from_option(None, Path(args.run_dir) / "broker") as broker:
         print(f"started an embedded broker at {broker.bootstrap} (logs in {broker.log_path})", file=sys.stderr)
@@ -93,11 +133,27 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from .topics import ensure_topics
 
     config = _config(args)
+    if args.metrics_port is not None:  # per worker: several workers on one host need several ports
+        config = config.with_monitor(metrics_port=args.metrics_port)
+    datadir = Path(args.run_dir) / "faust-data"
+    datadir.mkdir(parents=True, exist_ok=True)  # a fresh --run-dir is created, not a FileNotFoundError
     with _broker(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        app = create_app(config, broker.bootstrap, app_id=args.app_id, datadir=str(Path(args.run_dir) / "faust-data"))
+        app = create_app(config, broker.bootstrap, app_id=args.app_id, datadir=str(datadir))
         run_worker(app, loglevel=args.loglevel)
     return 0
+
+
+def _port_arg(text: str) -> int | str:
+    if text == "off":
+        return text
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0 = any free port) or 'off', got {text!r}")
+    return port
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -114,7 +170,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     config = _config(args)
     data = datasets.load(args.dataset, features=config.features) if args.dataset != "simulation" else datasets.load("simulation")
     part = data.split(args.n_research, seed=args.seed)[1] if args.n_research else data
-    messages = record_messages(part.subset(slice(0, args.limit)) if args.limit else part, config, id_prefix=args.id_prefix)
+    try:
+        messages = record_messages(part.subset(slice(0, args.limit)) if args.limit else part, config,
+                                   id_prefix=args.id_prefix)
+    except ValueError as exc:  # the data set's features are not the pipeline's
+        raise CliError(f"--dataset {args.dataset}: {exc}") from None
     if args.bad:
         messages = interleave(messages, bad_messages(config, args.bad, id_prefix=f"{args.id_prefix}-bad"), seed=args.seed)
     with _broker(args) as broker:
@@ -220,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
                                      "follows the control topic and hot-swaps new artifact versions.")
     _add_common(wrk)
     wrk.add_argument("--app-id", help="consumer group / Faust app id (default: <prefix>-<pipeline name>)")
+    wrk.add_argument("--metrics-port", type=_port_arg, metavar="PORT|0|off",
+                     help="this worker's /metrics port, overriding [monitor] metrics_port: 0 = any free port "
+                          "(logged), off = no endpoint")
     wrk.add_argument("--loglevel", default="info")
     wrk.set_defaults(func=_cmd_worker)
 
@@ -269,13 +332,34 @@ def build_parser() -> argparse.ArgumentParser:
     from fairstream.streams.refit.command import add_refit_parser
 
     add_refit_parser(sub, broker_context=_broker, add_common=_add_common, load_config=_config)
+    _add_debug(parser)
     return parser
+
+
+def _add_debug(parser: argparse.ArgumentParser, top: bool = True) -> None:
+    """``--debug`` on every (sub)command, so it may be written anywhere on the line."""
+    parser.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                        help="show the full traceback of an error")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                _add_debug(sub, top=False)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``fairstream`` command line; returns the exit code."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    debug = args.debug or os.environ.get("FAIRSTREAM_DEBUG", "") not in ("", "0")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"fairstream {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug or not isinstance(exc, _user_errors()):
+            raise  # a bug, or asked for: the whole traceback
+        print(f"fairstream {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -46,26 +46,49 @@ class Invalid(ValueError):
 
 @dataclass
 class RecordFields:
-    """The scalar fields of decoded records, column by column, as they arrived (re-encoded unchanged)."""
+    """The scalar fields of decoded records, column by column, as they arrived (re-encoded unchanged).
+
+    ``digests`` holds each record's :func:`input_digest` (None for records built without their bytes).
+    """
 
     ids: list
     ts: list
     s: list
     u: list
     y: list
+    digests: list | None = None
+
+    def __post_init__(self) -> None:
+        if self.digests is None:
+            self.digests = [None] * len(self.ids)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def take(self, rows) -> "RecordFields":
         """The fields of the records at ``rows`` (positions)."""
-        return RecordFields(*([column[i] for i in rows] for column in (self.ids, self.ts, self.s, self.u, self.y)))
+        columns = (self.ids, self.ts, self.s, self.u, self.y, self.digests)
+        return RecordFields(*([column[i] for i in rows] for column in columns))
 
     @classmethod
-    def of(cls, records: Sequence[dict]) -> "RecordFields":
-        """From parsed JSON records (``id``, ``ts``, ``s``, ``u``, ``y``)."""
+    def of(cls, records: Sequence[dict], values: Sequence[bytes] | None = None) -> "RecordFields":
+        """From parsed JSON records (``id``, ``ts``, ``s``, ``u``, ``y``) and, if given, the bytes they came from."""
         return cls([r["id"] for r in records], [r.get("ts") for r in records], [r["s"] for r in records],
-                   [r["u"] for r in records], [r.get("y") for r in records])
+                   [r["u"] for r in records], [r.get("y") for r in records],
+                   None if values is None else [input_digest(v) for v in values])
+
+
+DIGEST_HEX = 32
+"""Hex digits of :func:`input_digest` (128 bits: distinct inputs of one id never collide in practice)."""
+
+
+def input_digest(value: bytes | None) -> str:
+    """The digest every output carries of its input message: the first 128 bits of the value's sha256, in hex.
+
+    Replays of a message (the same bytes) carry the same digest; two messages that share an id but
+    differ in any byte carry different ones, so consumers can tell a replay from a conflict.
+    """
+    return hashlib.sha256(value or b"").hexdigest()[:DIGEST_HEX]
 
 
 @dataclass
@@ -174,12 +197,13 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
     Each value first goes through a typed decoder that validates while it parses (msgspec, about
     15x faster than ``json.loads`` plus checks in Python); a value it does not accept, or whose
     labels are not configured, takes the reference path, which accepts exactly the same records
-    and words the dead-letter reason.
+    and words the dead-letter reason. The pipeline's valid ranges are then checked on the decoded
+    features of both paths at once (:func:`range_errors`).
     """
     fast = _FastRecords.for_config(config)
     groups, strata = frozenset(config.groups), frozenset(config.strata)
     index, rows, errors = [], [], []
-    ids, ts, s_values, u_values, ys = [], [], [], [], []
+    ids, ts, s_values, u_values, ys, digests = [], [], [], [], [], []
     for i, value in enumerate(values):
         record = fast.decode(value)
         if record is not None:
@@ -194,13 +218,43 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
                 continue
             ids.append(obj["id"]), ts.append(obj.get("ts")), s_values.append(obj.get("s")), u_values.append(obj["u"])
             ys.append(obj.get("y"))
+        digests.append(input_digest(value))
         index.append(i)
     X = np.array(rows, dtype=np.float64).reshape(len(rows), len(config.features))
+    fields = RecordFields(ids, ts, s_values, u_values, ys, digests)
+    outside = range_errors(X, config)
+    if outside:  # rare: only then are the columns copied
+        keep = np.ones(len(index), dtype=bool)
+        keep[[row for row, _ in outside]] = False
+        errors = sorted(errors + [(index[row], reason) for row, reason in outside])
+        kept = np.flatnonzero(keep)
+        index, X, fields = [index[k] for k in kept], X[keep], fields.take(kept)
     return DecodedRecords(
-        index=np.array(index, dtype=np.intp), fields=RecordFields(ids, ts, s_values, u_values, ys),
-        keys=np.array([str(rid) for rid in ids], dtype=str), X=X, s=labels_array(s_values), u=labels_array(u_values),
-        errors=errors, impute_s=config.imputes_s,
+        index=np.array(index, dtype=np.intp), fields=fields, keys=np.array([str(rid) for rid in fields.ids], dtype=str),
+        X=X, s=labels_array(fields.s), u=labels_array(fields.u), errors=errors, impute_s=config.imputes_s,
     )
+
+
+def range_errors(X: np.ndarray, config: PipelineConfig) -> list[tuple[int, str]]:
+    """(row, reason) for every row of ``X`` with a feature outside the pipeline's valid range (``valid_ranges``).
+
+    Impossible values (an age of 1e308) are refused here, whatever the plan does with values that
+    are valid but outside its grid (it clamps or refuses those, and flags them out of range).
+    """
+    if not config.valid_ranges or not len(X):
+        return []
+    lo, hi = (np.array(bound, dtype=np.float64) for bound in config.range_bounds())
+    outside = (X < lo) | (X > hi)
+    rows = np.flatnonzero(outside.any(axis=1))
+    first = outside[rows].argmax(axis=1)
+    names = config.features
+    return [(int(i), f"feature {names[j]!r} value {X[i, j].item()!r} is outside its valid range "
+                     f"[{_bound(lo[j])}, {_bound(hi[j])}] (pipeline.valid_ranges)")
+            for i, j in zip(rows.tolist(), first.tolist())]
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 class _FastRecords:
@@ -351,7 +405,8 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     """Repaired records as JSON bytes, one precompiled template for the whole batch.
 
     On an input that imputes a missing s, every record says whether its s was imputed
-    (``s_imputed``); ``s`` itself stays as it arrived (null when missing).
+    (``s_imputed``); ``s`` itself stays as it arrived (null when missing). Every record carries the
+    ``input_digest`` of the message it came from (see :func:`input_digest`).
     """
     names = [_literal(json.dumps(n)) for n in config.features]
     features = ",".join(f"{n}:%r" for n in names)
@@ -359,6 +414,7 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     if config.include_original:
         template += ',"original":{' + features + "}"
     template += "%s"  # the s_imputed flag, or nothing
+    template += ',"input_digest":%s'
     flags = [""] * len(fields)
     if config.imputes_s:
         marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
@@ -367,9 +423,10 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
     old_rows = X.tolist() if config.include_original else [[]] * len(fields)
     return [
-        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag)).encode()
-        for rid, ts, s, u, y, new, old, flag in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y, new_rows,
-                                                    old_rows, flags)
+        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag,
+                     _scalar(digest))).encode()
+        for rid, ts, s, u, y, new, old, flag, digest in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y,
+                                                            new_rows, old_rows, flags, fields.digests)
     ]
 
 
@@ -442,7 +499,7 @@ def dead_letter(value: bytes | None, reason: str, topic: str, partition: int, of
                         key_b64=base64.b64encode(key[:MAX_DEAD_LETTER_ORIGINAL]).decode() if key else None,
                         original_b64=base64.b64encode(kept).decode(), original_size=len(original),
                         original_sha256=hashlib.sha256(original).hexdigest(),
-                        original_truncated=len(kept) < len(original))
+                        original_truncated=len(kept) < len(original), input_digest=input_digest(value))
     return json.dumps(letter.asdict(), separators=(",", ":")).encode()
 
 

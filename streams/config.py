@@ -13,6 +13,10 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
     u_name = "education-num > 9"
     label = true             # records may carry y
 
+    [pipeline.valid_ranges]  # values outside these are dead-lettered, whatever the plan's policy
+    age = [0, 120]
+    hours-per-week = [0, 168]
+
     [topics]
     prefix = "fairstream"
     partitions = 4
@@ -25,17 +29,28 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
     artifact = "identity"    # or "embedding"
     dimension = 8
 
+Every key has a type and a valid range, declared once on the dataclass fields below (``Annotated``
+with :class:`msgspec.Meta`): msgspec checks them, and :func:`reference_markdown` renders them as the
+README's configuration reference. A mistake is one :class:`ConfigError` naming the file, the key,
+what was expected and what was found.
+
 Records on ``records.in`` are JSON objects ``{"id", "ts", "features": {...}, "s", "u", "y"?}``;
 anything else is dead-lettered with a reason.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+import typing
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+import msgspec
+from msgspec import Meta
 
 from fairstream.repair.protocol import PipelineSchema
 
@@ -43,91 +58,163 @@ from .topics import TopicConfig
 
 
 class ConfigError(ValueError):
-    """The pipeline configuration is invalid; the message names the key."""
+    """The pipeline configuration is invalid; the message names the file, the key, what was expected and found."""
+
+
+# --------------------------------------------------------------------------- types with their valid ranges
+# ``Meta.extra["expected"]`` words a compound type for messages and the reference; scalar types
+# are worded from their constraints (see _expected).
+
+_NAME_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"  # Kafka topic/group characters, no empty dot segments
+Label = Union[int, str]
+Features = Annotated[tuple[Annotated[str, Meta(min_length=1)], ...], Meta(
+    min_length=1, extra={"expected": "a non-empty list of distinct, non-empty names", "type": "list of strings"})]
+Labels = Annotated[tuple[Label, ...], Meta(
+    min_length=1, extra={"expected": "a non-empty list of distinct integers or strings",
+                         "type": "list of integers or strings"})]
+Ranges = Annotated[dict[str, tuple[float, float]], Meta(
+    extra={"expected": "a table of feature = [min, max] (numbers, min <= max; inf for no bound)",
+           "type": "table", "range": "keys: configured features"})]
+RECORD_KINDS = ("flow", "plan", "scorer")  # artifact kinds a record agent can apply (MODULE_KINDS minus embedding)
+STATISTICS = ("dependence_e", "dp_difference", "dp_ratio", "conditional_dp", "mdp")  # with an after/all/all/all row
+Port = Union[Annotated[int, Meta(ge=0, le=65535)], Literal["off"]]
+
+
+def _doc(text: str) -> dict:
+    return {"doc": text}
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class _Section:
+    """Checks every field of a config dataclass against its annotated type at construction."""
+
+    section: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name not in _NESTED:
+                object.__setattr__(self, f.name, check_value(getattr(self, f.name), _hints(type(self))[f.name],
+                                                             f"{self.section}.{f.name}"))
 
 
 @dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(_Section):
     """Batching and the artifact kind one agent applies."""
 
-    artifact: str
-    batch_size: int = 1000
-    batch_within: float = 0.05  # seconds to wait for a batch to fill before processing what is there
-    missing_s: str = "dead_letter"  # records only: "impute" repairs a record without s under a drawn s
-
-    def __post_init__(self) -> None:
-        if self.missing_s not in ("dead_letter", "impute"):
-            raise ConfigError(f"missing_s must be 'dead_letter' or 'impute', got {self.missing_s!r}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if isinstance(self.batch_within, bool) or not isinstance(self.batch_within, (int, float)) or self.batch_within <= 0:
-            raise ConfigError(f"batch_within must be a number of seconds > 0, got {self.batch_within!r}")
+    section: ClassVar[str] = "agents.records"
+    artifact: Literal[RECORD_KINDS] = field(metadata=_doc("artifact kind the agent applies"))
+    batch_size: Annotated[int, Meta(ge=1, le=100_000)] = field(
+        default=1000, metadata=_doc("most messages taken per batch"))
+    batch_within: Annotated[float, Meta(gt=0, le=60)] = field(
+        default=0.05, metadata=_doc("seconds to wait for a batch to fill before processing what is there"))
+    missing_s: Literal["dead_letter", "impute"] = field(
+        default="dead_letter", metadata=_doc("records without s: dead-lettered, or repaired under a drawn s"))
 
 
 @dataclass(frozen=True)
 class EmbeddingConfig(AgentConfig):
     """The embedding agent: the module it applies (or the identity) and the vector length."""
-    artifact: str = "identity"
-    dimension: int = 8
+
+    section: ClassVar[str] = "agents.embeddings"
+    artifact: Literal["identity", "embedding"] = field(
+        default="identity", metadata=_doc("the identity (L2 normalisation) or the published embedding module"))
+    dimension: Annotated[int, Meta(ge=1, le=65_536)] = field(default=8, metadata=_doc("length of every vector"))
+
+
+@dataclass(frozen=True)
+class MonitorConfig(_Section):
+    """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
+
+    section: ClassVar[str] = "monitor"
+    metrics_port: Port = field(default=0, metadata=_doc(
+        "the worker's Prometheus /metrics port: 0 = any free port (logged), \"off\" = no endpoint; "
+        "`fairstream worker --metrics-port` overrides it per worker"))
+    window_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(
+        default=8000, metadata=_doc("count-based window of the statistics"))
+    window_seconds: Annotated[float, Meta(gt=0, le=604_800)] = field(
+        default=120.0, metadata=_doc("time-based window of the statistics"))
+    buckets: Annotated[int, Meta(ge=1, le=1000)] = field(
+        default=10, metadata=_doc("windows slide by 1/buckets of their length; at most window_records"))
+    statistic: Literal[STATISTICS] = field(
+        default="dependence_e", metadata=_doc("the statistic (after repair) fed to the drift detector"))
+    detector: Literal["adwin", "page_hinkley", "kswin"] = field(default="adwin", metadata=_doc("river drift detector"))
+    threshold: Annotated[float, Meta(gt=0, le=1e6)] = field(
+        default=0.1, metadata=_doc("fairness gap above which the statistic counts as unfair"))
+    cooldown_seconds: Annotated[float, Meta(ge=0, le=86_400)] = field(
+        default=60.0, metadata=_doc("hysteresis: at most one drift event per cooldown"))
+    min_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(
+        default=500, metadata=_doc("no statistic is reported before the window holds this many records; "
+                                   "at most window_records"))
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.artifact not in ("identity", "embedding"):
-            raise ConfigError(f"agents.embeddings.artifact must be 'identity' or 'embedding', got {self.artifact!r}")
-        if self.dimension < 1:
-            raise ConfigError(f"agents.embeddings.dimension must be >= 1, got {self.dimension}")
+        # Either would silently disable the monitor: the window never reaches min_records, or a bucket is empty.
+        for key in ("min_records", "buckets"):
+            if getattr(self, key) > self.window_records:
+                raise ConfigError(f"monitor.{key} must be at most monitor.window_records ({self.window_records}), "
+                                  f"got {getattr(self, key)!r}")
+
+
+# TopicConfig lives in topics.py (the admin code uses it without a pipeline); its keys' types and
+# ranges are stated here, checked when a pipeline is built, and listed in the reference.
+TOPIC_KEYS: dict[str, tuple[Any, str]] = {
+    "prefix": (Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=200, extra={
+        "expected": "a topic name prefix of letters, digits, '_', '-' and inner dots (at most 200 characters)",
+        "type": "string"})], "every topic is named <prefix>.<topic>"),
+    "partitions": (Annotated[int, Meta(ge=1, le=10_000)], "partitions of every data topic (control has one)"),
+    "replication": (Annotated[int, Meta(ge=1, le=100)], "replication factor of every topic"),
+}
 
 
 @dataclass(frozen=True)
-class MonitorConfig:
-    """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
-
-    metrics_port: int = 0  # the worker's Prometheus /metrics port; 0 = no HTTP endpoint
-    window_records: int = 8000  # count-based window of the statistics
-    window_seconds: float = 120.0  # time-based window of the statistics
-    buckets: int = 10  # windows slide by 1/buckets of their length
-    statistic: str = "dependence_e"  # the statistic fed to the drift detector
-    detector: str = "adwin"  # adwin | page_hinkley | kswin (river)
-    threshold: float = 0.1  # fairness gap above which the statistic counts as unfair (above the window's noise)
-    cooldown_seconds: float = 60.0  # hysteresis: at most one drift event per cooldown
-    min_records: int = 500  # no statistic is reported before the window holds this many records
-
-    def __post_init__(self) -> None:
-        if self.detector not in ("adwin", "page_hinkley", "kswin"):
-            raise ConfigError(f"monitor.detector must be adwin, page_hinkley or kswin, got {self.detector!r}")
-        if self.window_records < 1 or self.window_seconds <= 0 or self.buckets < 1 or self.min_records < 1:
-            raise ConfigError("monitor windows, buckets and min_records must be positive")
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
+class PipelineConfig(_Section):
     """One pipeline: record fields, groups, strata, topics, agents and the monitor (from a TOML file)."""
-    name: str
-    features: tuple[str, ...]
-    groups: tuple
-    strata: tuple
-    s_name: str = "s"
-    u_name: str = "u"
-    label: bool = False
-    max_message_bytes: int = 64 * 1024
-    include_original: bool = True
-    artifact_dir: str = "runs/artifacts"
+
+    section: ClassVar[str] = "pipeline"
+    name: Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=200, extra={
+        "expected": "a name of letters, digits, '_', '-' and inner dots (at most 200 characters)", "type": "string"})] \
+        = field(metadata=_doc("pipeline name; the worker's default app id is <prefix>-<name>"))
+    features: Features = field(metadata=_doc("feature names of every record, in plan order"))
+    groups: Labels = field(metadata=_doc("values of the protected attribute s"))
+    strata: Labels = field(metadata=_doc("values of the unprotected attribute u"))
+    s_name: str = field(default="s", metadata=_doc("what s means (for reports)"))
+    u_name: str = field(default="u", metadata=_doc("what u means (for reports)"))
+    label: bool = field(default=False, metadata=_doc("records may carry a label y (0 or 1)"))
+    # Outputs are about as large as inputs and must fit under the producer's 1 MiB request limit.
+    max_message_bytes: Annotated[int, Meta(ge=64, le=512 * 1024)] = field(
+        default=64 * 1024, metadata=_doc("larger input messages are dead-lettered"))
+    include_original: bool = field(default=True, metadata=_doc("repaired records also carry the original features"))
+    artifact_dir: Annotated[str, Meta(min_length=1)] = field(
+        default="runs/artifacts", metadata=_doc("the content-addressed artifact store"))
+    valid_ranges: Ranges = field(default=(), metadata=_doc(
+        "valid [min, max] of a feature (inclusive): values outside are dead-lettered whatever the plan's "
+        "out-of-range policy; a feature without an entry is unbounded"))
     topics: TopicConfig = field(default_factory=TopicConfig)
     records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
     def __post_init__(self) -> None:
-        if not self.features or not all(isinstance(f, str) and f for f in self.features):
-            raise ConfigError(f"pipeline.features must be a list of non-empty names, got {self.features!r}")
-        if len(set(self.features)) != len(self.features):
-            raise ConfigError(f"pipeline.features has duplicates: {list(self.features)}")
-        for key in ("groups", "strata"):
+        if isinstance(self.valid_ranges, tuple):  # the stored form (a copy made by replace) reads back
+            object.__setattr__(self, "valid_ranges", {name: bounds for name, bounds in self.valid_ranges})
+        super().__post_init__()
+        for key in ("features", "groups", "strata"):
             values = getattr(self, key)
-            if not values or len(set(values)) != len(values):
-                raise ConfigError(f"pipeline.{key} must be a non-empty list of distinct values, got {list(values)}")
-            if any(isinstance(v, (bool, float)) or not isinstance(v, (int, str)) for v in values):
-                raise ConfigError(f"pipeline.{key} values must be integers or strings, got {list(values)}")
+            if len(set(values)) != len(values):
+                raise ConfigError(f"pipeline.{key} has duplicates: {list(values)}; expected "
+                                  f"{_expected(_hints(PipelineConfig)[key])}")
+        object.__setattr__(self, "valid_ranges", _check_ranges(self.valid_ranges, self.features))
+        self._check_sections()
+
+    def _check_sections(self) -> None:
+        for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
+                          ("monitor", MonitorConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        for key, (hint, _) in TOPIC_KEYS.items():
+            check_value(getattr(self.topics, key), hint, f"topics.{key}")
 
     def schema(self) -> PipelineSchema:
         """What this pipeline promises its modules (checked by every module at load time)."""
@@ -139,44 +226,59 @@ class PipelineConfig:
         """Whether records without s are repaired under an imputed s (else dead-lettered)."""
         return self.records.missing_s == "impute"
 
+    def range_bounds(self) -> tuple[list[float], list[float]]:
+        """Lower and upper valid bounds per feature, in feature order (-inf/inf where none is declared)."""
+        ranges = dict(self.valid_ranges)
+        return ([ranges.get(n, (-math.inf, math.inf))[0] for n in self.features],
+                [ranges.get(n, (-math.inf, math.inf))[1] for n in self.features])
+
     @classmethod
     def from_toml(cls, path: str | Path) -> "PipelineConfig":
-        """Read and validate a pipeline TOML file."""
-        with open(path, "rb") as fh:
-            return cls.from_dict(tomllib.load(fh))
+        """Read and validate a pipeline TOML file; every error is a ConfigError that starts with the path."""
+        try:
+            text = Path(path).read_bytes().decode("utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such pipeline config file") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the pipeline config: {exc.strerror or exc}") from None
+        try:
+            return cls.from_dict(tomllib.loads(text))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
         """Validate a parsed pipeline TOML document."""
-        pipeline = dict(data.get("pipeline", {}))
         unknown = set(data) - {"pipeline", "topics", "agents", "monitor"}
         if unknown:
-            raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}")
-        agents = data.get("agents", {})
+            raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: "
+                              "['agents', 'monitor', 'pipeline', 'topics']")
+        agents = _table(data, "agents")
         unknown_agents = set(agents) - {"records", "embeddings"}
         if unknown_agents:
             raise ConfigError(f"unknown agent section(s) {sorted(unknown_agents)}; known: ['embeddings', 'records']")
-        try:
-            return cls(
-                **_known(cls, pipeline, "pipeline", tuples=("features", "groups", "strata")),
-                topics=TopicConfig(**_known(TopicConfig, data.get("topics", {}), "topics")),
-                records=AgentConfig(**_known(AgentConfig, {"artifact": "plan", **agents.get("records", {})}, "agents.records")),
-                embeddings=EmbeddingConfig(**_known(EmbeddingConfig, agents.get("embeddings", {}), "agents.embeddings")),
-                monitor=MonitorConfig(**_known(MonitorConfig, data.get("monitor", {}), "monitor")),
-            )
-        except TypeError as exc:  # a missing required key
-            raise ConfigError(f"invalid pipeline configuration: {exc}") from None
-        except ValueError as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"invalid [topics] section: {exc}") from None
+        return cls(
+            **_known(cls, _table(data, "pipeline"), "pipeline"),
+            topics=_topics(_table(data, "topics")),
+            records=AgentConfig(**_known(AgentConfig, {"artifact": "plan", **_table(agents, "records", "agents.")},
+                                         "agents.records")),
+            embeddings=EmbeddingConfig(**_known(EmbeddingConfig, _table(agents, "embeddings", "agents."),
+                                                "agents.embeddings")),
+            monitor=MonitorConfig(**_known(MonitorConfig, _table(data, "monitor"), "monitor")),
+        )
 
     def to_toml(self) -> str:
         """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
-        pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _SECTIONS}
-        sections = {"pipeline": pipeline, "topics": _asdict(self.topics), "agents.records": _asdict(self.records),
-                    "agents.embeddings": _asdict(self.embeddings), "monitor": _asdict(self.monitor)}
-        return "\n".join(f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items())
+        pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
+        ranges = pipeline.pop("valid_ranges")
+        sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
+                    "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
+                    "monitor": _asdict(self.monitor)}
+        return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
     def with_topics(self, **changes) -> "PipelineConfig":
@@ -188,36 +290,179 @@ class PipelineConfig:
         return replace(self, monitor=replace(self.monitor, **changes))
 
 
-_SECTIONS = ("topics", "records", "embeddings", "monitor")
+_NESTED = ("topics", "records", "embeddings", "monitor")
 
 
-def _known(cls, section: dict, name: str, tuples: tuple[str, ...] = ()) -> dict:
-    allowed = {f.name for f in fields(cls)} - set(_SECTIONS)
+# --------------------------------------------------------------------------- checking values
+
+
+def check_value(value, hint, key: str):
+    """``value`` converted to ``hint`` (lists to tuples, ints to floats), or a ConfigError naming ``key``."""
+    try:
+        converted = msgspec.convert(value, hint)
+    except msgspec.ValidationError:
+        raise ConfigError(f"{key} must be {_expected(hint)}, got {_found(value)}") from None
+    if isinstance(converted, float) and not math.isfinite(converted):
+        raise ConfigError(f"{key} must be {_expected(hint)}, got {_found(value)}")
+    return converted
+
+
+def _check_ranges(ranges: dict, features: tuple) -> tuple:
+    """The valid ranges in feature order, as hashable (name, (min, max)) pairs."""
+    for name, (lo, hi) in ranges.items():
+        if name not in features:
+            raise ConfigError(f"pipeline.valid_ranges names {name!r}, which is not a configured feature "
+                              f"{list(features)}")
+        if math.isnan(lo) or math.isnan(hi) or lo > hi:
+            raise ConfigError(f"pipeline.valid_ranges.{name} must be [min, max] with min <= max, got [{lo!r}, {hi!r}]")
+    return tuple((name, tuple(ranges[name])) for name in features if name in ranges)
+
+
+def _found(value) -> str:
+    shown = repr(list(value) if isinstance(value, tuple) else value)
+    return shown if len(shown) <= 200 else shown[:200] + "..."
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def _meta(hint) -> tuple[Any, list]:
+    """The bare type of an ``Annotated`` hint and its Meta constraints."""
+    if typing.get_origin(hint) is Annotated:
+        base, *extras = typing.get_args(hint)
+        return base, [m for m in extras if isinstance(m, Meta)]
+    return hint, []
+
+
+def _expected(hint) -> str:
+    """What a value of ``hint`` must be, in words (for messages and the reference)."""
+    base, metas = _meta(hint)
+    for meta in metas:
+        if meta.extra and "expected" in meta.extra:
+            return meta.extra["expected"]
+    if typing.get_origin(base) is Literal:
+        return _choices(typing.get_args(base))
+    if typing.get_origin(base) is Union:
+        return " or ".join(_expected(arg) for arg in typing.get_args(base))
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(base, str(base))
+    bounds = [f"{op} {_number(getattr(m, attr))}" for m in metas
+              for attr, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")) if getattr(m, attr) is not None]
+    if base is str and any(m.min_length for m in metas):
+        words = "a non-empty string"
+    return words + (" " + " and ".join(bounds) if bounds else "")
+
+
+def _choices(values) -> str:
+    quoted = [repr(v) for v in values]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+def _number(value) -> str:
+    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(value)
+
+
+# --------------------------------------------------------------------------- reading TOML tables
+
+
+def _table(data: dict, name: str, parent: str = "") -> dict:
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"[{parent}{name}] must be a table, got {_found(value)}")
+    return value
+
+
+def _known(cls, section: dict, name: str) -> dict:
+    allowed = {f.name for f in fields(cls)} - set(_NESTED)
     unknown = set(section) - allowed
     if unknown:
         raise ConfigError(f"[{name}] has unknown key(s) {sorted(unknown)}; allowed: {sorted(allowed)}")
-    for key in tuples:
-        if key in section and not isinstance(section[key], list):
-            raise ConfigError(f"[{name}] {key} must be a list, got {section[key]!r}")
-    return {k: tuple(v) if k in tuples else v for k, v in section.items()}
+    for f in fields(cls):
+        if f.name in allowed and f.default is MISSING and f.default_factory is MISSING and f.name not in section:
+            raise ConfigError(f"{name}.{f.name} is required: {_expected(_hints(cls)[f.name])}")
+    return section
+
+
+def _topics(section: dict) -> TopicConfig:
+    unknown = set(section) - set(TOPIC_KEYS)
+    if unknown:
+        raise ConfigError(f"[topics] has unknown key(s) {sorted(unknown)}; allowed: {sorted(TOPIC_KEYS)}")
+    # Checked here first: TopicConfig's own checks would compare a string with an int.
+    checked = {key: check_value(value, TOPIC_KEYS[key][0], f"topics.{key}") for key, value in section.items()}
+    return TopicConfig(**checked)
 
 
 def _asdict(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
+def _toml_key(key: str) -> str:
+    return key if key.replace("-", "").replace("_", "").isalnum() and key.isascii() else json.dumps(key)
+
+
 def _toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return repr(value)
+        return repr(value)  # inf and -inf are TOML floats too; NaN is refused by the checks
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string literal is a valid TOML basic string
     return "[" + ", ".join(_toml_value(v) for v in value) + "]"
 
 
+# --------------------------------------------------------------------------- the reference
+
+
+def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """(key, type, default, valid values, meaning) of every configuration key, section by section."""
+    rows = []
+    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig):
+        for f in fields(cls):
+            if f.name in _NESTED:
+                continue
+            default = "required" if f.default is MISSING and f.default_factory is MISSING else _toml_value(f.default)
+            rows.append(_reference_row(cls.section, f.name, _hints(cls)[f.name], default, f.metadata.get("doc", "")))
+        if cls is PipelineConfig:
+            defaults = TopicConfig()
+            rows += [_reference_row("topics", key, hint, _toml_value(getattr(defaults, key)), doc)
+                     for key, (hint, doc) in TOPIC_KEYS.items()]
+    return rows
+
+
+def _reference_row(section: str, key: str, hint, default: str, doc: str) -> tuple:
+    base, metas = _meta(hint)
+    extra = next((m.extra for m in metas if m.extra), {})
+    kind = extra.get("type") or _type_name(base)
+    valid = extra.get("range") or _expected(hint)
+    if default == "[]" and kind == "table":
+        default = "{} (none)"
+    return section, key, kind, default, valid, doc
+
+
+def _type_name(base) -> str:
+    if typing.get_origin(base) is Literal:
+        return "string"
+    if typing.get_origin(base) is Union:
+        return " or ".join(_type_name(_meta(arg)[0]) for arg in typing.get_args(base))
+    return {int: "integer", float: "number", bool: "boolean", str: "string"}.get(base, str(base))
+
+
+def reference_markdown() -> str:
+    """The README's configuration reference table (tests check the README holds exactly this)."""
+    lines = ["| section | key | type | default | valid values | meaning |", "|---|---|---|---|---|---|"]
+    for section, key, kind, default, valid, doc in reference_rows():
+        cells = [f"`[{section}]`", f"`{key}`", kind, f"`{default}`" if default != "required" else "required",
+                 valid, doc]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
 def adult_config(**changes) -> PipelineConfig:
     """The pipeline of the Adult demo: S = sex, U = education-num > 9, X = age, hours-per-week."""
+    ranges = {"age": (0.0, 120.0), "hours-per-week": (0.0, 168.0)}
+    if "features" in changes and "valid_ranges" not in changes:  # another feature list keeps the ranges it names
+        changes["valid_ranges"] = {k: v for k, v in ranges.items() if k in changes["features"]}
     base = PipelineConfig(name="adult", features=("age", "hours-per-week"), groups=(0, 1), strata=(0, 1),
-                          s_name="sex", u_name="education-num > 9", label=True)
+                          s_name="sex", u_name="education-num > 9", label=True, valid_ranges=ranges)
     return replace(base, **changes)

@@ -35,13 +35,19 @@ class InputRecord(_Schema):
 
 
 class RepairedRecord(_Schema):
-    """A record on ``records.repaired``: repaired features plus the artifact that produced them."""
+    """A record on ``records.repaired``: repaired features plus the artifact that produced them.
+
+    ``input_digest`` identifies the input message (the first 128 bits of its sha256, hex): outputs
+    with the same ``(id, input_digest)`` come from one message (a replay); the same ``id`` with
+    another digest is a different record that reused the id (a conflict, never to be merged).
+    """
 
     id: Any
     s: Any
     u: Any
     features: dict
     provenance: dict
+    input_digest: Optional[str]  # null only for records encoded without their input bytes (tests, notebooks)
     ts: Optional[float] = None
     y: Optional[int] = None
     original: Optional[dict] = None
@@ -71,12 +77,13 @@ class DeadLetter(_Schema):
     original_b64: str
     original_size: int
     original_sha256: str
+    input_digest: str  # original_sha256's first 32 hex digits: the same digest a repaired record carries
     original_truncated: bool = False
     key_b64: Optional[str] = None
 
 
 class ControlRecord(_Schema):
-    """A message on ``control`` (key = artifact kind): which artifact version is active.
+    """A message on ``control`` (key: :func:`fairstream.streams.control.records.control_key`): which artifact version is active.
 
     The artifact travels inline (``blob_b64``, the single-blob encoding of
     :func:`fairstream.repair.artifacts.encode`) while small, otherwise as a path in the

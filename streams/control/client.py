@@ -1,4 +1,7 @@
 """The publisher's client of the control topic: publish, roll back and list artifact versions.
+
+Every record is sent under its own :func:`~fairstream.streams.control.records.control_key`, so the
+history survives compaction and rollback can always go back.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from fairstream.repair.artifacts import Artifact, ArtifactError
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
-from .records import ControlError, encode_control, is_stale, parse_control
+from .records import ControlError, control_key, encode_control, is_stale, parse_control
 from .registry import control_consumer, message_limit, open_at_beginning
 from .store import ArtifactStore
 
@@ -184,7 +187,7 @@ class ControlClient:
         )
         await producer.start()
         try:
-            await producer.send_and_wait(self.topic, value, key=record.kind.encode("utf-8"), partition=0)
+            await producer.send_and_wait(self.topic, value, key=control_key(record, value), partition=0)
         finally:
             await producer.stop()
 

@@ -1,8 +1,18 @@
 """Control records: the message format of the control topic (one per publish or rollback of an artifact version).
+
+Keys. The control topic is compacted on Apache Kafka: compaction keeps the last record per key. A
+key per artifact kind (as before) let one record shadow the whole history of its kind: a garbage
+record or a tombstone keyed ``plan`` left a new worker with no plan and rollback with no history.
+Every record is therefore keyed by :func:`control_key`, unique to its content (kind, version,
+action and a digest of the value), so compaction removes nothing but exact re-sends, and a
+hostile record can shadow at most the one record whose key it copies. Workers replay every
+surviving record in order and skip what they refuse (see the registry), so they serve the newest
+version that survived.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -21,6 +31,15 @@ class ControlError(ValueError):
 def encode_control(record: ControlRecord) -> bytes:
     """The control message value: JSON of the record's fields."""
     return json.dumps(record.asdict(), sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+def control_key(record: ControlRecord, value: bytes) -> bytes:
+    """The record's key on the control topic: ``<kind>/<version>/<action>/<sha256 of the value, 16 hex>``.
+
+    The same message sent twice (a retry) gets the same key, so compaction keeps one copy; any two
+    different records get different keys, so compaction never drops one for the other.
+    """
+    return f"{record.kind}/{record.version}/{record.action}/{hashlib.sha256(value).hexdigest()[:16]}".encode()
 
 
 def parse_control(value: bytes | None) -> ControlRecord:

@@ -9,6 +9,15 @@ assignment; anything wrong is refused, counted and logged while the previous ver
 Version rule, shared by the client and every registry: a ``publish`` whose version is lower than
 the active one is stale (a replay out of order) and ignored; a ``rollback`` may go lower. Because
 the topic has one partition, every worker sees the same order and reaches the same state.
+
+Start-up rule: a new worker replays every record that survived compaction, in order; a record it
+refuses (garbage, a tombstone, a tampered artifact) changes nothing, so it serves the newest
+version that survived. With per-record keys (:func:`~fairstream.streams.control.records.control_key`)
+one hostile record can shadow at most one version, never the history of a kind.
+
+A pipeline config that disagrees with the artifact (a feature renamed in one of them) is refused
+at load, at start as at a swap, and logged as an error naming both sides; :meth:`ArtifactRegistry.explain_missing`
+says why a kind has nothing to serve, for the worker's hold-input message.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact
-from fairstream.repair.protocol import PipelineSchema
+from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.schemas import ControlRecord
 
 from .records import ControlError, is_stale, parse_control
@@ -86,6 +95,7 @@ class ArtifactRegistry:
         self.accepted_total: Counter[str] = Counter()
         self.refused_total: Counter[str] = Counter()
         self._active: Mapping[str, Active] = MappingProxyType({})
+        self._refusals: dict[str, str] = {}  # kind -> its last refusal, for explain_missing
 
     def current(self, kind: str) -> Active | None:
         """What ``kind`` is served with now, or None before its first accepted record."""
@@ -94,6 +104,14 @@ class ArtifactRegistry:
     def snapshot(self) -> Mapping[str, Active]:
         """Every kind's active artifact, as one consistent read-only mapping."""
         return self._active
+
+    def explain_missing(self, kind: str) -> tuple[int, str]:
+        """(log level, message) saying why ``kind`` has no active artifact: its last refusal, or none published."""
+        refusal = self._refusals.get(kind)
+        if refusal is None:
+            return logging.WARNING, f"no {kind} artifact loaded yet: holding input until one is published"
+        return logging.ERROR, (f"no usable {kind} artifact: the last one was refused ({refusal}); holding input "
+                               "(nothing is dead-lettered) until a compatible one is published or the config is fixed")
 
     def apply(self, value: bytes | None) -> bool:
         """Verify and activate one control message; False (logged, counted) if it is refused."""
@@ -105,6 +123,8 @@ class ArtifactRegistry:
         what = f"{record.action} of {record.kind} version {record.version} (sha256 {record.sha256[:12]})"
         try:
             active = self._build(record)
+        except IncompatibleArtifact as exc:  # a valid artifact that does not fit this pipeline's config
+            return self._refuse(label, what, f"the pipeline config and the artifact disagree: {exc}", logging.ERROR)
         except Exception as exc:  # loaders are arbitrary code; whatever they raise is a refusal
             return self._refuse(label, what, f"{type(exc).__name__}: {exc}")
         # One assignment of a fresh mapping: readers see the old state or the new one, never a mix.
@@ -148,11 +168,13 @@ class ArtifactRegistry:
         # mounted at different places, and a message must not make a worker open arbitrary files.
         return self.store.get(record.sha256)
 
-    def _refuse(self, label: str, what: str, reason: str) -> bool:
+    def _refuse(self, label: str, what: str, reason: str, level: int = logging.WARNING) -> bool:
         self.refused_total[label] += 1
+        if label != UNKNOWN_KIND:
+            self._refusals[label] = f"{what}: {reason}"
         active = self.current(label)
         keeps = f"; still serving version {active.version}" if active else ""
-        log.warning("refused %s: %s%s", what, reason, keeps)
+        log.log(level, "refused %s: %s%s", what, reason, keeps)
         if self.on_refuse is not None:
             _call_safely(self.on_refuse, label, reason)
         return False

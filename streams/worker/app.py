@@ -85,7 +85,8 @@ class OutputProducer(mode.Service):
 
     async def on_stop(self) -> None:
         """Flush what is pending and close."""
-        await self.producer.stop()
+        if self.producer is not None:  # None when the worker stops before it started
+            await self.producer.stop()
 
 
 class WorkerServices(mode.Service):
@@ -132,18 +133,27 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     monitor = FairnessMonitor(config)
     app.fairstream_monitor = monitor
     output = OutputProducer(bootstrap)
+    # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
+    app.fairstream_metrics_port = metrics_port = serve(config.monitor.metrics_port)
 
     @app.task
     async def control() -> None:
-        serve(config.monitor.metrics_port)
+        if metrics_port is None:
+            log.info("no /metrics endpoint ([monitor] metrics_port = \"off\")")
+        else:
+            log.info("serving Prometheus /metrics on port %d", metrics_port)
         await follow_control(registry, bootstrap, topics.control, ready=ready)
 
     async def active(kind: str):
         """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
         await ready.wait()
+        waited = 0
         while (current := registry.current(kind)) is None:
-            log.warning("no %s artifact loaded yet: holding input until one is published", kind)
+            if waited % 30 == 0:  # at start, then twice a minute: loud, not a flood
+                # An error when the config disagrees with the published artifact, a warning when none exists.
+                log.log(*registry.explain_missing(kind))
             await asyncio.sleep(1.0)
+            waited += 1
         return current
 
     async def no_artifact():

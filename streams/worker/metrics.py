@@ -11,6 +11,8 @@ Statistics (label ``statistic``): ``dependence_e``, ``w1``, ``dp_difference``, `
 
 from __future__ import annotations
 
+import errno
+
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
@@ -39,7 +41,24 @@ MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on ``port`` (0: do not serve)."""
-    if port:
-        start_http_server(port)
+class MetricsPortError(RuntimeError):
+    """The /metrics endpoint cannot listen on the configured port (taken, or not allowed)."""
+
+
+def serve(port: int | str, addr: str = "0.0.0.0") -> int | None:
+    """Serve /metrics on ``port`` (0: any free port; "off": no endpoint); returns the port it listens on.
+
+    A taken port is a :class:`MetricsPortError` that says so and how to choose another: two workers
+    on one host cannot share a port.
+    """
+    if port == "off":
+        return None
+    try:
+        server, _ = start_http_server(int(port), addr)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise MetricsPortError(
+                f"metrics port {port} is already in use on this host (another worker?): give each worker its own "
+                "port with --metrics-port PORT or [monitor] metrics_port, or 0 for any free port") from None
+        raise MetricsPortError(f"cannot serve /metrics on port {port}: {exc.strerror or exc}") from None
+    return server.server_port

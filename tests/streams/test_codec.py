@@ -260,6 +260,9 @@ def reference_decode(value, config):
         row = codec._check_record(obj, config, frozenset(config.groups), frozenset(config.strata))
     except codec.Invalid as exc:
         return str(exc)
+    outside = codec.range_errors(np.array([row]), config)  # checked on the decoded rows of both paths
+    if outside:
+        return outside[0][1]
     return [obj["id"], obj.get("ts"), obj.get("s"), obj["u"], obj.get("y")], row
 
 
@@ -286,7 +289,7 @@ TRICKY_VALUES = [
 @PROPERTY
 @given(st.lists(json_bytes(near_valid_records(ADULT)) | RAW_VALUES | json_bytes(JSON_VALUES | HUGE_INTS), max_size=10))
 def test_the_typed_decoder_accepts_exactly_what_the_reference_path_accepts(values):
-    for value, config in itertools.product(values + TRICKY_VALUES, (ADULT, IMPUTING)):
+    for value, config in itertools.product(values + TRICKY_VALUES, (ADULT, IMPUTING, UNBOUNDED)):
         expected = reference_decode(value, config)
         batch = decode_records([value], config)
         if isinstance(expected, str):
@@ -300,6 +303,7 @@ def test_the_typed_decoder_accepts_exactly_what_the_reference_path_accepts(value
 
 
 IMPUTING = adult_config(records=AgentConfig(artifact="plan", missing_s="impute"))
+UNBOUNDED = adult_config(valid_ranges={})  # every finite value is valid: the decoder's own edge cases
 
 
 def test_an_imputing_input_accepts_a_record_without_s_and_nothing_else_new():
@@ -535,7 +539,7 @@ def test_valid_ids(rid, key):
     ({"age": 2**60, "hours-per-week": -(2**60)}, [float(2**60), float(-(2**60))]),
 ])
 def test_numeric_features(features, row):
-    batch = accepted(raw(record(features=features)))
+    batch = accepted(raw(record(features=features)), UNBOUNDED)
     assert batch.X.tolist() == [row]
     assert all(same_float(a, b) for a, b in zip(batch.X[0].tolist(), row))
 
@@ -555,7 +559,7 @@ def test_numeric_features(features, row):
 def test_optional_fields(changes):
     obj = record(**changes)
     batch = accepted(raw(obj))
-    assert batch.fields == RecordFields.of([obj])
+    assert batch.fields == RecordFields.of([obj], [raw(obj)])
 
 
 def test_json_with_whitespace_and_unicode_escapes_is_accepted():
@@ -671,7 +675,7 @@ def test_include_original_false_omits_original():
     obj = json.loads(encode_repaired(RecordFields.of(records), X, X + 1, config, PROV)[0])
     assert "original" not in obj
     assert obj == {"id": "a", "ts": 5, "s": 0, "u": 1, "y": 1, "features": {"age": 31.0, "hours-per-week": 41.0},
-                   "provenance": PROV}
+                   "input_digest": None, "provenance": PROV}
 
 
 def test_encode_repaired_of_an_empty_batch():
@@ -954,3 +958,64 @@ def test_a_dead_letter_fits_under_the_message_limit_whatever_arrived(size):
     assert letter["original_size"] == size and letter["original_sha256"] == hashlib.sha256(value).hexdigest()
     assert letter["original_truncated"] == (size > MAX_DEAD_LETTER_ORIGINAL)
     assert kept == value[:MAX_DEAD_LETTER_ORIGINAL]
+
+
+# --------------------------------------------------------------------------- valid ranges (pipeline.valid_ranges)
+
+
+@pytest.mark.parametrize("features, reason", [
+    ({"age": 1e308, "hours-per-week": 40},
+     "feature 'age' value 1e+308 is outside its valid range [0, 120] (pipeline.valid_ranges)"),
+    ({"age": 30, "hours-per-week": -1},
+     "feature 'hours-per-week' value -1.0 is outside its valid range [0, 168] (pipeline.valid_ranges)"),
+    ({"age": -1e308, "hours-per-week": 1e9},  # both outside: the first feature is named
+     "feature 'age' value -1e+308 is outside its valid range [0, 120] (pipeline.valid_ranges)"),
+    ({"age": 120.00000000000001, "hours-per-week": 40},
+     "feature 'age' value 120.00000000000001 is outside its valid range [0, 120] (pipeline.valid_ranges)"),
+], ids=["huge", "negative hours", "both", "just above"])
+def test_values_outside_the_valid_range_are_refused_with_the_range(features, reason):
+    assert one_error(raw(record(features=features))) == reason
+
+
+def test_the_valid_range_is_inclusive_and_bounds_only_the_features_it_names():
+    accepted(raw(with_features(age=0, hours_per_week=168)))
+    accepted(raw(with_features(age=120, hours_per_week=0)))
+    only_age = adult_config(valid_ranges={"age": (0, 120)})
+    accepted(raw(with_features(age=30, hours_per_week=1e308)), only_age)
+    assert "'age'" in one_error(raw(with_features(age=121, hours_per_week=40)), only_age)
+    one_sided = adult_config(valid_ranges={"hours-per-week": (0, math.inf)})
+    accepted(raw(with_features(age=-5, hours_per_week=1e300)), one_sided)
+    assert "[0, inf]" in one_error(raw(with_features(age=1, hours_per_week=-0.5)), one_sided)
+
+
+def test_out_of_range_rows_leave_the_rest_of_the_batch_in_order():
+    values = [raw(record(id="a")), raw(record(id="b", features={"age": 1e308, "hours-per-week": 40})), b"{",
+              raw(record(id="c", s=1, u=0, ts=7, y=1)), raw(record(id="d", features={"age": -3, "hours-per-week": 40}))]
+    batch = decode_records(values, ADULT)
+    check_batch(batch, values, ADULT)
+    assert batch.index.tolist() == [0, 3] and batch.keys.tolist() == ["a", "c"]
+    assert [i for i, _ in batch.errors] == [1, 2, 4]
+    assert batch.fields.ts == [None, 7] and batch.fields.y == [None, 1] and batch.s.tolist() == [0, 1]
+    assert batch.fields.digests == [codec.input_digest(values[0]), codec.input_digest(values[3])]
+
+
+# --------------------------------------------------------------------------- the input digest
+
+
+def test_every_output_carries_the_digest_of_its_input_so_conflicts_differ_from_replays():
+    first = raw(record(id="dup"))
+    conflicting = raw(record(id="dup", features={"age": 31, "hours-per-week": 20}))  # the same id, other content
+    values = [first, conflicting, first]  # the third is a replay of the first
+    batch = decode_records(values, ADULT)
+    out = [strict_loads(v) for v in encode_repaired(batch.fields, batch.X, batch.X, ADULT, PROV)]
+    digests = [o["input_digest"] for o in out]
+    assert digests == [hashlib.sha256(v).hexdigest()[:32] for v in values]
+    assert digests[0] == digests[2] != digests[1]
+    assert {o["id"] for o in out} == {"dup"} and {o["provenance"]["version"] for o in out} == {3}
+
+
+def test_a_dead_letter_carries_the_digest_a_repaired_record_of_the_same_bytes_would():
+    for value in (GOOD, b"{", None, b"x" * (MAX_DEAD_LETTER_ORIGINAL + 10)):
+        letter = strict_loads(dead_letter(value, "why", "t", 0, 1, "records"))
+        assert letter["input_digest"] == codec.input_digest(value) == letter["original_sha256"][:32]
+    assert decode_records([GOOD], ADULT).fields.digests == [codec.input_digest(GOOD)]
