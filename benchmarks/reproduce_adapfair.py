@@ -21,7 +21,7 @@ Data (bundled CSVs, see fairstream.repair.datasets):
 Speed (a benchmark, not a test): the Health re-fit job (cold and warm-started, timed), and the
 frozen flow's apply path in numpy vs torch inference mode per batch size.
 
-    .venv/bin/python benchmarks/reproduce_adapfair.py            # about 15 minutes on one core
+    .venv/bin/python benchmarks/reproduce_adapfair.py            # about 12 minutes on one shared core
     .venv/bin/python benchmarks/reproduce_adapfair.py --quick    # 2 seeds, 3 lambdas, fewer steps
     .venv/bin/python benchmarks/reproduce_adapfair.py --only drift,speed
 """
@@ -131,8 +131,8 @@ def summarise(title: str, rows: list[dict]) -> list[dict]:
     for key in dict.fromkeys((r["method"], r["lam"]) for r in rows):
         group = [r for r in rows if (r["method"], r["lam"]) == key]
         stats = {m: (float(np.mean([r[m] for r in group])), float(np.std([r[m] for r in group]))) for m in ("acc", "dp", "eopp")}
-        fit_s = np.mean([r["fit_s"] for r in group]) if "fit_s" in group[0] else float("nan")
-        summary.append({"method": key[0], "lam": key[1], **stats, "fit_s": fit_s})
+        fit_s = float(np.mean([r["fit_s"] for r in group])) if "fit_s" in group[0] else float("nan")
+        summary.append({"method": key[0], "lam": key[1], **stats, "fit_s": None if np.isnan(fit_s) else fit_s})
         lam = "-" if key[1] is None else f"{key[1]:.2f}"
         cells = "".join(f"{stats[m][0]:>10.3f} +- {stats[m][1]:.3f}" for m in ("acc", "dp", "eopp"))
         print(f"{key[0]:<24}{lam:>7}{cells}{'' if np.isnan(fit_s) else f'{fit_s:>8.1f}'}")

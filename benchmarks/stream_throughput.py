@@ -47,6 +47,7 @@ from pathlib import Path
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.config import adult_config
@@ -262,11 +263,12 @@ def worker_done(samples: dict) -> float:
 class Workers:
     """``n`` worker processes in one group for one pipeline."""
 
-    def __init__(self, config, bootstrap: str, run_dir: Path, n: int):
+    def __init__(self, config, bootstrap: str, run_dir: Path, n: int, env: dict | None = None):
         self.workers = []
         for i in range(n):
             worker_config = config.with_monitor(metrics_port=free_port())
-            self.workers.append(WorkerProcess(worker_config, bootstrap, run_dir, name=f"{config.topics.prefix}-{i}"))
+            self.workers.append(WorkerProcess(worker_config, bootstrap, run_dir, name=f"{config.topics.prefix}-{i}",
+                                              env=env))
 
     def start(self) -> "Workers":
         """Start them together, so they join the group in one rebalance."""
@@ -351,18 +353,21 @@ class Bench:
     bootstrap: str
     archive: object
     plan: object
+    scorer: object
 
     def config(self, prefix: str):
         config = adult_config(artifact_dir=str(self.run_dir / "artifacts")).with_topics(prefix=prefix,
                                                                                         partitions=PARTITIONS)
         return replace(config, records=replace(config.records, batch_size=self.args.batch_size))
 
-    async def pipeline(self, prefix: str, preload: int):
-        """A pipeline's topics, the plan published, and ``preload`` records on its input."""
+    async def pipeline(self, prefix: str, preload: int, scorer=None):
+        """A pipeline's topics, the plan (and a scorer) published, and ``preload`` records on its input."""
         config = self.config(prefix)
         await ensure_topics_async(self.bootstrap, config.topics)
-        await ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish(
-            self.plan.to_artifact())
+        control = ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+        await control.publish(self.plan.to_artifact())
+        if scorer is not None:  # the monitor then also tracks decisions' DP and MDP
+            await control.publish(scorer.to_artifact())
         if preload:
             await produce(self.bootstrap, config.topics.records_in, build_records(self.archive, config, preload, "rec"))
         return config
@@ -390,10 +395,11 @@ class Bench:
         rate = rate_of(outputs)
         return Result(f"raw {client} passthrough", rate, cores_cpu / ((n - 1) / rate))
 
-    async def throughput_workers(self, n_workers: int) -> Result:
+    async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", scorer=None) -> Result:
         n = self.args.records
-        config = await self.pipeline(f"bench{n_workers}", n)
-        workers = Workers(config, self.bootstrap, self.run_dir, n_workers).start()
+        config = await self.pipeline(f"bench{n_workers}{event_loop}{'s' if scorer else ''}", n, scorer)
+        workers = Workers(config, self.bootstrap, self.run_dir, n_workers,
+                          env={"FAIRSTREAM_EVENT_LOOP": event_loop}).start()
         try:
             first: dict = {}
 
@@ -409,7 +415,9 @@ class Bench:
         outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,
                                      self.args.timeout)
         rate = rate_of(outputs)
-        return Result(f"repair worker x{n_workers}", rate, cpu / ((n - 1) / rate), share)
+        name = f"repair worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})") + \
+            (" + scorer" if scorer else "")
+        return Result(name, rate, cpu / ((n - 1) / rate), share)
 
     # ------------------------------------------------------------------ latency
 
@@ -493,7 +501,7 @@ def monitor_share(before: list[dict], after: list[dict]) -> float:
 async def run(args, run_dir: Path, bootstrap: str) -> None:
     research, archive = datasets.load("adult").split(10_000, seed=0)
     plan = DistributionalRepair(n_q=250, out_of_range="reject").fit(research.X, research.s, research.u)
-    bench = Bench(args, run_dir, bootstrap, archive, plan)
+    bench = Bench(args, run_dir, bootstrap, archive, plan, LogisticScorer().fit(research.X, research.y))
     if args.soak_minutes:
         await bench.soak()
         return
@@ -505,6 +513,11 @@ async def run(args, run_dir: Path, bootstrap: str) -> None:
         print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
     for n in args.workers:
         results.append(await bench.throughput_workers(n))
+        print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
+    results.append(await bench.throughput_workers(1, scorer=bench.scorer))
+    print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
+    if args.uvloop:
+        results.append(await bench.throughput_workers(1, "uvloop"))
         print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
     results[0].latencies = await bench.latency_raw("aiokafka")
     results[1].latencies = await bench.latency_raw("confluent-kafka")
@@ -549,6 +562,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 3], help="worker counts to run (default 1 2 3)")
     parser.add_argument("--batch-size", type=int, default=1000, help="worker batch (and passthrough fetch) size")
     parser.add_argument("--soak-minutes", type=int, default=0, help="run only the soak, this many minutes")
+    parser.add_argument("--uvloop", action="store_true", help="also time one worker on uvloop")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
     return parser.parse_args(argv)
 

@@ -35,6 +35,7 @@ class SharpSinkhornLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, r0: torch.Tensor, r1: torch.Tensor, eps: float, a, b):
+        """The sharp Sinkhorn cost between the two groups' scores (one scalar)."""
         needs = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         result = sharp_sinkhorn(r0.detach().double().cpu().numpy(), r1.detach().double().cpu().numpy(),
                                 eps=eps, a=a, b=b, gradient=needs)
@@ -46,6 +47,7 @@ class SharpSinkhornLoss(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):
+        """The closed-form gradients of Theorem 1, scaled by the incoming gradient."""
         grad_r0, grad_r1 = ctx.saved_tensors
         return grad * grad_r0, grad * grad_r1, None, None, None
 

@@ -32,7 +32,14 @@ import torch
 from torch import nn
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
+from fairstream.repair._validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    normalise_labels,
+)
 from fairstream.repair.measure.metrics import as_binary
 
 from .fairness_loss import DIVERGENCES, NOTIONS, fairness_loss
@@ -75,6 +82,7 @@ class FlowBank(nn.Module):
 
     @property
     def n_flows(self) -> int:
+        """How many flows the bank holds (one per group, or one shared)."""
         return int(self.weights[0].shape[1])
 
     def forward(self, x: torch.Tensor, flows: Sequence[int] | None = None, inverse: bool = False) -> torch.Tensor:
@@ -153,6 +161,7 @@ class LogisticLogits(nn.Module):
         return cls(scorer.mean_, scorer.scale_, scorer.coef_, scorer.intercept_)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The frozen scorer's logits for a batch of rows."""
         return ((x - self.mean) / self.std) @ self.coef + self.intercept
 
 
@@ -170,6 +179,7 @@ class MLPClassifier(nn.Module):
         self.net = nn.Sequential(*layers, nn.Linear(sizes[-1], 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch of rows."""
         return self.net((x - self.mean) / self.std).squeeze(-1)
 
 

@@ -16,16 +16,24 @@ from pathlib import Path
 
 
 def _cmd_repair(args: argparse.Namespace) -> int:
+    from fairstream.repair.datasets import DATASET_NAMES
     from fairstream.streams.demo.batch_job import (
         BatchRepairConfig,
         format_report,
         run_batch_repair,
     )
 
+    if args.dataset not in DATASET_NAMES:  # before the progress bar: the error is then the only line
+        raise CliError(f"unknown dataset {args.dataset!r}; valid names: {', '.join(DATASET_NAMES)}")
     config = BatchRepairConfig(dataset=args.dataset, features=tuple(args.features.split(",")) if args.features else None,
                                n_research=args.n_research, n_q=args.n_q, repair_amount=args.repair_amount,
                                seed=args.seed, bins=args.bins, out=Path(args.out))
-    report = run_batch_repair(config, progress=not args.quiet)
+    try:
+        report = run_batch_repair(config, progress=not args.quiet)
+    except ValueError as exc:
+        if not str(exc).startswith("--n-research"):  # the job's own check of that option; anything else is a bug
+            raise
+        raise CliError(str(exc)) from None
     print(format_report(report))
     return 0
 
@@ -61,8 +69,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if isinstance(exc, CliError) or type(exc).__module__.startswith("fairstream") \
-        else f"{type(exc).__name__}: {text}"
+    named = text.startswith(type(exc).__name__) or type(exc).__module__.startswith("fairstream")
+    return text if named or isinstance(exc, CliError) else f"{type(exc).__name__}: {text}"
+
+
+def _quiet_client_logs() -> None:
+    """Kafka clients log a connection failure before raising it; without --debug the one-line error says it all."""
+    import logging
+
+    for name in ("aiokafka", "kafka"):
+        # A handler stops Python's last-resort stderr output; configured handlers (worker, refit) still get them.
+        logging.getLogger(name).addHandler(logging.NullHandler())
 
 
 def _config(args: argparse.Namespace):
@@ -184,21 +201,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0 if sent == len(messages) else 1
 
 
-def _control(args: argparse.Namespace, bootstrap: str):
+def _control(config, bootstrap: str):
     from fairstream.streams.control.client import ControlClient
     from fairstream.streams.control.store import ArtifactStore
 
-    config = _config(args)
     return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
 
 
 def _cmd_artifacts(args: argparse.Namespace) -> int:
     from fairstream.repair import artifacts
 
+    config = _config(args)  # before the broker: a bad config stops the command before anything starts
+    artifact = artifacts.load(args.file) if args.action == "publish" else None
     with _broker(args) as broker:
-        control = _control(args, broker.bootstrap)
+        control = _control(config, broker.bootstrap)
         if args.action == "publish":
-            record = control.publish_sync(artifacts.load(args.file))
+            record = control.publish_sync(artifact)
             print(f"published {record.kind} version {record.version} (sha256 {record.sha256[:12]}, "
                   f"{'inline' if record.blob_b64 else 'by path'}) to {control.topic}")
         elif args.action == "rollback":
@@ -350,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the ``fairstream`` command line; returns the exit code."""
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("FAIRSTREAM_DEBUG", "") not in ("", "0")
+    if not debug:
+        _quiet_client_logs()
     try:
         return args.func(args)
     except KeyboardInterrupt:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Iterable
 
@@ -221,6 +222,15 @@ def _on_artifact_change(current) -> None:
 
 
 def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ()) -> None:
-    """Run a worker in this process until it is stopped (SIGINT/SIGTERM stop it cleanly)."""
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True)
+    """Run a worker in this process until it is stopped (SIGINT/SIGTERM stop it cleanly).
+
+    ``FAIRSTREAM_EVENT_LOOP=uvloop`` runs it on uvloop (measured in benchmarks/stream_throughput.py).
+    """
+    loop = None
+    if os.environ.get("FAIRSTREAM_EVENT_LOOP", "asyncio") == "uvloop":
+        import uvloop  # only where asked for: an optional dependency
+
+        loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, loop=loop)
     worker.execute_from_commandline()

@@ -5,8 +5,7 @@ import doctest
 import numpy as np
 import ot
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (installed with the models extra)
 
 from fairstream.models import fairness_loss as loss_module  # noqa: E402
 from fairstream.models.fairness_loss import fairness_loss, sharp_sinkhorn_loss, wasserstein2_loss  # noqa: E402

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import copy
+import math
 import tomllib
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from fairstream.streams.config import AgentConfig, ConfigError, EmbeddingConfig, PipelineConfig, adult_config
+from fairstream.streams.config import (
+    AgentConfig,
+    ConfigError,
+    EmbeddingConfig,
+    PipelineConfig,
+    adult_config,
+    reference_markdown,
+    reference_rows,
+)
 from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -283,3 +292,127 @@ def test_bad_topics_are_config_errors(key, value):
     data = adult_data()
     data["topics"][key] = value
     assert key in config_error(data)
+
+
+# --------------------------------------------------------------------------- types and ranges of every key
+
+
+def table_of(data: dict, section: str) -> dict:
+    for part in section.split("."):
+        data = data.setdefault(part, {})
+    return data
+
+
+@pytest.mark.parametrize("section, key", [(row[0], row[1]) for row in reference_rows()], ids="{0[0]}.{0[1]}".format)
+def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(section, key):
+    data = adult_data()
+    table_of(data, section)[key] = {"x": [1]}
+    message = config_error(data)
+    assert message.startswith(f"{section}.{key} must be ") and message.endswith("got {'x': [1]}"), message
+
+
+@pytest.mark.parametrize("section, key, value, expected", [
+    ("topics", "partitions", "4", "an integer >= 1 and <= 10000"),
+    ("monitor", "metrics_port", "9464", "an integer >= 0 and <= 65535 or 'off'"),
+    ("monitor", "metrics_port", 70000, "an integer >= 0 and <= 65535 or 'off'"),
+    ("monitor", "metrics_port", -1, "an integer >= 0 and <= 65535 or 'off'"),
+    ("agents.records", "batch_within", 1e308, "a number > 0 and <= 60"),
+    ("agents.records", "batch_within", float("nan"), "a number > 0 and <= 60"),
+    ("agents.records", "batch_size", 10**9, "an integer >= 1 and <= 100000"),
+    ("agents.records", "artifact", "plna", "'flow', 'plan' or 'scorer'"),
+    ("monitor", "threshold", float("inf"), "a number > 0 and <= 1000000"),
+    ("monitor", "statistic", "w1", "'dependence_e', 'dp_difference', 'dp_ratio', 'conditional_dp' or 'mdp'"),
+    ("pipeline", "max_message_bytes", 2**30, "an integer >= 64 and <= 524288"),
+    ("pipeline", "name", "my pipeline", "a name of letters, digits, '_', '-' and inner dots (at most 200 characters)"),
+    ("pipeline", "label", "yes", "true or false"),
+], ids=lambda v: str(v)[:20])
+def test_values_outside_their_range_are_named_with_what_was_expected_and_found(section, key, value, expected):
+    data = adult_data()
+    table_of(data, section)[key] = value
+    assert config_error(data) == f"{section}.{key} must be {expected}, got {value!r}"
+
+
+@pytest.mark.parametrize("key", ["min_records", "buckets"])
+def test_monitor_settings_that_would_silence_the_monitor_are_refused(key):
+    data = adult_data()
+    data["monitor"].update(window_records=100, min_records=50, buckets=10)
+    data["monitor"][key] = 101
+    assert config_error(data) == f"monitor.{key} must be at most monitor.window_records (100), got 101"
+
+
+@pytest.mark.parametrize("port", [0, 9464, "off"])
+def test_metrics_port_is_a_port_any_free_port_or_off(port):
+    data = adult_data()
+    data["monitor"]["metrics_port"] = port
+    assert PipelineConfig.from_dict(data).monitor.metrics_port == port
+
+
+@pytest.mark.parametrize("ranges, message", [
+    ({"hours-per-weak": [0, 168]}, "pipeline.valid_ranges names 'hours-per-weak', which is not a configured feature"),
+    ({"age": [120, 0]}, "pipeline.valid_ranges.age must be [min, max] with min <= max, got [120.0, 0.0]"),
+    ({"age": [0, float("nan")]}, "pipeline.valid_ranges.age must be [min, max] with min <= max, got [0.0, nan]"),
+    ({"age": [0]}, "pipeline.valid_ranges must be a table of feature = [min, max]"),
+    ({"age": ["0", "120"]}, "pipeline.valid_ranges must be a table of feature = [min, max]"),
+    ([0, 120], "pipeline.valid_ranges must be a table of feature = [min, max]"),
+])
+def test_bad_valid_ranges_are_named(ranges, message):
+    data = adult_data()
+    data["pipeline"]["valid_ranges"] = ranges
+    assert message in config_error(data)
+
+
+def test_valid_ranges_may_be_one_sided_and_read_back(tmp_path):
+    config = adult_config(valid_ranges={"hours-per-week": (0, math.inf), "age": (-math.inf, 120)})
+    assert config.valid_ranges == (("age", (-math.inf, 120.0)), ("hours-per-week", (0.0, math.inf)))
+    assert config.range_bounds() == ([-math.inf, 0.0], [120.0, math.inf])
+    path = tmp_path / "p.toml"
+    path.write_text(config.to_toml())
+    assert PipelineConfig.from_toml(path) == config
+    assert adult_config(valid_ranges={}).range_bounds() == ([-math.inf] * 2, [math.inf] * 2)
+
+
+def test_the_shipped_adult_config_declares_valid_ranges():
+    assert dict(PipelineConfig.from_toml(ADULT_TOML).valid_ranges) == {"age": (0.0, 120.0),
+                                                                        "hours-per-week": (0.0, 168.0)}
+
+
+# --------------------------------------------------------------------------- file errors name the file
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such pipeline config file"),
+    (b"[pipeline\nname = 'x'\n", "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 10)"),
+    (b"name = \xff\n", "not a UTF-8 text file"),
+    (b"", "pipeline.name is required"),
+    (b"[pipeline]\nname = 'a'\nfeatures = ['x']\ngroups = [0, 1]\nstrata = [0]\n[topics]\npartitions = '4'\n",
+     "topics.partitions must be an integer >= 1 and <= 10000, got '4'"),
+], ids=["missing", "syntax", "not utf-8", "empty", "typed"])
+def test_a_file_error_starts_with_the_path(content, message, tmp_path):
+    path = tmp_path / "pipeline.toml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        PipelineConfig.from_toml(path)
+    assert str(info.value).startswith(f"{path}: {message}")
+
+
+def test_a_directory_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match=f"^{tmp_path}: cannot read the pipeline config"):
+        PipelineConfig.from_toml(tmp_path)
+
+
+# --------------------------------------------------------------------------- the README's reference
+
+
+def test_the_readme_configuration_reference_lists_every_key_with_type_default_and_range():
+    readme = (ROOT / "README.md").read_text()
+    assert reference_markdown() in readme, "regenerate the README table with fairstream.streams.config.reference_markdown()"
+    documented = {(row[0], row[1]) for row in reference_rows()}
+    config = PipelineConfig.from_toml(ADULT_TOML)
+    keys = {("pipeline", f.name) for f in fields(PipelineConfig) if f.name not in SECTIONS}
+    keys |= {("topics", f.name) for f in fields(TopicConfig)}
+    keys |= {(section, f.name) for section, obj in (("agents.records", config.records),
+                                                    ("agents.embeddings", config.embeddings),
+                                                    ("monitor", config.monitor)) for f in fields(obj)}
+    assert documented == keys
+    assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())

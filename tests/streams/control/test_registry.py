@@ -19,8 +19,15 @@ from fairstream.repair.artifacts import ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.control.client import ControlClient
-from fairstream.streams.control.records import ControlError, encode_control, parse_control
-from fairstream.streams.control.registry import UNKNOWN_KIND, ArtifactRegistry, follow_control, module_loaders
+from fairstream.streams.control.records import ControlError, control_key, encode_control, parse_control
+from fairstream.streams.control.registry import (
+    UNKNOWN_KIND,
+    ArtifactRegistry,
+    control_consumer,
+    follow_control,
+    module_loaders,
+    open_at_beginning,
+)
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.schemas import ControlRecord
@@ -483,7 +490,8 @@ def test_a_plan_fitted_on_other_features_is_refused_at_load_and_the_old_one_keep
     three = DistributionalRepair(n_q=30).fit(rng.normal(size=(400, 3)) + s[:, None], s, u)
     with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
         assert not registry.apply(message(three.to_artifact(), version=2))
-    assert "IncompatibleArtifact: the plan repairs 3 features" in caplog.text and "still serving version 1" in caplog.text
+    assert "the pipeline config and the artifact disagree: the plan repairs 3 features" in caplog.text
+    assert "still serving version 1" in caplog.text and caplog.records[-1].levelno == logging.ERROR
     assert served_version(registry) == 1
     X, s, u = sample  # the old plan still repairs the pipeline's 2-feature records
     assert registry.current("plan").module.transform(X, s, u).shape == (50, 2)
@@ -527,3 +535,116 @@ def test_a_scorer_of_another_width_is_refused_at_load(caplog):
     with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
         assert not registry.apply(message(scorer.to_artifact(), version=1))
     assert "the scorer takes 3 features, the pipeline has 2" in caplog.text
+
+
+# --------------------------------------------------------------------------- compaction (keys, start-up rule)
+
+
+def compact(log: list[tuple[bytes, bytes | None]], drop_tombstones: bool = False) -> list:
+    """What Kafka's log compaction leaves of ``log``: the last record per key, in log order.
+
+    Tombstones (value None) are kept for ``delete.retention.ms`` and then removed too.
+    """
+    last = {key: offset for offset, (key, _) in enumerate(log)}
+    kept = [(key, value) for offset, (key, value) in enumerate(log) if last[key] == offset]
+    return [(key, value) for key, value in kept if value is not None or not drop_tombstones]
+
+
+def keyed(artifact, version, action="publish") -> tuple[bytes, bytes]:
+    """A control message as the client sends it: (its control key, its value)."""
+    value = message(artifact, version=version, action=action)
+    return control_key(parse_control(value), value), value
+
+
+def test_control_keys_are_unique_per_record_and_stable_for_a_resend(plans):
+    artifact = plans[0].to_artifact()
+    first, again = keyed(artifact, 1), keyed(artifact, 1)
+    rollback = keyed(artifact, 1, action="rollback")
+    other = keyed(plans[1].to_artifact(), 1)
+    assert first == again  # a retried send compacts onto itself
+    assert len({first[0], rollback[0], other[0], keyed(artifact, 2)[0]}) == 4
+    assert first[0].startswith(b"plan/1/publish/") and rollback[0].startswith(b"plan/1/rollback/")
+
+
+def test_no_single_record_can_shadow_every_version(plans):
+    """Whatever key one hostile record copies, a fresh registry on the compacted log still serves a plan."""
+    a, b, c = (plan.to_artifact() for plan in plans)
+    log = [keyed(a, 1), keyed(b, 2), keyed(a, 1, "rollback"), keyed(c, 3)]
+    hostile = {"garbage": b"\x00not a control record", "tombstone": None,
+               "a record of a kind without a loader": message(a, version=9, kind="scorer")}
+    for key in [b"plan", *(key for key, _ in log)]:
+        for name, value in hostile.items():
+            for drop in (False, True):
+                registry = ArtifactRegistry(LOADERS)
+                for _, surviving in compact(log + [(key, value)], drop_tombstones=drop):
+                    registry.apply(surviving)
+                expected = 1 if key == log[-1][0] else 3  # shadowing v3 falls back to the rollback's v1
+                assert served_version(registry) == expected, (key, name, drop)
+
+
+async def read_log(bootstrap: str, topic: str) -> list[tuple[bytes, bytes | None]]:
+    consumer = control_consumer(bootstrap)
+    await consumer.start()
+    try:
+        partition, end = await open_at_beginning(consumer, topic)
+        log = []
+        while await consumer.position(partition) < end:
+            batch = await consumer.getmany(partition, timeout_ms=200)
+            log += [(m.key, m.value) for m in batch.get(partition, [])]
+        return log
+    finally:
+        await consumer.stop()
+
+
+async def write_log(bootstrap: str, topic: str, log: list) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        for key, value in log:
+            await producer.send_and_wait(topic, value, key=key, partition=0)
+    finally:
+        await producer.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("drop_tombstones", [False, True], ids=["tombstones kept", "tombstones removed"])
+def test_history_survives_compaction_and_hostile_records(broker, topics, store, plans, drop_tombstones):
+    client = ControlClient(broker.bootstrap, topics, store)
+    for plan in plans:
+        client.publish_sync(plan.to_artifact())
+    client.rollback_sync("plan")  # back to version 2
+    last = client.publish_sync(plans[0].to_artifact())  # version 4
+    log = asyncio.run(read_log(broker.bootstrap, topics.control))
+    assert len({key for key, _ in log}) == len(log) == 5, "every record has its own key"
+    # Hostile: garbage and a tombstone keyed like the kind (the old key), garbage keyed like version 4.
+    log += [(b"plan", b"garbage"), (b"plan", None), (log[-1][0], b"garbage")]
+    compacted_topics = TopicConfig(prefix=f"{topics.prefix}-compacted", partitions=1)
+    ensure_topics(broker.bootstrap, compacted_topics)
+    asyncio.run(write_log(broker.bootstrap, compacted_topics.control, compact(log, drop_tombstones)))
+    registry = ArtifactRegistry(module_loaders(SCHEMA), store)  # a fresh worker's registry, as the worker builds it
+    asyncio.run(catch_up(registry, broker.bootstrap, compacted_topics.control))
+    assert last.version == 4 and served_version(registry) == 2  # version 4 was shadowed; 2 was active before it
+    assert registry.current("plan").sha256 == plans[1].to_artifact().sha256
+    compacted = ControlClient(broker.bootstrap, compacted_topics, store)
+    assert [(r.version, r.action) for r in compacted.history_sync()] == [
+        (1, "publish"), (2, "publish"), (3, "publish"), (2, "rollback")]
+    assert compacted.rollback_sync("plan").version == 1  # rollback still has its history
+
+
+def test_a_worker_whose_config_disagrees_with_the_only_plan_says_why_it_holds_input(caplog):
+    """A feature renamed in the config (hours-per-weak) against a plan fitted on hours-per-week: an error naming both."""
+    rng = np.random.default_rng(8)
+    s, u = rng.integers(0, 2, 400), rng.integers(0, 2, 400)
+    plan = DistributionalRepair(n_q=30, columns=["age", "hours-per-week"]).fit(rng.normal(size=(400, 2)), s, u)
+    registry = ArtifactRegistry(module_loaders(PipelineSchema(features=("age", "hours-per-weak"), groups=(0, 1),
+                                                              strata=(0, 1))))
+    assert registry.explain_missing("plan") == (
+        logging.WARNING, "no plan artifact loaded yet: holding input until one is published")
+    with caplog.at_level(logging.WARNING, logger="fairstream.streams.control.registry"):
+        assert not registry.apply(message(plan.to_artifact(), version=1))
+    assert caplog.records[-1].levelno == logging.ERROR
+    level, why = registry.explain_missing("plan")
+    assert level == logging.ERROR and "holding input (nothing is dead-lettered)" in why
+    assert "the plan was fitted on features ['age', 'hours-per-week'], the pipeline names ['age', 'hours-per-weak']" in why
+    assert not registry.apply(b"garbage")  # an unreadable record names no kind: the plan's reason stays
+    assert "hours-per-weak" in registry.explain_missing("plan")[1]
