@@ -415,7 +415,7 @@ def _toml_value(value) -> str:
 
 
 def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
-    """(key, type, default, valid values, meaning) of every configuration key, section by section."""
+    """(section, key, type, default, valid values, meaning) of every configuration key, section by section."""
     rows = []
     for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig):
         for f in fields(cls):

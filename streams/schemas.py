@@ -83,7 +83,7 @@ class DeadLetter(_Schema):
 
 
 class ControlRecord(_Schema):
-    """A message on ``control`` (key: :func:`fairstream.streams.control.records.control_key`): which artifact version is active.
+    """A message on ``control``: which artifact version is active (key: ``control_key`` in ``control/records.py``).
 
     The artifact travels inline (``blob_b64``, the single-blob encoding of
     :func:`fairstream.repair.artifacts.encode`) while small, otherwise as a path in the

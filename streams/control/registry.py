@@ -231,25 +231,28 @@ async def follow_control(
 ) -> None:
     """Apply every control record, from the beginning, for ever; set ``ready`` once caught up.
 
-    "Caught up" means past the end offset the topic had when following started, so a worker does
-    not process data before it knows the latest published artifacts. Records are applied in a
-    thread (decoding and building a large module must not stall the event loop); cancellation
-    stops the consumer and re-raises ``CancelledError``. The topic must exist.
+    "Caught up" means past the high watermark of the first fetches, so a worker does not process
+    data before it knows the latest published artifacts. (The fetch's high watermark, not the
+    ListOffsets end offset, which the embedded broker under-reports: a worker restarted after a
+    publish would otherwise start serving the previous version.) Records are applied in a thread
+    (decoding and building a large module must not stall the event loop); cancellation stops the
+    consumer and re-raises ``CancelledError``. The topic must exist.
     """
     consumer = control_consumer(bootstrap)
     await consumer.start()
     try:
         partition, end = await open_at_beginning(consumer, topic)
-        log.info("following %s from the beginning (%d records to replay)", topic, end)
+        log.info("following %s from the beginning (about %d records to replay)", topic, end)
         caught_up = False
         while True:
-            if not caught_up and await consumer.position(partition) >= end:
-                caught_up = True
-                log.info("caught up with %s at offset %d", topic, end)
-                if ready is not None:
-                    ready.set()
             batch = await consumer.getmany(partition, timeout_ms=poll_ms)
             for message in batch.get(partition, []):
                 await asyncio.to_thread(registry.apply, message.value)
+            highwater = consumer.highwater(partition)
+            if not caught_up and highwater is not None and await consumer.position(partition) >= max(end, highwater):
+                caught_up = True
+                log.info("caught up with %s at offset %d", topic, highwater)
+                if ready is not None:
+                    ready.set()
     finally:
         await consumer.stop()

@@ -10,9 +10,9 @@ kind is applied through the module protocol.
 
 A crash between send and commit replays the batch; the repair is a deterministic function of
 (artifact version, record key), so the replayed outputs are identical and consumers de-duplicate
-by (id, provenance.version). The active artifact is read once per batch, so every output record of
-a batch carries exactly one version, and a swap published on the control topic takes effect
-between two batches.
+by (id, input_digest) (the README's de-duplication rule). The active artifact is read once per
+batch, so every output record of a batch carries exactly one version, and a swap published on the
+control topic takes effect between two batches.
 """
 
 from __future__ import annotations

@@ -144,7 +144,11 @@ class BatchConsumer(mode.Service):
             self._finished.set()
 
     async def _one_batch(self) -> None:
-        active = await self.spec.active()  # waits (no fetch) while no artifact is loaded: backpressure
+        # Waits (no fetch) while no artifact is loaded: backpressure; a stop ends the wait at once.
+        waited = await self.wait(self.spec.active())
+        if waited.stopped:
+            return
+        active = waited.result
         fetched = await self._consumer.getmany(timeout_ms=int(self.spec.batching.batch_within * 1000),
                                                max_records=self.spec.batching.batch_size)
         messages = [m for records in fetched.values() for m in records]

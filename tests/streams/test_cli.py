@@ -80,7 +80,8 @@ BAD_CONFIGS = {
                           "monitor.statistic must be 'dependence_e', 'dp_difference', 'dp_ratio', 'conditional_dp' "
                           "or 'mdp', got 'dependence_E'"),
 }
-CONFIG_COMMANDS = [["worker"], ["replay"], ["artifacts", "list"], ["artifacts", "rollback", "plan"], ["refit"], ["demo"]]
+CONFIG_COMMANDS = [["worker"], ["replay"], ["artifacts", "list"], ["artifacts", "rollback", "plan"], ["refit"],
+                   ["demo"]]
 UNREACHABLE = "kafka://127.0.0.1:1"
 
 

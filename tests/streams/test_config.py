@@ -381,7 +381,8 @@ def test_the_shipped_adult_config_declares_valid_ranges():
 
 @pytest.mark.parametrize("content, message", [
     (None, "no such pipeline config file"),
-    (b"[pipeline\nname = 'x'\n", "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 10)"),
+    (b"[pipeline\nname = 'x'\n",
+     "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 10)"),
     (b"name = \xff\n", "not a UTF-8 text file"),
     (b"", "pipeline.name is required"),
     (b"[pipeline]\nname = 'a'\nfeatures = ['x']\ngroups = [0, 1]\nstrata = [0]\n[topics]\npartitions = '4'\n",
@@ -406,7 +407,7 @@ def test_a_directory_is_not_a_config(tmp_path):
 
 def test_the_readme_configuration_reference_lists_every_key_with_type_default_and_range():
     readme = (ROOT / "README.md").read_text()
-    assert reference_markdown() in readme, "regenerate the README table with fairstream.streams.config.reference_markdown()"
+    assert reference_markdown() in readme, "regenerate the README table: fairstream.streams.config.reference_markdown()"
     documented = {(row[0], row[1]) for row in reference_rows()}
     config = PipelineConfig.from_toml(ADULT_TOML)
     keys = {("pipeline", f.name) for f in fields(PipelineConfig) if f.name not in SECTIONS}

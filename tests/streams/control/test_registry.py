@@ -632,7 +632,7 @@ def test_history_survives_compaction_and_hostile_records(broker, topics, store, 
 
 
 def test_a_worker_whose_config_disagrees_with_the_only_plan_says_why_it_holds_input(caplog):
-    """A feature renamed in the config (hours-per-weak) against a plan fitted on hours-per-week: an error naming both."""
+    """A feature renamed in the config (hours-per-weak), a plan fitted on hours-per-week: an error naming both."""
     rng = np.random.default_rng(8)
     s, u = rng.integers(0, 2, 400), rng.integers(0, 2, 400)
     plan = DistributionalRepair(n_q=30, columns=["age", "hours-per-week"]).fit(rng.normal(size=(400, 2)), s, u)

@@ -71,8 +71,8 @@ def test_a_config_that_disagrees_with_the_plan_is_refused_at_start_and_input_is_
         assert re.search(r"\[ERROR\] no usable plan artifact: the last one was refused \(publish of plan version 1 .*"
                          r"the plan was fitted on features \['age', 'hours-per-week'\], the pipeline names "
                          r"\['age', 'hours-per-weak'\]\); holding input \(nothing is dead-lettered\)", log), log
-        replay(broker.bootstrap, config.topics.records_in, record_messages(archive.subset(slice(0, 50)), config, "held"),
-               progress=False)
+        valid = record_messages(archive.subset(slice(0, 50)), config, "held")
+        replay(broker.bootstrap, config.topics.records_in, valid, progress=False)
         with TopicReader(broker.bootstrap, config.topics.dlq) as dlq:
             deadline, letters = time.monotonic() + 5.0, []
             while time.monotonic() < deadline:
@@ -132,17 +132,17 @@ def test_a_worker_creates_its_run_dir_and_serves_metrics_on_a_free_port(broker, 
 
 
 def test_a_taken_metrics_port_stops_the_worker_at_once_in_one_line(broker, tmp_path):
-    config = pipeline(tmp_path, "ops")
-    path = tmp_path / "pipeline.toml"
-    path.write_text(config.to_toml())
-    with socket.socket() as taken:
+    with socket.socket() as taken:  # a second worker on this host, with the same pipeline file
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        path = tmp_path / "pipeline.toml"
+        path.write_text(pipeline(tmp_path, "ops").with_monitor(metrics_port=port).to_toml())
+        (tmp_path / "run").mkdir()
         started = time.monotonic()
         result = subprocess.run([sys.executable, "-m", "fairstream.streams.cli", "worker", "--config", str(path),
-                                 "--broker", f"kafka://{broker.bootstrap}", "--run-dir", str(tmp_path / "run"),
-                                 "--metrics-port", str(port)], capture_output=True, text=True, timeout=120)
+                                 "--broker", f"kafka://{broker.bootstrap}", "--run-dir", str(tmp_path / "run")],
+                                capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and time.monotonic() - started < 60
     assert result.stderr.strip() == (
         f"fairstream worker: error: metrics port {port} is already in use on this host (another worker?): give each "
