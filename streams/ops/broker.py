@@ -200,7 +200,23 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
 # --------------------------------------------------------------------------- the embedded broker
 
 
-class EmbeddedBroker(ManagedProcess):
+class _Reachable:
+    """What clients need of a broker, from its ``address``."""
+
+    address: BrokerAddress
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port,...`` for Kafka clients."""
+        return self.address.bootstrap
+
+    @property
+    def url(self) -> str:
+        """``kafka://host:port,...`` for ``--broker``."""
+        return self.address.url
+
+
+class EmbeddedBroker(_Reachable, ManagedProcess):
     """A Tansu broker subprocess on a loopback port, with in-memory storage.
 
     >>> with EmbeddedBroker("runs/dev") as broker:  # doctest: +SKIP
@@ -243,16 +259,6 @@ class EmbeddedBroker(ManagedProcess):
     def address(self) -> BrokerAddress:
         """Where clients reach the broker."""
         return BrokerAddress(((self.host, self.port),))
-
-    @property
-    def bootstrap(self) -> str:
-        """``host:port`` for Kafka clients."""
-        return self.address.bootstrap
-
-    @property
-    def url(self) -> str:
-        """``kafka://host:port`` for ``--broker``."""
-        return self.address.url
 
     @property
     def pid_path(self) -> Path:
@@ -330,20 +336,10 @@ def _resolve_binary() -> str:
 
 
 @dataclass(frozen=True)
-class ExternalBroker:
+class ExternalBroker(_Reachable):
     """A broker someone else runs (Apache Kafka in production); nothing to start or stop."""
 
     address: BrokerAddress
-
-    @property
-    def bootstrap(self) -> str:
-        """``host:port,...`` for Kafka clients."""
-        return self.address.bootstrap
-
-    @property
-    def url(self) -> str:
-        """``kafka://host:port,...`` for ``--broker``."""
-        return self.address.url
 
 
 @contextlib.contextmanager

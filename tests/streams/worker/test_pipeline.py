@@ -24,12 +24,14 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import encode_control
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.collect import TopicReader
-from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
+from fairstream.streams.demo.replay import bad_messages, interleave, record_messages
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import ensure_topics
+
+from .outputs import collect_outputs, send
 
 pytestmark = pytest.mark.integration
 
@@ -49,28 +51,12 @@ class LivePipeline:
         return record.version
 
     def send(self, messages, rate=None) -> None:
-        assert replay(self.bootstrap, self.config.topics.records_in, messages, rate=rate, progress=False) == len(messages)
+        send(self.bootstrap, self.config, messages, rate)
 
     def outputs(self, ids: set, timeout: float = 120.0) -> tuple[dict, dict]:
         """Every repaired record and dead letter for ``ids`` (lists: duplicates are kept), once all arrived."""
-        repaired, dead = {}, {}
-        with TopicReader(self.bootstrap, self.config.topics.records_repaired) as rep, \
-                TopicReader(self.bootstrap, self.config.topics.dlq) as dlq:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and not ids <= (repaired.keys() | dead.keys()):
-                for m in rep.poll():
-                    r = json.loads(m.value)
-                    if r["id"] in ids:
-                        repaired.setdefault(r["id"], []).append(r)
-                for m in dlq.poll():
-                    letter = json.loads(m.value)
-                    rid = base64.b64decode(letter["key_b64"]).decode() if letter.get("key_b64") else None
-                    if rid in ids:
-                        dead.setdefault(rid, []).append(letter)
-                assert self.worker.running, self.worker.log_tail()
-        missing = ids - repaired.keys() - dead.keys()
-        assert not missing, f"{len(missing)} ids never came out, e.g. {sorted(missing)[:5]}\n{self.worker.log_tail()}"
-        return repaired, dead
+        alive = lambda: None if self.worker.running else self.worker.log_tail()  # noqa: E731
+        return collect_outputs(self.bootstrap, self.config, ids, timeout, alive)
 
 
 def features(records, config):

@@ -22,12 +22,13 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
-from fairstream.streams.demo.collect import TopicReader
-from fairstream.streams.demo.replay import record_messages, replay
+from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+
+from .outputs import collect_outputs, send
 
 pytestmark = pytest.mark.integration
 
@@ -82,25 +83,11 @@ class Group:
             worker.stop()
 
     def send(self, messages, rate=None) -> None:
-        assert replay(self.bootstrap, self.config.topics.records_in, messages, rate=rate, progress=False) == len(messages)
+        send(self.bootstrap, self.config, messages, rate)
 
     def outputs(self, ids: set, timeout: float = 180.0) -> tuple[dict, dict]:
         """Every repaired record and dead letter for ``ids`` (lists keep duplicates), once all came out."""
-        repaired, dead = {}, {}
-        with TopicReader(self.bootstrap, self.config.topics.records_repaired) as rep, \
-                TopicReader(self.bootstrap, self.config.topics.dlq) as dlq:
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and not ids <= (repaired.keys() | dead.keys()):
-                for m in rep.poll():
-                    record = json.loads(m.value)
-                    repaired.setdefault(record["id"], []).append(record)
-                for m in dlq.poll():
-                    letter = json.loads(m.value)
-                    rid = base64.b64decode(letter["key_b64"]).decode() if letter.get("key_b64") else None
-                    dead.setdefault(rid, []).append(letter)
-        missing = ids - repaired.keys() - dead.keys()
-        assert not missing, f"{len(missing)} ids never came out, e.g. {sorted(missing)[:5]}"
-        return repaired, dead
+        return collect_outputs(self.bootstrap, self.config, ids, timeout)
 
 
 def check_exactly_one_place(ids, repaired, dead, plans, data) -> None:
