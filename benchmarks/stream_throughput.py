@@ -457,37 +457,61 @@ class Bench:
     # ------------------------------------------------------------------ soak
 
     async def soak(self) -> None:
+        """One worker and the raw aiokafka passthrough on the same input under a fixed offered rate."""
         minutes, rate = self.args.soak_minutes, self.args.rate
         config = await self.pipeline("soak", 0)
         workers = Workers(config, self.bootstrap, self.run_dir, 1).start()
         worker = workers.workers[0]
+        raw = Passthrough("aiokafka", self.bootstrap, config.topics.records_in, "soak.raw-out", self.args.batch_size,
+                          self.run_dir)
         try:
             if not worker.wait_for_log("caught up with", timeout=90):
                 raise RuntimeError(f"the worker did not join its group:\n{worker.log_tail()}")
-            per_minute = int(rate * 60)
-            rss = [rss_mib(worker.pid)]
+            raw.start()
+            rows, sent = [], 0
+            rss0, buckets = rss_mib(worker.pid), latency_buckets(workers.samples()[0])
             for minute in range(minutes):
-                records = [(k, json.loads(v)) for k, v in build_records(self.archive, config, per_minute, f"m{minute}-")]
+                records = [(k, json.loads(v)) for k, v in build_records(self.archive, config, int(rate * 60),
+                                                                          f"m{minute}-")]
                 await offered_load(self.bootstrap, config.topics.records_in, records, rate)
-                rss.append(rss_mib(worker.pid))
-                print(f"  minute {minute + 1}: RSS {rss[-1]:.0f} MiB", flush=True)
-            total = per_minute * minutes
-            await wait_done(workers, total, self.args.timeout)
-            lag = workers.samples()[0].get('fairstream_consumer_lag_records{agent="records"}', float("nan"))
+                sent += len(records)
+                samples = workers.samples()[0]
+                now = latency_buckets(samples)
+                rows.append((minute + 1, rss_mib(worker.pid), sent, workers.done(), raw.done(),
+                             samples.get('fairstream_consumer_lag_records{agent="records"}', float("nan")),
+                             p99_between(buckets, now)))
+                buckets = now
+                print("  minute %d: RSS %.0f MiB, sent %d, worker %d, passthrough %d, lag %.0f, p99 %.2f s" % rows[-1],
+                      flush=True)
         finally:
+            raw.stop()
             workers.stop()
-        outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired], total, self.args.timeout * 4)
-        by_minute: dict[int, list[float]] = {}
-        for o in outputs:
-            by_minute.setdefault(int(o.key.split(b"-")[0][1:]), []).append(
-                o.create_time - json.loads(o.value)["ts"])
-        print(f"\nsoak: 1 worker, {rate:,.0f} records/s offered for {minutes} min ({total:,} records)")
-        print(f"{'minute':>8}{'RSS (MiB)':>12}{'p50 (s)':>10}{'p99 (s)':>10}")
-        for minute in range(minutes):
-            lat = np.array(by_minute.get(minute, [np.nan]))
-            print(f"{minute + 1:8d}{rss[minute + 1]:12.0f}{np.percentile(lat, 50):10.3f}{np.percentile(lat, 99):10.3f}")
-        print(f"RSS at start {rss[0]:.0f} MiB, at end {rss[-1]:.0f} MiB ({rss[-1] - rss[1]:+.0f} MiB after the first "
-              f"minute); consumer lag at the end: {lag:.0f} records")
+        print(f"\nsoak: {rate:,.0f} records/s offered for {minutes} min; the worker and the raw aiokafka passthrough "
+              "read the same input")
+        print(f"{'minute':>6}{'RSS MiB':>9}{'sent':>10}{'worker':>10}{'passthrough':>12}{'worker lag':>11}{'p99 (s)':>9}")
+        for minute, rss, total, done, raw_done, lag, p99 in rows:
+            print(f"{minute:6d}{rss:9.0f}{total:10,d}{done:10,d}{raw_done:12,d}{lag:11,.0f}{p99:9.2f}")
+        print(f"RSS {rss0:.0f} MiB at start, {rows[-1][1]:.0f} MiB at the end; worker lag at the end "
+              f"{rows[-1][5]:,.0f} records (p99 is the upper bound of the latency histogram bucket)")
+
+
+def latency_buckets(samples: dict) -> dict[float, float]:
+    """The worker's cumulative record-latency histogram: upper bound -> count."""
+    out = {}
+    for name, value in samples.items():
+        match = re.match(r'fairstream_record_latency_seconds_bucket\{agent="records",le="([^"]+)"\}', name)
+        if match:
+            out[float(match.group(1))] = value
+    return out
+
+
+def p99_between(before: dict, after: dict) -> float:
+    """The 99th percentile (bucket upper bound) of the latencies observed between two scrapes."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return float("nan")
+    return next(b for b, c in zip(bounds, counts) if c >= 0.99 * counts[-1])
 
 
 def monitor_share(before: list[dict], after: list[dict]) -> float:
