@@ -344,6 +344,7 @@ class DecodedEmbeddings:
     keys: np.ndarray
     vectors: np.ndarray  # (n, dimension)
     errors: list[tuple[int, str]] = field(default_factory=list)
+    digests: list = field(default_factory=list)  # each record's input_digest
 
     def batch(self) -> Batch:
         """The usable vectors as the modules' :class:`~fairstream.repair.protocol.Batch`."""
@@ -364,7 +365,7 @@ def _check_embedding(obj: dict, dimension: int) -> list[float]:
 def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) -> DecodedEmbeddings:
     """Parse and validate a batch of raw values from ``embeddings.in``."""
     dim = config.embeddings.dimension
-    index, records, rows, errors = [], [], [], []
+    index, records, rows, errors, digests = [], [], [], [], []
     for i, value in enumerate(values):
         try:
             obj = _parse(value, config.max_message_bytes)
@@ -374,9 +375,11 @@ def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) ->
             continue
         index.append(i)
         records.append(obj)
+        digests.append(input_digest(value))
     return DecodedEmbeddings(index=np.array(index, dtype=np.intp), records=records,
                              keys=np.array([str(r["id"]) for r in records], dtype=str),
-                             vectors=np.array(rows, dtype=np.float64).reshape(len(rows), dim), errors=errors)
+                             vectors=np.array(rows, dtype=np.float64).reshape(len(rows), dim), errors=errors,
+                             digests=digests)
 
 
 def provenance(kind: str, version: int, sha256: str, seed: str) -> dict:
@@ -430,12 +433,15 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     ]
 
 
-def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict) -> list[bytes]:
-    """``embeddings.repaired`` values: each record with its new vector and the provenance."""
+def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict,
+                      digests: Sequence[str] | None = None) -> list[bytes]:
+    """``embeddings.repaired`` values: each record with its new vector, its ``input_digest`` and the provenance."""
     tail = ',"provenance":' + json.dumps(prov, separators=(",", ":")) + "}"
+    digests = digests if digests is not None else [None] * len(records)
     return [
-        ('{"id":%s,"group":%s,"vector":%s' % (_scalar(r["id"]), json.dumps(r.get("group")), json.dumps(v)) + tail).encode()
-        for r, v in zip(records, vectors.tolist())
+        ('{"id":%s,"group":%s,"vector":%s,"input_digest":%s' % (_scalar(r["id"]), json.dumps(r.get("group")),
+                                                                 json.dumps(v), _scalar(d)) + tail).encode()
+        for r, v, d in zip(records, vectors.tolist(), digests)
     ]
 
 

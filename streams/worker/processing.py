@@ -131,7 +131,7 @@ class EmbeddingRepairer:
             vectors, prov = normalise(decoded.vectors), provenance("identity", 0, "", "")
         else:
             vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance(active)
-        values = encode_embeddings(decoded.records, vectors, prov)
+        values = encode_embeddings(decoded.records, vectors, prov, decoded.digests)
         return BatchOutcome(
             repaired=[(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)],
             dead=_dead_letters(messages, decoded.errors, self.agent),

@@ -30,6 +30,7 @@ from fairstream.streams.codec import (
     decode_records,
     encode_embeddings,
     encode_repaired,
+    input_digest,
     original_bytes,
     provenance,
 )
@@ -833,7 +834,7 @@ def test_encode_embeddings_round_trips_exactly(batch):
     assert len(encoded) == len(records)
     for rec, v, value in zip(records, vectors.tolist(), encoded):
         obj = strict_loads(value)
-        assert set(obj) == {"id", "group", "vector", "provenance"}
+        assert set(obj) == {"id", "group", "vector", "input_digest", "provenance"} and obj["input_digest"] is None
         assert obj["id"] == rec["id"] and type(obj["id"]) is type(rec["id"])
         assert obj["group"] == rec.get("group")
         assert len(obj["vector"]) == DIM and all(same_float(a, b) for a, b in zip(obj["vector"], v))
@@ -844,8 +845,9 @@ def test_decode_then_encode_embeddings():
     values = [raw(emb(id=i, vector=[0.1 * i, 0.1 + 0.2, -0.0, 1e-300], group=["a", "b"][i % 2])) for i in range(5)]
     batch = decode_embeddings(values, EMB)
     check_embeddings(batch, values, DIM)
-    for value, out in zip(values, encode_embeddings(batch.records, batch.vectors, PROV)):
+    for value, out in zip(values, encode_embeddings(batch.records, batch.vectors, PROV, batch.digests)):
         obj, original = strict_loads(out), json.loads(value)
+        assert obj["input_digest"] == input_digest(value)
         assert obj["vector"] == original["vector"] and obj["group"] == original["group"] and obj["id"] == original["id"]
         assert math.copysign(1.0, obj["vector"][2]) == -1.0
 
