@@ -223,7 +223,7 @@ def load_embeddings(path: str | os.PathLike, vector_column: str = "vector", iden
                     group_column: str = "group") -> EmbeddingSet:
     """Load vectors with their identity and group from ``.npz``, structured ``.npy`` or ``.parquet``.
 
-    Files are read without pickle. A parquet file needs ``pyarrow`` (not installed by the project);
+    Files are read without pickle. A parquet file needs ``pyarrow`` (installed with the models extra);
     its vector column holds one list of floats per row.
     """
     path = Path(path)

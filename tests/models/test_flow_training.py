@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (installed with the models extra)
 
 from fairstream.models.fairness_loss import sharp_sinkhorn_loss  # noqa: E402
 from fairstream.models.flow import FlowPreprocessor, coupling_masks, validate_flow  # noqa: E402
