@@ -9,7 +9,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from fairstream.streams import topics as topics_module
-from fairstream.streams.ops.broker import EmbeddedBroker, free_port
+from fairstream.streams.ops.broker import free_port
 from fairstream.streams.topics import (
     TopicConfig,
     TopicConfigError,
@@ -18,12 +18,6 @@ from fairstream.streams.topics import (
     ensure_topics,
     ensure_topics_async,
 )
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
-        yield running
 
 
 async def _create_raw(bootstrap: str, name: str, partitions: int, configs: dict | None = None) -> None:

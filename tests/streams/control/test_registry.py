@@ -29,7 +29,6 @@ from fairstream.streams.control.registry import (
     open_at_beginning,
 )
 from fairstream.streams.control.store import ArtifactStore
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics
 
@@ -83,12 +82,6 @@ def rewrite_blob(blob_b64: str, change) -> str:
 def served_version(registry: ArtifactRegistry, kind: str = "plan"):
     active = registry.current(kind)
     return None if active is None else active.version
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
-        yield running
 
 
 @pytest.fixture

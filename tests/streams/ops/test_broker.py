@@ -30,12 +30,6 @@ from fairstream.streams.ops.broker import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
-        yield running
-
-
 def _wait_dead(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -26,7 +26,6 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages, replay
 from fairstream.streams.kafka import KAFKA_API_VERSION
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.refit import job, requests, schedule, service, sources
 from fairstream.streams.refit.command import add_refit_parser
 from fairstream.streams.refit.job import RefitJob, format_e, stratified_split
@@ -46,12 +45,6 @@ pytestmark = pytest.mark.integration
 
 
 # --------------------------------------------------------------------------- fixtures and helpers
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,6 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.kafka import KAFKA_API_VERSION
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 
@@ -33,12 +32,6 @@ from .outputs import collect_outputs, send
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("scale") / "broker") as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -24,18 +24,11 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.demo.replay import record_messages, replay
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.streams.control.test_registry import compact, read_log, write_log
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
