@@ -9,7 +9,9 @@ meanwhile):
     a process of its own, a delivered batch at a time (the worker's delivery rule), 10 ms fetch wait;
 (b) raw confluent-kafka (librdkafka) passthrough, the same loop with the other Python client: where
     the physical ceiling of this machine and broker lies;
-(c) the repair worker: real ``fairstream worker`` processes in one group, 1, 2 and 3 of them.
+(c) the repair worker: real ``fairstream worker`` processes in one group, 1, 2 and 3 of them,
+    applying a ``plan``; then one worker on the chains ``plan`` + ``scorer`` and ``flow`` + ``scorer``
+    (the paper's flow architecture: 10 blocks of (20, 20) couplings, numpy in the worker).
 
 Throughput: outputs are read back only after the contestant has finished (its progress is polled:
 a counter file for the passthroughs, ``/metrics`` for workers), and the rate is taken from the
@@ -47,6 +49,7 @@ from pathlib import Path
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from fairstream.models.flow_training import refit_flow
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
@@ -357,22 +360,21 @@ class Bench:
     run_dir: Path
     bootstrap: str
     archive: object
-    plan: object
-    scorer: object
+    modules: dict  # kind -> the fitted module published for it
 
-    def config(self, prefix: str):
+    def config(self, prefix: str, chain: tuple = ("plan",)):
         config = adult_config(artifact_dir=str(self.run_dir / "artifacts")).with_topics(prefix=prefix,
                                                                                         partitions=PARTITIONS)
-        return replace(config, records=replace(config.records, batch_size=self.args.batch_size))
+        artifact = chain if len(chain) > 1 else chain[0]
+        return replace(config, records=replace(config.records, batch_size=self.args.batch_size, artifact=artifact))
 
-    async def pipeline(self, prefix: str, preload: int, scorer=None):
-        """A pipeline's topics, the plan (and a scorer) published, and ``preload`` records on its input."""
-        config = self.config(prefix)
+    async def pipeline(self, prefix: str, preload: int, chain: tuple = ("plan",)):
+        """A pipeline's topics, the chain's modules published, and ``preload`` records on its input."""
+        config = self.config(prefix, chain)
         await ensure_topics_async(self.bootstrap, config.topics)
         control = ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
-        await control.publish(self.plan.to_artifact())
-        if scorer is not None:  # the monitor then also tracks decisions' DP and MDP
-            await control.publish(scorer.to_artifact())
+        for kind in chain:  # with a scorer the monitor also tracks the decisions' DP, EOpp (and MDP after a plan)
+            await control.publish(self.modules[kind].to_artifact())
         if preload:
             await produce(self.bootstrap, config.topics.records_in, build_records(self.archive, config, preload, "rec"))
         return config
@@ -400,9 +402,9 @@ class Bench:
         rate = rate_of(outputs)
         return Result(f"raw {client} passthrough", rate, cores_cpu / ((n - 1) / rate))
 
-    async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", scorer=None) -> Result:
+    async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", chain: tuple = ("plan",)) -> Result:
         n = self.args.records
-        config = await self.pipeline(f"bench{n_workers}{event_loop}{'s' if scorer else ''}", n, scorer)
+        config = await self.pipeline(f"bench{n_workers}{event_loop}{''.join(k[0] for k in chain)}", n, chain)
         workers = Workers(config, self.bootstrap, self.run_dir, n_workers,
                           env={"FAIRSTREAM_EVENT_LOOP": event_loop}).start()
         try:
@@ -420,8 +422,7 @@ class Bench:
         outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,
                                      self.args.timeout)
         rate = rate_of(outputs)
-        name = f"repair worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})") + \
-            (" + scorer" if scorer else "")
+        name = f"{' + '.join(chain)} worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})")
         return Result(name, rate, cpu / ((n - 1) / rate), share)
 
     # ------------------------------------------------------------------ latency
@@ -530,7 +531,11 @@ def monitor_share(before: list[dict], after: list[dict]) -> float:
 async def run(args, run_dir: Path, bootstrap: str) -> None:
     research, archive = datasets.load("adult").split(10_000, seed=0)
     plan = DistributionalRepair(n_q=250, out_of_range="reject").fit(research.X, research.s, research.u)
-    bench = Bench(args, run_dir, bootstrap, archive, plan, LogisticScorer().fit(research.X, research.y))
+    scorer = LogisticScorer().fit(research.X, research.y, columns=["age", "hours-per-week"])
+    # The paper's flow architecture (10 blocks of (20, 20) couplings): applying it costs the same
+    # whatever the training, so a short fit will do for a throughput run.
+    flow = refit_flow(research.X, research.s, research.y, scorer, columns=["age", "hours-per-week"], n_steps=20)
+    bench = Bench(args, run_dir, bootstrap, archive, {"plan": plan, "scorer": scorer, "flow": flow})
     if args.soak_minutes:
         await bench.soak()
         return
@@ -543,14 +548,15 @@ async def run(args, run_dir: Path, bootstrap: str) -> None:
     for n in args.workers:
         results.append(await bench.throughput_workers(n))
         print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
-    results.append(await bench.throughput_workers(1, scorer=bench.scorer))
-    print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
+    for chain in (("plan", "scorer"), ("flow", "scorer")):
+        results.append(await bench.throughput_workers(1, chain=chain))
+        print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
     if args.uvloop:
         results.append(await bench.throughput_workers(1, "uvloop"))
         print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
     results[0].latencies = await bench.latency_raw("aiokafka")
     results[1].latencies = await bench.latency_raw("confluent-kafka")
-    single = next((r for r in results if r.name == "repair worker x1"), None)
+    single = next((r for r in results if r.name == "plan worker x1"), None)
     if single is not None:
         single.latencies = await bench.latency_worker()
     report(args, results)

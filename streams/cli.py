@@ -239,7 +239,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     config = _config(args)
     options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
-                          bad=args.bad, rate=args.rate, timeout=args.timeout)
+                          bad=args.bad, rate=args.rate, timeout=args.timeout, act=args.act)
     config = config.with_topics(prefix=f"{config.topics.prefix}-demo-{int(time.time())}")  # a fresh run each time
     with _broker(args) as broker:
         try:
@@ -345,6 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
     demo.add_argument("--rate", type=float, default=2000.0, help="replay rate in records/s (default: 2000)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.add_argument("--act", choices=("plan", "flow"), default="plan",
+                      help="plan: drift answered by a new repair plan (default); flow: by a new AdapFair flow in "
+                           "front of a frozen classifier, monitored on the decisions' DP gap")
     demo.set_defaults(func=_cmd_demo)
 
     from fairstream.streams.refit.command import add_refit_parser

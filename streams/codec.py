@@ -382,9 +382,18 @@ def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) ->
                              digests=digests)
 
 
-def provenance(kind: str, version: int, sha256: str, seed: str) -> dict:
-    """What every output record says about the artifact that produced it."""
-    return {"kind": kind, "version": int(version), "sha256": sha256, "seed": seed}
+def provenance(stages: Sequence[tuple[str, int, str, str]]) -> dict:
+    """What every output record says about the artifacts that produced it: (kind, version, sha256, seed) per stage.
+
+    The top-level fields name the first stage (the repair, for readers that follow one version);
+    ``chain`` lists every stage in the order applied, so a record names one version of each.
+
+    >>> provenance([("flow", 3, "ab", ""), ("scorer", 1, "cd", "")])["chain"][1]
+    {'kind': 'scorer', 'version': 1, 'sha256': 'cd', 'seed': ''}
+    """
+    chain = [{"kind": kind, "version": int(version), "sha256": sha256, "seed": seed}
+             for kind, version, sha256, seed in stages]
+    return {**chain[0], "chain": chain}
 
 
 def _scalar(value) -> str:
@@ -404,12 +413,13 @@ def _literal(text: str) -> str:
 
 
 def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
-                    prov: dict, imputed: np.ndarray | None = None) -> list[bytes]:
+                    prov: dict, imputed: np.ndarray | None = None, scored: dict | None = None) -> list[bytes]:
     """Repaired records as JSON bytes, one precompiled template for the whole batch.
 
     On an input that imputes a missing s, every record says whether its s was imputed
     (``s_imputed``); ``s`` itself stays as it arrived (null when missing). Every record carries the
-    ``input_digest`` of the message it came from (see :func:`input_digest`).
+    ``input_digest`` of the message it came from (see :func:`input_digest`). A chain ending in a
+    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields.
     """
     names = [_literal(json.dumps(n)) for n in config.features]
     features = ",".join(f"{n}:%r" for n in names)
@@ -417,6 +427,7 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     if config.include_original:
         template += ',"original":{' + features + "}"
     template += "%s"  # the s_imputed flag, or nothing
+    template += "%s"  # the scorer's score and decision, or nothing
     template += ',"input_digest":%s'
     flags = [""] * len(fields)
     if config.imputes_s:
@@ -425,11 +436,13 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
     new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
     old_rows = X.tolist() if config.include_original else [[]] * len(fields)
+    scores = [""] * len(fields) if scored is None else [
+        ',"score":%r,"decision":%d' % pair for pair in zip(scored["score"].tolist(), scored["decision"].tolist())]
     return [
-        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag,
+        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag, score,
                      _scalar(digest))).encode()
-        for rid, ts, s, u, y, new, old, flag, digest in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y,
-                                                            new_rows, old_rows, flags, fields.digests)
+        for rid, ts, s, u, y, new, old, flag, score, digest in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y,
+                                                                   new_rows, old_rows, flags, scores, fields.digests)
     ]
 
 
@@ -458,6 +471,7 @@ class RepairedBatch:
     ts: np.ndarray
     versions: np.ndarray | None = None  # provenance version of each record (when decoded from the topic)
     out_of_range: np.ndarray | None = None  # rows with a value outside the plan's range (known in the worker)
+    decision: np.ndarray | None = None  # the scorer's decision of each record (a chain ending in a scorer)
 
     def __len__(self) -> int:
         return len(self.s)
@@ -466,7 +480,8 @@ class RepairedBatch:
         """The records at ``rows``."""
         pick = (lambda a: None if a is None else a[rows])
         return RepairedBatch(self.before[rows], self.after[rows], self.s[rows], self.u[rows], pick(self.y),
-                             self.keys[rows], self.ts[rows], pick(self.versions), pick(self.out_of_range))
+                             self.keys[rows], self.ts[rows], pick(self.versions), pick(self.out_of_range),
+                             pick(self.decision))
 
 
 def decode_repaired(values: Sequence[bytes], config: PipelineConfig) -> RepairedBatch:
@@ -479,6 +494,7 @@ def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> Repaired
     records = [r for r in records if r.get("original") is not None]
     names = config.features
     ys = [r.get("y") for r in records]
+    decisions = [r.get("decision") for r in records]
     now = time.time()
     return RepairedBatch(
         before=np.array([[r["original"][f] for f in names] for r in records], dtype=np.float64).reshape(-1, len(names)),
@@ -488,6 +504,7 @@ def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> Repaired
         keys=np.array([str(r["id"]) for r in records], dtype=object),
         ts=np.array([r["ts"] if r.get("ts") is not None else now for r in records], dtype=np.float64),
         versions=np.array([r["provenance"]["version"] for r in records], dtype=np.int64),
+        decision=np.array(decisions, dtype=np.int64) if decisions and None not in decisions else None,
     )
 
 

@@ -22,7 +22,7 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
     partitions = 4
 
     [agents.records]
-    artifact = "plan"
+    artifact = "plan"        # or a chain applied in order: ["flow", "scorer"], ["plan", "scorer"]
     batch_size = 1000
 
     [agents.embeddings]
@@ -76,7 +76,20 @@ Ranges = Annotated[dict[str, tuple[float, float]], Meta(
     extra={"expected": "a table of feature = [min, max] (numbers, min <= max; inf for no bound)",
            "type": "table", "range": "keys: configured features"})]
 RECORD_KINDS = ("flow", "plan", "scorer")  # artifact kinds a record agent can apply (MODULE_KINDS minus embedding)
-STATISTICS = ("dependence_e", "dp_difference", "dp_ratio", "conditional_dp", "mdp")  # with an after/all/all/all row
+RecordChain = Annotated[Union[Literal[RECORD_KINDS], tuple[Literal[RECORD_KINDS], ...]], Meta(extra={
+    "expected": f"an artifact kind ({', '.join(map(repr, RECORD_KINDS))}) or a non-empty list of distinct kinds "
+                "with 'scorer' only last",
+    "type": "string or list of strings"})]
+STATISTICS = ("dependence_e", "w1", "dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp")
+"""Statistics the drift detector can watch (after the chain); each has an after/all/all/all gauge row."""
+SCORED_STATISTICS = ("dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp")  # need a scorer's decisions
+Statistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
+    "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a non-empty list of distinct ones",
+    "type": "string or list of strings"})]
+Threshold = Annotated[float, Meta(gt=0, le=1e6)]
+Thresholds = Annotated[Union[Threshold, dict[str, Threshold]], Meta(extra={
+    "expected": "a number in (0, 1e6], or a table of statistic = number for every monitored statistic",
+    "type": "number or table"})]
 Port = Union[Annotated[int, Meta(ge=0, le=65535)], Literal["off"]]
 
 
@@ -104,13 +117,25 @@ class AgentConfig(_Section):
     """Batching and the artifact kind one agent applies."""
 
     section: ClassVar[str] = "agents.records"
-    artifact: Literal[RECORD_KINDS] = field(metadata=_doc("artifact kind the agent applies"))
+    artifact: RecordChain = field(metadata=_doc(
+        "artifact kind the agent applies, or a chain applied in order (e.g. [\"flow\", \"scorer\"]); a scorer "
+        "at the end adds a score and a decision to every output record"))
     batch_size: Annotated[int, Meta(ge=1, le=100_000)] = field(
         default=1000, metadata=_doc("most messages taken per batch"))
     batch_within: Annotated[float, Meta(gt=0, le=60)] = field(
         default=0.05, metadata=_doc("seconds to wait for a batch to fill before processing what is there"))
     missing_s: Literal["dead_letter", "impute"] = field(
         default="dead_letter", metadata=_doc("records without s: dead-lettered, or repaired under a drawn s"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.section == AgentConfig.section:  # the embedding agent applies one module, checked by its Literal
+            object.__setattr__(self, "artifact", _check_chain(self.artifact, f"{self.section}.artifact"))
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The artifact kinds applied to every batch, in order."""
+        return self.artifact if isinstance(self.artifact, tuple) else (self.artifact,)
 
 
 @dataclass(frozen=True)
@@ -137,11 +162,13 @@ class MonitorConfig(_Section):
         default=120.0, metadata=_doc("time-based window of the statistics"))
     buckets: Annotated[int, Meta(ge=1, le=1000)] = field(
         default=10, metadata=_doc("windows slide by 1/buckets of their length; at most window_records"))
-    statistic: Literal[STATISTICS] = field(
-        default="dependence_e", metadata=_doc("the statistic (after repair) fed to the drift detector"))
+    statistic: Statistics = field(default="dependence_e", metadata=_doc(
+        "the statistic(s) after the chain fed to drift detectors, one detector each; decision statistics "
+        "(dp_*, conditional_dp, eopp, mdp) need a scorer at the end of the chain, eopp needs labels"))
     detector: Literal["adwin", "page_hinkley", "kswin"] = field(default="adwin", metadata=_doc("river drift detector"))
-    threshold: Annotated[float, Meta(gt=0, le=1e6)] = field(
-        default=0.1, metadata=_doc("fairness gap above which the statistic counts as unfair"))
+    threshold: Thresholds = field(default=0.1, metadata=_doc(
+        "fairness gap above which a statistic counts as unfair (dp_ratio: 1 - ratio); the alert rules are "
+        "rendered from these values (`fairstream alerts`)"))
     cooldown_seconds: Annotated[float, Meta(ge=0, le=86_400)] = field(
         default=60.0, metadata=_doc("hysteresis: at most one drift event per cooldown"))
     min_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(
@@ -149,12 +176,41 @@ class MonitorConfig(_Section):
                                    "at most window_records"))
 
     def __post_init__(self) -> None:
+        if isinstance(self.threshold, tuple):  # the stored form (a copy made by replace) reads back
+            object.__setattr__(self, "threshold", dict(self.threshold))
         super().__post_init__()
         # Either would silently disable the monitor: the window never reaches min_records, or a bucket is empty.
         for key in ("min_records", "buckets"):
             if getattr(self, key) > self.window_records:
                 raise ConfigError(f"monitor.{key} must be at most monitor.window_records ({self.window_records}), "
                                   f"got {getattr(self, key)!r}")
+        statistics = self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+        if not statistics or len(set(statistics)) != len(statistics):
+            raise ConfigError(f"monitor.statistic must be {_expected(_hints(MonitorConfig)['statistic'])}, "
+                              f"got {_found(self.statistic)}")
+        object.__setattr__(self, "statistic", statistics if len(statistics) > 1 else statistics[0])
+        if isinstance(self.threshold, dict):
+            unknown = sorted(set(self.threshold) - set(statistics))
+            missing = sorted(set(statistics) - set(self.threshold))
+            if unknown or missing:
+                raise ConfigError(f"monitor.threshold must give a number for every monitored statistic "
+                                  f"{list(statistics)}: " + "; ".join(
+                                      ([f"missing {missing}"] if missing else []) + ([f"unknown {unknown}"] if unknown
+                                                                                    else [])))
+            # Hashable and in statistic order, so equal configs compare equal.
+            object.__setattr__(self, "threshold", tuple((name, self.threshold[name]) for name in statistics))
+
+    @property
+    def statistics(self) -> tuple[str, ...]:
+        """Every statistic a drift detector watches, in configured order."""
+        return self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+
+    @property
+    def thresholds(self) -> dict[str, float]:
+        """The alert threshold of each monitored statistic (the one place the monitor and the alert rules read)."""
+        if isinstance(self.threshold, tuple):
+            return dict(self.threshold)
+        return {name: float(self.threshold) for name in self.statistics}
 
 
 # TopicConfig lives in topics.py (the admin code uses it without a pipeline); its keys' types and
@@ -215,11 +271,22 @@ class PipelineConfig(_Section):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         for key, (hint, _) in TOPIC_KEYS.items():
             check_value(getattr(self.topics, key), hint, f"topics.{key}")
+        for name in self.monitor.statistics:
+            if name in SCORED_STATISTICS and self.records.chain[-1] != "scorer":
+                raise ConfigError(f"monitor.statistic {name!r} measures decisions: it needs a scorer at the end of "
+                                  f"agents.records.artifact, got {list(self.records.chain)}")
+            if name == "eopp" and not self.label:
+                raise ConfigError("monitor.statistic 'eopp' needs labelled records: set pipeline.label = true")
 
     def schema(self) -> PipelineSchema:
         """What this pipeline promises its modules (checked by every module at load time)."""
         return PipelineSchema(features=tuple(self.features), groups=tuple(self.groups), strata=tuple(self.strata),
                               dimension=self.embeddings.dimension, impute_s=self.imputes_s)
+
+    @property
+    def refit_kind(self) -> str:
+        """The kind the monitor's drift trigger asks to re-fit: the chain's repair stage (its first kind)."""
+        return self.records.chain[0]
 
     @property
     def imputes_s(self) -> bool:
@@ -275,9 +342,12 @@ class PipelineConfig(_Section):
         """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
         pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
         ranges = pipeline.pop("valid_ranges")
+        monitor = _asdict(self.monitor)
+        per_statistic = isinstance(self.monitor.threshold, tuple)  # a [monitor.threshold] table
+        thresholds = {"monitor.threshold": dict(monitor.pop("threshold"))} if per_statistic else {}
         sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
-                    "monitor": _asdict(self.monitor)}
+                    "monitor": monitor, **thresholds}
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -305,6 +375,14 @@ def check_value(value, hint, key: str):
     if isinstance(converted, float) and not math.isfinite(converted):
         raise ConfigError(f"{key} must be {_expected(hint)}, got {_found(value)}")
     return converted
+
+
+def _check_chain(artifact, key: str) -> str | tuple[str, ...]:
+    """The record chain: distinct kinds with a scorer, if any, last (one kind stays a string, as written)."""
+    chain = artifact if isinstance(artifact, tuple) else (artifact,)
+    if not chain or len(set(chain)) != len(chain) or "scorer" in chain[:-1]:
+        raise ConfigError(f"{key} must be {_expected(_hints(AgentConfig)['artifact'])}, got {_found(artifact)}")
+    return chain if len(chain) > 1 else chain[0]
 
 
 def _check_ranges(ranges: dict, features: tuple) -> tuple:

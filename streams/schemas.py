@@ -35,7 +35,11 @@ class InputRecord(_Schema):
 
 
 class RepairedRecord(_Schema):
-    """A record on ``records.repaired``: repaired features plus the artifact that produced them.
+    """A record on ``records.repaired``: repaired features plus the artifacts that produced them.
+
+    ``provenance`` names the first module of the record chain (``kind``, ``version``, ``sha256``,
+    ``seed``) and lists every module applied (``chain``); a chain ending in a scorer adds the
+    record's ``score`` (Pr[y = 1]) and ``decision`` (0 or 1).
 
     ``input_digest`` identifies the input message (the first 128 bits of its sha256, hex): outputs
     with the same ``(id, input_digest)`` come from one message (a replay); the same ``id`` with
@@ -52,6 +56,8 @@ class RepairedRecord(_Schema):
     y: Optional[int] = None
     original: Optional[dict] = None
     s_imputed: Optional[bool] = None  # only from inputs that impute a missing s: was this record's s drawn?
+    score: Optional[float] = None  # only from a chain ending in a scorer
+    decision: Optional[int] = None
 
 
 class EmbeddingRecord(_Schema):

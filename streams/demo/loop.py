@@ -39,13 +39,10 @@ from fairstream.streams.topics import ensure_topics
 
 from .replay import interleave, record_messages, replay
 
-STATISTIC = ("dependence_e", "after", "all", "all", "all", "count")
-
-
 def shift_group(data: Dataset, feature: int, group, stratum, amount: float, lo: float, hi: float) -> Dataset:
-    """Drift: ``feature`` of one group in one stratum moves by ``amount`` (clipped to [lo, hi])."""
+    """Drift: ``feature`` of one group in one stratum (None: every stratum) moves by ``amount`` (clipped to [lo, hi])."""
     X = data.X.copy()
-    rows = (data.s == group) & (data.u == stratum)
+    rows = (data.s == group) & ((data.u == stratum) if stratum is not None else True)
     X[rows, feature] = np.clip(X[rows, feature] + amount, lo, hi)
     return replace(data, X=X)
 
@@ -67,8 +64,10 @@ def metric(samples: dict, name: str, **labels) -> float | None:
 class LoopReport:
     """What the fairness loop saw: events with their times, the statistic's series, re-fit outcomes."""
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds since start, event, detail)
-    series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, plan version)
+    series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, version)
     threshold: float = 0.0
+    statistic: str = "dependence_e"
+    kind: str = "plan"  # the kind the loop re-fits
     refit_outcomes: list[str] = field(default_factory=list)
     sent: int = 0  # messages sent to records.in (valid and invalid)
 
@@ -86,7 +85,9 @@ class MetricsPoller(threading.Thread):
         self.url, self.report, self.start_time, self.interval, self.say = url, report, start, interval, say
         self.last_line, self.last_done = 0.0, (0.0, 0.0)
         self.processed = 0.0  # records the worker has repaired or dead-lettered
-        self.monitor = config.monitor
+        self.monitor, self.kind = config.monitor, config.refit_kind
+        self.statistic = config.monitor.statistics[0]
+        self.threshold = config.monitor.thresholds[self.statistic]
         self.stop_event = threading.Event()
         self.version, self.drifts, self.recovered_version = None, 0.0, None
 
@@ -102,23 +103,23 @@ class MetricsPoller(threading.Thread):
     def _observe(self, samples: dict, t: float) -> None:
         self.processed = sum(metric(samples, name, agent="records") or 0.0
                              for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
-        version = metric(samples, "fairstream_artifact_version", kind="plan")
-        value = metric(samples, "fairstream_fairness", statistic=STATISTIC[0], stage=STATISTIC[1], stratum=STATISTIC[2],
-                       feature=STATISTIC[3], group_pair=STATISTIC[4], window=STATISTIC[5])
-        drifts = metric(samples, "fairstream_drift_events_total", statistic=self.monitor.statistic,
+        version = metric(samples, "fairstream_artifact_version", kind=self.kind)
+        value = metric(samples, "fairstream_fairness", statistic=self.statistic, stage="after", stratum="all",
+                       feature="all", group_pair="all", window="count")
+        drifts = metric(samples, "fairstream_drift_events_total", statistic=self.statistic,
                         detector=self.monitor.detector) or 0.0
         if version is not None and version != self.version:
-            self.report.events.append((t, "plan version in use", f"version {int(version)}"))
+            self.report.events.append((t, f"{self.kind} version in use", f"version {int(version)}"))
             self.version = version
         if drifts > self.drifts:
-            self.report.events.append((t, "drift detected by the monitor", f"{self.monitor.statistic} = {value:.3f}"))
+            self.report.events.append((t, "drift detected by the monitor", f"{self.statistic} = {value:.3f}"))
             self.drifts = drifts
         if self.say is not None and t - self.last_line >= 2.0:
             self._live_line(samples, t, version, value)
         if value is not None and version is not None:
             self.report.series.append((t, value, int(version)))
-            if version > 1 and value < self.monitor.threshold and self.recovered_version != version:
-                self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.monitor.threshold}"))
+            if version > 1 and value < self.threshold and self.recovered_version != version:
+                self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.threshold}"))
                 self.recovered_version = version
 
 
@@ -128,37 +129,54 @@ class MetricsPoller(threading.Thread):
         dead = metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
         rate = (repaired + dead - self.last_done[1]) / max(t - self.last_done[0], 1e-9)
         self.say(f"[{t:6.1f}s] in {taken:.0f}  repaired {repaired:.0f}  dead-lettered {dead:.0f}  {rate:,.0f} rec/s  "
-                 f"plan v{int(version) if version else '-'}  E after {value if value is None else round(value, 3)}")
+                 f"{self.kind} v{int(version) if version else '-'}  {self.statistic} after "
+                 f"{value if value is None else round(value, 3)}")
         self.last_line, self.last_done = t, (t, repaired + dead)
 
 
+def balanced_scorer(data: Dataset, columns: list[str], seed: int = 0) -> LogisticScorer:
+    """A logistic scorer fitted on as many positives as negatives (Adult's 24% base rate would make few positives)."""
+    rng = np.random.default_rng(seed)
+    positive, negative = np.flatnonzero(data.y == 1), np.flatnonzero(data.y == 0)
+    rows = np.concatenate([positive, rng.choice(negative, min(len(positive), len(negative)), replace=False)])
+    return LogisticScorer().fit(data.X[rows], data.y[rows], columns=columns)
+
+
 def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, job: RefitJob) -> None:
-    """Version 1 of the plan comes from the research topic, like every later one; plus a scorer."""
+    """Version 1 of the re-fitted kind comes from the research topic, like every later one; plus a scorer.
+
+    A flow is trained in front of the scorer, so the scorer goes first; a plan's scorer only serves the monitor.
+    """
+    control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    if job.kind == "flow":
+        control.publish_sync(balanced_scorer(research, list(config.features)).to_artifact())
     replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
     outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
     if not outcome.published:
-        raise RuntimeError(f"the initial plan was not published: {outcome.reason}")
-    scorer = LogisticScorer().fit(research.X, research.y, columns=list(config.features))
-    ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(scorer.to_artifact())
+        raise RuntimeError(f"the initial {job.kind} was not published: {outcome.reason}")
+    if job.kind != "flow":
+        control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact())
 
 
 def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
                       drifted: Dataset, drifted_research: Dataset, rate: float = 2000.0, recovery_timeout: float = 120.0,
                       prometheus: bool = True, short_for: bool = False, extra: list = (), live: bool = False,
-                      say: Callable[[str], None] = print) -> LoopReport:
+                      say: Callable[[str], None] = print, refit_params: dict | None = None) -> LoopReport:
     """Run the whole loop; returns the timeline and the statistic over time."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     config = config.with_monitor(metrics_port=port)
     ensure_topics(bootstrap, config.topics)
-    report, start = LoopReport(threshold=config.monitor.threshold), time.monotonic()
+    statistic = config.monitor.statistics[0]
+    report = LoopReport(threshold=config.monitor.thresholds[statistic], statistic=statistic, kind=config.refit_kind)
+    start = time.monotonic()
     note = lambda event, detail="": (report.events.append((time.monotonic() - start, event, detail)),  # noqa: E731
                                      say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
-    job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir))
+    job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir), kind=config.refit_kind, **(refit_params or {}))
     with WorkerProcess(config, bootstrap, run_dir) as worker, OptionalPrometheus(prometheus, run_dir, port, short_for) as prom:
         publish_initial(config, bootstrap, research, job)
-        note("initial plan and scorer published", f"research rows {len(research)}")
+        note(f"initial {job.kind} and scorer published", f"research rows {len(research)}")
         poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
         poller.start()
         _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
@@ -194,8 +212,8 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             poller.join()
     epoch = time.time() - (time.monotonic() - start)  # wall-clock time of the loop's start
     for record in ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync():
-        if record.kind == "plan" and record.version > 1 and record.published_at:
-            report.events.append((record.published_at - epoch, "re-fit published", f"plan version {record.version}"))
+        if record.kind == job.kind and record.version > 1 and record.published_at:
+            report.events.append((record.published_at - epoch, "re-fit published", f"{job.kind} version {record.version}"))
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report

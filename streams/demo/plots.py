@@ -48,15 +48,15 @@ def plot_group_distributions(path: Path, X: np.ndarray, X_repaired: np.ndarray, 
 
 
 def plot_timeline(path: Path, series: list[tuple[float, float, int]], events: list[tuple[float, str, str]],
-                  threshold: float, statistic: str = "dependence E after repair") -> Path:
-    """The monitored statistic over time, coloured by plan version, with the loop's events marked."""
+                  threshold: float, statistic: str = "dependence E after repair", kind: str = "plan") -> Path:
+    """The monitored statistic over time, coloured by the re-fitted ``kind``'s version, with the loop's events marked."""
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for version in sorted({v for _, _, v in series}):
         points = [(t, y) for t, y, v in series if v == version]
-        ax.plot(*zip(*points), marker=".", linewidth=1.2, label=f"plan version {version}")
+        ax.plot(*zip(*points), marker=".", linewidth=1.2, label=f"{kind} version {version}")
     ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold}")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    marked = [(t, e) for t, e, _ in events if e not in ("plan version in use",)]
+    marked = [(t, e) for t, e, _ in events if e != f"{kind} version in use"]
     for i, (t, event) in enumerate(marked):
         ax.axvline(t, color=colours[(i + 2) % len(colours)], linewidth=1, alpha=0.8)
         ax.annotate(event, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,

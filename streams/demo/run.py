@@ -9,6 +9,12 @@ the research topic. The monitor detects the drift, Prometheus fires the alert, t
 publishes a new plan, the worker swaps it, and the statistic comes back under the threshold. A live
 line shows progress; the report gives the accounting (in = repaired + dead-lettered), E before/after
 per plan version computed from what the repaired topic holds, the timeline, and two plots.
+
+The second act (``fairstream demo --act flow``) runs the same loop on the record chain ``flow``
+then ``scorer``: a frozen logistic classifier with an AdapFair flow in front of it, monitored on the
+DP gap of its decisions. Half way men's hours-per-week rise by 15 (every stratum); the deployed
+flow no longer equalises the groups' scores, the DP gap crosses the threshold, and the re-fit
+service trains a new flow (warm-started, the classifier frozen) that brings the gap back down.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import numpy as np
 
 from fairstream.repair import datasets
 from fairstream.repair.measure.evaluation import evaluate_repair
@@ -42,16 +50,32 @@ class DemoOptions:
     bad: int = 100
     rate: float = 2000.0
     timeout: float = 300.0
+    act: str = "plan"  # "plan": a repair plan re-fitted; "flow": a flow in front of a frozen classifier
+
+
+FLOW_ACT = dict(n_steps=60, n_blocks=3, hidden=(16,), lam=0.5)
+"""The flow act's re-fit settings: a smaller flow than the paper's, so each re-fit takes seconds on 2 cores."""
+
+
+def act_config(config: PipelineConfig, act: str) -> PipelineConfig:
+    """The pipeline of an act: the plan as configured, or the chain flow -> scorer monitored on the decisions' DP gap."""
+    if act == "plan":
+        return config
+    return replace(config, records=replace(config.records, artifact=("flow", "scorer"))).with_monitor(
+        statistic="dp_difference", threshold=0.1)
 
 
 def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=print) -> dict:
     """Run the demo against the broker at ``bootstrap``; returns (and saves) the report."""
     run_dir = Path(options.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    config = act_config(config, options.act)
     data = datasets.load(config.name, features=config.features)
     research, archive = data.split(options.n_research, seed=options.seed)
     hours = list(config.features).index("hours-per-week")
-    shifted = shift_group(archive.subset(slice(options.n_stable, None)), feature=hours, group=0, stratum=1,
+    # The plan act: women's hours in the college stratum rise; the flow act: men's, everywhere.
+    group, stratum = (0, 1) if options.act == "plan" else (1, None)
+    shifted = shift_group(archive.subset(slice(options.n_stable, None)), feature=hours, group=group, stratum=stratum,
                           amount=options.shift, lo=1, hi=99)
     prometheus = shutil.which("prometheus") is not None
     if not prometheus:
@@ -60,7 +84,8 @@ def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=p
         config, bootstrap, run_dir, research, archive.subset(slice(0, options.n_stable)),
         shifted.subset(slice(options.n_drifted_research, None)), shifted.subset(slice(0, options.n_drifted_research)),
         rate=options.rate, recovery_timeout=options.timeout, prometheus=prometheus,
-        extra=bad_messages(config, options.bad, id_prefix="bad", seed=options.seed), live=True, say=say)
+        extra=bad_messages(config, options.bad, id_prefix="bad", seed=options.seed), live=True, say=say,
+        refit_params=FLOW_ACT if options.act == "flow" else None)
     outputs = _collect(bootstrap, config, loop.sent, options.timeout)
     report = _report(config, archive, loop, outputs, run_dir)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
@@ -93,15 +118,28 @@ def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, ru
     X, Xr, s, u = _arrays(stable, config)
     plot = plot_group_distributions(run_dir / "stream_distributions.png", X, Xr, s, u, list(config.features),
                                     archive.s_labels, archive.u_labels, title="records.repaired before the drift: before/after")
-    timeline = plot_timeline(run_dir / "timeline.png", loop.series, loop.events, loop.threshold)
+    timeline = plot_timeline(run_dir / "timeline.png", loop.series, loop.events, loop.threshold,
+                             statistic=f"{loop.statistic} after the chain", kind=loop.kind)
     return {
         "sent": loop.sent, "repaired_unique": len(repaired), "repaired_messages": len(outputs["repaired"]),
         "dead_lettered": len(letters),
         "dead_letter_reasons": dict(Counter(_reason_kind(d["reason"]) for d in letters).most_common()),
         "by_version": by_version, "features": list(config.features), "threshold": loop.threshold,
+        "kind": loop.kind, "decision_dp": _decision_dp(repaired),
         "timeline": [{"seconds": round(t, 1), "event": e, "detail": d} for t, e, d in loop.events],
         "refits": loop.refit_outcomes, "plots": [str(plot), str(timeline)],
     }
+
+
+def _decision_dp(repaired: list[dict]) -> dict:
+    """The DP gap of the records' decisions per (version, phase), for chains that end in a scorer."""
+    gaps = {}
+    for version, phase in sorted({(r["provenance"]["version"], _phase(r)) for r in repaired if "decision" in r}):
+        rows = [r for r in repaired if r["provenance"]["version"] == version and _phase(r) == phase and "decision" in r]
+        rates = {s: np.mean([r["decision"] for r in rows if r["s"] == s]) for s in {r["s"] for r in rows}}
+        if len(rows) >= 100 and len(rates) >= 2:
+            gaps[f"v{version}, {phase}"] = {"records": len(rows), "dp_gap": float(max(rates.values()) - min(rates.values()))}
+    return gaps
 
 
 def _phase(record: dict) -> str:
@@ -130,9 +168,11 @@ def format_report(report: dict) -> str:
         f"{'E from records.repaired':<30}" + "".join(f"{f:>16}" for f in report["features"]) + f"{'total':>10}",
     ]
     for version, ev in report["by_version"].items():
-        lines.append(f"plan {version} ({ev['records']} records)")
+        lines.append(f"{report['kind']} {version} ({ev['records']} records)")
         for label, key in (("  before (original)", "E_before"), ("  after (repaired)", "E_after"), ("  noise floor", "E_floor")):
             lines.append(f"{label:<30}" + "".join(f"{v:>16.4f}" for v in ev[key]) + f"{ev[key + '_total']:>10.4f}")
+    for version, ev in report["decision_dp"].items():
+        lines.append(f"decisions' DP gap under {report['kind']} {version}: {ev['dp_gap']:.3f} ({ev['records']} records)")
     lines.append(f"timeline (threshold {report['threshold']}):")
     lines += [f"  {e['seconds']:7.1f}s  {e['event']}  {e['detail']}" for e in report["timeline"]]
     lines += [f"re-fit: {r}" for r in report["refits"]]

@@ -54,12 +54,15 @@ def _positive_int_arg(text: str) -> int:
 _EPILOG = """\
 examples:
   fairstream refit --kind plan                         re-fit once on the last 10000 research records
+  fairstream refit --kind flow --lam 0.5               re-fit the flow in front of the published scorer
   fairstream refit --source research.jsonl             re-fit once on a file (JSON lines or CSV)
   fairstream refit --every 6h                          re-fit every 6 hours until stopped
   fairstream refit --serve --min-interval 10m          answer the monitor's requests on refit.requests
 
-The candidate is published only when no plan is active or when its E on the holdout is at most
-(1 + tolerance) times the current plan's; otherwise the reason, with both numbers, is printed.
+A plan is published only when no plan is active or when its E on the holdout is at most
+(1 + tolerance) times the current plan's; a flow only when its DP gap (of the scorer's decisions)
+is at most (1 + tolerance) times the current flow's (or the scorer alone's) plus 0.01 and its
+accuracy at most --max-accuracy-drop lower. Otherwise the reason, with both numbers, is printed.
 The exit status is 0 whether or not it was published; non-zero means the run failed.
 """
 
@@ -73,14 +76,15 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     ``_add_common``) and ``load_config(args)`` reads the pipeline (the CLI's ``_config``).
     """
     parser = subparsers.add_parser(
-        "refit", help="fit, validate and publish a new repair plan (once, on a schedule, or on request)",
+        "refit", help="fit, validate and publish a new plan or flow (once, on a schedule, or on request)",
         # Line breaks by hand: the raw formatter keeps the epilog's example table aligned.
-        description="Fit a new plan on a labelled research window, validate it against the active plan on\n"
-                    "a holdout part of the window (dependence E after repair), and publish it on the\n"
-                    "control topic if it is not worse; every worker then hot-swaps it.",
+        description="Fit a new artifact on a labelled research window, validate it against the active one\n"
+                    "on a holdout part of the window, and publish it on the control topic if it is not\n"
+                    "worse; every worker then hot-swaps it.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common(parser)
-    parser.add_argument("--kind", choices=REFIT_KINDS, default="plan", help="artifact kind to re-fit (default: plan)")
+    parser.add_argument("--kind", choices=REFIT_KINDS, default=None,
+                        help="artifact kind to re-fit (default: the first kind of the config's record chain)")
     parser.add_argument("--source", default="topic", metavar="topic|PATH",
                         help="research window: 'topic' for the pipeline's research topic (default), or a file of "
                              "records.in JSON lines or a CSV with the feature columns, s and u")
@@ -101,7 +105,16 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     parser.add_argument("--n-q", type=_positive_int_arg, default=250, metavar="N", help="grid nodes per stratum and feature (default: 250)")
     parser.add_argument("--out-of-range", choices=("clamp", "reject"), default="clamp",
                         help="what the new plan does with values outside its grid (default: clamp)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the holdout split (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the holdout split and the training (default: 0)")
+    flows = parser.add_argument_group("flows (--kind flow)")
+    flows.add_argument("--lam", type=_fraction_arg, default=0.5, metavar="WEIGHT",
+                       help="AdapFair's trade-off: lam * cross-entropy + (1 - lam) * fairness (default: 0.5)")
+    flows.add_argument("--notion", choices=("dp", "eopp", "eo"), default="dp",
+                       help="fairness notion the flow is trained and validated on (default: dp)")
+    flows.add_argument("--steps", type=_positive_int_arg, default=200, metavar="N", help="Adam steps (default: 200)")
+    flows.add_argument("--max-accuracy-drop", type=_non_negative_arg, default=0.02, metavar="POINTS",
+                       help="refuse a flow whose holdout accuracy is lower than the current one's by more "
+                            "(default: 0.02)")
     parser.set_defaults(func=functools.partial(run_refit_command, broker_context=broker_context, load_config=load_config))
     return parser
 
@@ -116,8 +129,9 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
     config = load_config(args)
     with broker_context(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), n_q=args.n_q,
-                       holdout=args.holdout, tolerance=args.tolerance, seed=args.seed, out_of_range=args.out_of_range)
+        kind = args.kind or config.refit_kind
+        job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), kind=kind, holdout=args.holdout,
+                       tolerance=args.tolerance, seed=args.seed, **trainer_params(kind, args))
         source = research_source(args.source, broker.bootstrap, config, args.last)
         if args.serve or args.every:
             with _stop_on_signals() as stop:
@@ -128,6 +142,15 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
             return 0
         print(format_outcome(job.run_once(source)))
     return 0
+
+
+def trainer_params(kind: str, args: argparse.Namespace) -> dict:
+    """The command-line options of ``kind``'s trainer."""
+    if kind == "plan":
+        return dict(n_q=args.n_q, out_of_range=args.out_of_range)
+    if kind == "flow":
+        return dict(lam=args.lam, notion=args.notion, n_steps=args.steps, max_accuracy_drop=args.max_accuracy_drop)
+    return {}
 
 
 @contextlib.contextmanager

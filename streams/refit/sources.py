@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 class ResearchWindow:
     """Labelled research records as arrays; unpacks as ``X, s, u = window``.
 
-    ``n_invalid`` counts the records that were skipped, ``invalid_examples`` holds a few of their
+    ``y`` holds the outcome labels when every record carries one (flows and scorers train on
+    them), else None. ``n_invalid`` counts the records that were skipped, ``invalid_examples`` holds a few of their
     reasons (the codec's dead-letter reasons), ``source`` says where the window came from.
     """
 
@@ -40,6 +41,7 @@ class ResearchWindow:
     n_invalid: int = 0
     invalid_examples: tuple[str, ...] = ()
     source: str = "arrays"
+    y: np.ndarray | None = None
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter((self.X, self.s, self.u))
@@ -48,15 +50,17 @@ class ResearchWindow:
         return len(self.X)
 
     @classmethod
-    def of(cls, X, s, u, keys=None, source: str = "arrays") -> "ResearchWindow":
+    def of(cls, X, s, u, keys=None, source: str = "arrays", y=None) -> "ResearchWindow":
         """A window from arrays (a notebook, a test); keys default to the row positions."""
         X = np.asarray(X, dtype=np.float64)
         keys = np.arange(len(X)).astype(str) if keys is None else np.asarray(keys).astype(str)
-        return cls(X=X, s=np.asarray(s), u=np.asarray(u), keys=keys, source=source)
+        return cls(X=X, s=np.asarray(s), u=np.asarray(u), keys=keys, source=source,
+                   y=None if y is None else np.asarray(y, dtype=np.int64))
 
     def subset(self, rows: np.ndarray) -> "ResearchWindow":
         """The window's rows at ``rows``."""
-        return ResearchWindow(self.X[rows], self.s[rows], self.u[rows], self.keys[rows], source=self.source)
+        return ResearchWindow(self.X[rows], self.s[rows], self.u[rows], self.keys[rows], source=self.source,
+                              y=None if self.y is None else self.y[rows])
 
 
 def _window_from_values(values: list[bytes], config: "PipelineConfig", source: str, n_invalid: int = 0,
@@ -69,7 +73,8 @@ def _window_from_values(values: list[bytes], config: "PipelineConfig", source: s
     n_invalid += len(decoded.errors)
     if n_invalid:
         log.warning("%s: skipped %d invalid research record(s), e.g. %s", source, n_invalid, examples[:3])
-    return ResearchWindow(decoded.X, decoded.s, decoded.u, decoded.keys, n_invalid, tuple(examples), source)
+    return ResearchWindow(decoded.X, decoded.s, decoded.u, decoded.keys, n_invalid, tuple(examples), source,
+                          y=decoded.batch().y)
 
 
 def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | None = None,
@@ -149,7 +154,7 @@ def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWi
     """A research window from a file: JSON lines in the ``records.in`` format, or CSV.
 
     CSV files have a header with the feature columns and ``s`` and ``u`` (or the pipeline's
-    ``s_name``/``u_name``), optionally ``id``; other columns are ignored. Either way every row goes
+    ``s_name``/``u_name``), optionally ``id`` and the label ``y``; other columns are ignored. Either way every row goes
     through the stream's codec, so invalid rows are skipped and counted with the same reasons.
     ``.csv`` files are read as CSV, ``.jsonl``/``.ndjson``/``.json`` as JSON lines, anything else
     by its first character.
@@ -191,6 +196,9 @@ def _csv_values(text: str, config: "PipelineConfig", path: Path) -> list[bytes]:
             "s": groups.get(row[s_column], row[s_column]),
             "u": strata.get(row[u_column], row[u_column]),
         }
+        if row.get("y") not in (None, ""):
+            record["y"] = _number_or_text(row["y"])
+            record["y"] = int(record["y"]) if isinstance(record["y"], float) and record["y"].is_integer() else record["y"]
         values.append(json.dumps(record).encode("utf-8"))
     return values
 
@@ -254,7 +262,7 @@ def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_
 
 
 def resolve_source(source: Source) -> ResearchWindow:
-    """A window from a source: a window itself, a callable returning one, or a bare ``(X, s, u)``."""
+    """A window from a source: a window itself, a callable returning one, or a bare ``(X, s, u)`` / ``(X, s, u, keys)``."""
     window = source() if callable(source) else source
     if isinstance(window, tuple):
         window = ResearchWindow.of(*window)

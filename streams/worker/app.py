@@ -127,7 +127,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
     topics = config.topics
     registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
-                                on_change=_on_artifact_change,
+                                on_change=lambda current: _on_artifact_change(current, config.records.chain),
                                 on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     ready = asyncio.Event()
     app.fairstream_registry = registry  # for tests and the CLI's status line
@@ -157,18 +157,28 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             waited += 1
         return current
 
+    async def active_chain() -> tuple:
+        """Every artifact of the record chain, in order, read from one registry snapshot (one version each)."""
+        for kind in config.records.chain:
+            await active(kind)
+        snapshot = registry.snapshot()
+        if all(kind in snapshot for kind in config.records.chain):
+            return tuple(snapshot[kind] for kind in config.records.chain)
+        return await active_chain()  # unreachable today: the registry never unloads a kind
+
     async def no_artifact():
         return None
 
     # Created at 0 so that Prometheus' increase() sees the first drift event as an increase.
-    DRIFT_EVENTS.labels(config.monitor.statistic, config.monitor.detector).inc(0)
+    for statistic in config.monitor.statistics:
+        DRIFT_EVENTS.labels(statistic, config.monitor.detector).inc(0)
     last_export = [0.0]
 
-    async def monitor_delivered(outcome: BatchOutcome, plan) -> None:
+    async def monitor_delivered(outcome: BatchOutcome, chain) -> None:
         if outcome.monitor_batch is None:  # what was just delivered to records.repaired
             return
         started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
-        events = monitor.observe_batch(outcome.monitor_batch, plan, registry.current("scorer"))
+        events = monitor.observe_batch(outcome.monitor_batch, *chain)
         if time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
             export_fairness(monitor)
             last_export[0] = time.monotonic()
@@ -179,18 +189,22 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     async def nothing_to_monitor(outcome: BatchOutcome, active) -> None:
         return None
 
+    refit_kind = config.refit_kind
+
     async def request_refit(event: DriftEvent) -> None:
         DRIFT_EVENTS.labels(event.statistic, event.detector).inc()
-        reason = f"drift of {event.statistic} (after repair) to {event.value:.4f} under plan version {event.version}"
-        request = RefitRequest.new(reason, kind="plan", statistic=event.statistic, value=event.value,
+        reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
+                  f"{config.records.chain[0]} version {event.version}")
+        request = RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
                                    source=f"monitor@{app.conf.id}")
-        await output.producer.send_and_wait(topics.refit_requests, request.to_json(), key=b"plan")
-        REFIT_REQUESTS.labels("plan", "drift").inc()
-        log.warning("fairness drift confirmed: %s; re-fit requested (%s)", reason, request.request_id)
+        await output.producer.send_and_wait(topics.refit_requests, request.to_json(), key=refit_kind.encode())
+        REFIT_REQUESTS.labels(refit_kind, "drift").inc()
+        log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, refit_kind,
+                    request.request_id)
 
     records = InputSpec(agent="records", topic=topics.records_in, output_topic=topics.records_repaired,
                         batching=config.records, process=RecordRepairer(config).process,
-                        active=lambda: active(config.records.artifact), delivered=monitor_delivered)
+                        active=active_chain, delivered=monitor_delivered)
     identity = config.embeddings.artifact == "identity"
     embeddings = InputSpec(agent="embeddings", topic=topics.embeddings_in, output_topic=topics.embeddings_repaired,
                            batching=config.embeddings, process=EmbeddingRepairer(config).process,
@@ -212,10 +226,10 @@ def export_fairness(monitor: FairnessMonitor) -> None:
             FAIRNESS.labels(statistic, stage, stratum, feature, pair, window).set(float(value))
 
 
-def _on_artifact_change(current) -> None:
-    if current.kind == "plan":
-        # The monitor starts empty windows for the new plan: the old plan's statistics are removed
-        # at the swap, so Prometheus never reads them as the new version's.
+def _on_artifact_change(current, chain: tuple) -> None:
+    if current.kind in chain:
+        # The monitor starts empty windows for the new chain: the old version's statistics are
+        # removed at the swap, so Prometheus never reads them as the new version's.
         FAIRNESS.clear()
     ARTIFACT_VERSION.labels(current.kind).set(current.version)
     log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])

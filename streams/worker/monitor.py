@@ -1,29 +1,36 @@
 """The fairness monitor: sliding-window statistics of the repaired stream, drift detection, gauges.
 
 It watches exactly what the record agent writes to ``records.repaired``: in a worker the agent hands
-each delivered batch over as arrays (original and repaired features of the same records), so the
-monitor costs a few vectorised calls per batch and no second pass of Faust's per-message machinery;
-a standalone reader of the topic can feed it raw values instead (:meth:`FairnessMonitor.observe`).
-It keeps, for the plan version in use and per stratum, over a count window and a time window:
+each delivered batch over as arrays (original and output features of the same records, and the
+scorer's decisions), so the monitor costs a few vectorised calls per batch and no second pass of
+the messages; a standalone reader of the topic can feed it raw values instead
+(:meth:`FairnessMonitor.observe`). The record chain is whatever the config names (``plan``;
+``flow`` then ``scorer``; ...): the first module is the *repair stage* (stage ``before`` is its
+input, ``after`` its output), a ``scorer`` at the end makes the decisions. For the chain's versions
+in use and per stratum, over a count window and a time window, it keeps:
 
-- ``dependence_e`` and ``w1`` between groups, per feature, before and after repair (fixed bins
-  from the plan's grid range, so the numbers are comparable across windows);
-- ``dp_difference``, ``dp_ratio`` and ``conditional_dp`` of the label (stage ``label``) and, when a
-  ``scorer`` artifact is active, of its decisions before and after repair;
-- ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean |f(x) - f(T(x))| of the scorer f with the
-  plan's frozen monotone map T between groups, before repair and after it (f(x') against
-  f(R(T(x))), the repaired image of the matched counterpart);
-- ``out_of_range_rate`` of the plan (original values outside its grid).
+- ``dependence_e`` and ``w1`` between groups, per feature, before and after the repair stage
+  (fixed bins per version: the plan's grid range, or the first batch's range for other modules,
+  so the numbers are comparable across windows of one version);
+- ``dp_difference``, ``dp_ratio`` and ``conditional_dp`` of the label (stage ``label``) and, with a
+  scorer, of its decisions on the original features (``before``: the classifier alone) and on the
+  chain's output (``after``); ``eopp`` (equal opportunity: the DP gap among records with y = 1);
+- ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean
+  |f(x) - f(T(x))| of the scorer f with the plan's frozen monotone map T between groups, before
+  repair and after it (f(x') against f(R(T(x))), the repaired image of the matched counterpart);
+- ``out_of_range_rate`` of the repair stage (original values outside a plan's grid).
 
 Every update is a handful of vectorised calls per batch; reading a window merges its buckets.
-One statistic (``monitor.statistic``, after repair) also feeds a river drift detector in chunks
-of ``window_records / 16`` records. Hysteresis turns detector hits into one drift event per
-shift: an event needs the windowed statistic above ``monitor.threshold`` and the monitor armed;
-it re-arms once the statistic is back below the threshold, or after ``cooldown_seconds``.
+Each statistic named in ``monitor.statistic`` (after the chain) feeds its own river drift
+detector in chunks of ``window_records / 16`` records. Hysteresis turns detector hits into one
+drift event per shift: an event needs the windowed statistic above its ``monitor.threshold`` and
+its detector armed; it re-arms once the statistic is back below the threshold, or after
+``cooldown_seconds``.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -42,6 +49,7 @@ from fairstream.repair.measure.accumulators import (
     WassersteinAccumulator,
 )
 from fairstream.repair.measure.matching import matched_counterparts
+from fairstream.repair.measure.metrics import equal_width_edges
 from fairstream.repair.measure.windows import BatchWindow
 from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import MonitorConfig, PipelineConfig
@@ -50,15 +58,58 @@ log = logging.getLogger(__name__)
 
 E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 8000 Adult records)
 
+DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
+    "dependence_e": (("dependence_e", "after"), lambda r: r.total),
+    "w1": (("w1", "after"), lambda r: float(np.mean(r.per_feature))),
+    "dp_difference": (("dp", "after"), lambda r: r.difference),
+    "dp_ratio": (("dp", "after"), lambda r: 1.0 - r.ratio),  # higher is less fair, like every other one
+    "conditional_dp": (("dp", "after"), lambda r: r.conditional_difference),
+    "eopp": (("eopp", "after"), lambda r: r.difference),
+    "mdp": (("mdp", "after"), lambda r: r.overall),
+}
+"""Statistic a detector can watch -> (the accumulator it reads, its scalar after the chain, all strata)."""
+
 
 @dataclass(frozen=True)
 class DriftEvent:
-    """A confirmed drift of the monitored statistic (one per shift, after hysteresis)."""
+    """A confirmed drift of a monitored statistic (one per shift, after hysteresis)."""
     statistic: str
     detector: str
     value: float  # the windowed statistic when the event fired
-    version: int  # plan version in use
+    version: int  # version of the chain's first module in use
     ts: float
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The artifacts one record batch went through: the repair stage (first module) and the scorer (last), if any."""
+
+    actives: tuple
+
+    @property
+    def key(self) -> tuple:
+        """What identifies the chain's versions (the monitor restarts its windows when it changes)."""
+        return tuple((a.kind, a.version) for a in self.actives)
+
+    @property
+    def version(self) -> int:
+        """The first module's version: what ``provenance.version`` of an output record says."""
+        return self.actives[0].version
+
+    @property
+    def repair(self):
+        """The module that changes the features (plan or flow), or None for a scorer alone."""
+        return next((a.module for a in self.actives if a.kind != "scorer"), None)
+
+    @property
+    def scorer(self):
+        """The scorer at the end of the chain, or None."""
+        return self.actives[-1].module if self.actives[-1].kind == "scorer" else None
+
+
+def as_chain(actives: tuple) -> Chain:
+    """A :class:`Chain` of registry ``Active`` artifacts in chain order (None entries, e.g. no scorer, left out)."""
+    return Chain(tuple(a for a in actives if a is not None))
 
 
 def plan_edges(plan, bins: int) -> list[np.ndarray]:
@@ -68,43 +119,98 @@ def plan_edges(plan, bins: int) -> list[np.ndarray]:
     return [np.linspace(a, b if b > a else a + 1.0, bins + 1) for a, b in zip(lo, hi)]
 
 
+def stage_edges(module, X: np.ndarray, bins: int) -> list[np.ndarray]:
+    """Bins for one stage: a plan's grid range, else the range of the first batch a version sees, widened by 10%.
+
+    Values outside fall in the end bins, so a later batch with a wider range is still counted.
+    """
+    if module is not None and hasattr(module, "grid_start_"):
+        return plan_edges(module, bins)
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    pad = np.maximum(0.1 * (hi - lo), 1e-9)
+    return equal_width_edges(np.vstack([lo - pad, hi + pad]), bins)
+
+
+DETECTOR_SCALE = 4.0
+"""Chunk values reach a detector scaled so that the alert threshold is this. River's ADWIN bound has a
+term that does not shrink with the variance (it assumes values in [0, 1]), so on the few dozen
+chunks a window gives it misses a jump from half the threshold to 1.5 times it at scale 1; at 4 it
+sees it within a few chunks. Hysteresis still needs the window above the threshold for an event."""
+
+
 def make_detector(name: str):
-    """A river drift detector tuned for a statistic scaled so that the alert threshold is 1."""
+    """A river drift detector tuned for a statistic scaled so that the alert threshold is ``DETECTOR_SCALE``."""
     if name == "adwin":
         return drift.ADWIN(delta=0.002, clock=4)
     if name == "page_hinkley":
-        return drift.PageHinkley(min_instances=10, delta=0.1, threshold=3.0, mode="up")
+        return drift.PageHinkley(min_instances=10, delta=0.4, threshold=12.0, mode="up")
     return drift.KSWIN(alpha=0.001, window_size=60, stat_size=20, seed=0)
 
 
-class Scores:
-    """What the scorer says about one batch before and after repair, and about matched counterparts (DP, MDP)."""
+@dataclass
+class MonitoredBatch:
+    """One batch as the monitor sees it: the repair stage's input and output, labels, and the scorer's view."""
 
-    def __init__(self, batch: RepairedBatch, plan, scorer, groups: tuple):
-        self.decisions_before = scorer.decision(batch.before)
-        self.decisions_after = scorer.decision(batch.after)
-        matched, matched_group = matched_counterparts(batch.before, batch.s, batch.u, groups, plan.transport_map)
-        self.f_before = scorer.predict_proba(batch.before)
-        self.f_matched_before = scorer.predict_proba(matched)
-        self.f_after = scorer.predict_proba(batch.after)
-        counterpart = plan.repair(matched, matched_group, batch.u, keys=batch.keys).values
-        self.f_matched_after = scorer.predict_proba(counterpart)
+    before: np.ndarray
+    after: np.ndarray
+    s: np.ndarray
+    u: np.ndarray
+    y: np.ndarray | None
+    out_of_range: np.ndarray
+    decision_before: np.ndarray | None = None  # the scorer on the original features (the classifier alone)
+    decision_after: np.ndarray | None = None  # the scorer on the chain's output (what the records carry)
+    f_before: np.ndarray | None = None  # MDP: f(x) and f(T(x)) before repair, f(R(x)) and f(R(T(x))) after
+    f_matched_before: np.ndarray | None = None
+    f_after: np.ndarray | None = None
+    f_matched_after: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.s)
+
+    def take(self, rows: slice) -> "MonitoredBatch":
+        """The rows ``rows`` of every array (None stays None)."""
+        return MonitoredBatch(**{name: None if value is None else value[rows] for name, value in vars(self).items()})
+
+
+def monitored_batch(batch: RepairedBatch, chain: Chain, groups: tuple, out_of_range: np.ndarray) -> MonitoredBatch:
+    """Score a delivered batch: decisions before and after the chain, and MDP's matched scores when a plan allows it."""
+    view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
+    scorer, repair = chain.scorer, chain.repair
+    if scorer is None:
+        return view
+    view.decision_before = scorer.decision(batch.before)
+    # The worker hands over the decisions the records carry; a reader of the topic recomputes them.
+    view.decision_after = batch.decision if batch.decision is not None else scorer.decision(batch.after)
+    if repair is not None and hasattr(repair, "transport_map"):
+        matched, matched_group = matched_counterparts(batch.before, batch.s, batch.u, groups, repair.transport_map)
+        view.f_before = scorer.predict_proba(batch.before)
+        view.f_matched_before = scorer.predict_proba(matched)
+        view.f_after = scorer.predict_proba(batch.after)
+        counterpart = repair.repair(matched, matched_group, batch.u, keys=batch.keys).values
+        view.f_matched_after = scorer.predict_proba(counterpart)
+    return view
 
 
 class BatchStatistics:
     """One accumulator per statistic and stage, filled once per batch and shared by every window."""
 
-    def __init__(self, plan, config: PipelineConfig, with_scorer: bool):
+    def __init__(self, chain: Chain, config: PipelineConfig, first: RepairedBatch):
         groups, strata = list(config.groups), list(config.strata)
         self.groups, self.strata = groups, strata
-        e_edges, w_edges = plan_edges(plan, E_BINS), plan_edges(plan, W1_BINS)
         stages = ("before", "after")
+        edges = {(stage, bins): stage_edges(chain.repair, X, bins) for stage, X in (("before", first.before),
+                                                                                    ("after", first.after))
+                 for bins in (E_BINS, W1_BINS)}
+        scored = chain.scorer is not None
+        matched = scored and chain.repair is not None and hasattr(chain.repair, "transport_map")
         self.factories = {
-            **{("dependence_e", st): (lambda: HistogramDependenceAccumulator(e_edges, groups, strata)) for st in stages},
-            **{("w1", st): (lambda: WassersteinAccumulator(w_edges, groups, strata)) for st in stages},
+            **{("dependence_e", st): functools.partial(HistogramDependenceAccumulator, edges[st, E_BINS], groups, strata)
+               for st in stages},
+            **{("w1", st): functools.partial(WassersteinAccumulator, edges[st, W1_BINS], groups, strata) for st in stages},
             **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
-            **{("dp", st): (lambda: PositiveRateAccumulator(groups, strata)) for st in (stages if with_scorer else ())},
-            **{("mdp", st): (lambda: MatchedGapAccumulator(strata)) for st in (stages if with_scorer else ())},
+            **{(name, st): (lambda: PositiveRateAccumulator(groups, strata)) for st in (stages if scored else ())
+               for name in ("dp", *(("eopp",) if config.label else ()))},
+            **{("mdp", st): (lambda: MatchedGapAccumulator(strata)) for st in (stages if matched else ())},
             ("out_of_range_rate", "before"): lambda: RateAccumulator(strata),
         }
         # Fresh copies of one prototype share its settings (edges, labels), so merging them skips
@@ -112,30 +218,40 @@ class BatchStatistics:
         prototypes = {key: factory() for key, factory in self.factories.items()}
         self.factories = {key: prototype.fresh for key, prototype in prototypes.items()}
 
-    def of(self, batch: RepairedBatch, out_of_range: np.ndarray, scores: Scores | None) -> dict:
+    def of(self, batch: MonitoredBatch) -> dict:
         """The batch's accumulators (labels encoded once, not once per accumulator)."""
         s, u = EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
-        self.encoded = s, u  # the drift tracker reuses them
         new = {key: factory() for key, factory in self.factories.items()}
         for stage, X in (("before", batch.before), ("after", batch.after)):
             new["dependence_e", stage].update(X, s, u)
             new["w1", stage].update(X, s, u)
+        for stage, decisions in (("before", batch.decision_before), ("after", batch.decision_after)):
+            if ("dp", stage) in new:
+                new["dp", stage].update(decisions, s, u)
+            if ("eopp", stage) in new:
+                self._update_eopp(new, stage, decisions, batch.y, s, u)
         if ("dp", "label") in new:
             if batch.y is not None:
                 new["dp", "label"].update(batch.y, s, u)
             else:
                 del new["dp", "label"]
-        if scores is not None and ("dp", "before") in new:
-            new["dp", "before"].update(scores.decisions_before, s, u)
-            new["dp", "after"].update(scores.decisions_after, s, u)
-            new["mdp", "before"].update(scores.f_before, scores.f_matched_before, u)
-            new["mdp", "after"].update(scores.f_after, scores.f_matched_after, u)
-        new["out_of_range_rate", "before"].update(out_of_range, u)
+        if ("mdp", "before") in new:
+            new["mdp", "before"].update(batch.f_before, batch.f_matched_before, u)
+            new["mdp", "after"].update(batch.f_after, batch.f_matched_after, u)
+        new["out_of_range_rate", "before"].update(batch.out_of_range, u)
         return new
+
+    @staticmethod
+    def _update_eopp(new: dict, stage: str, decisions, y, s, u) -> None:
+        if y is None:  # a batch without labels says nothing about equal opportunity
+            del new["eopp", stage]
+            return
+        positive = np.asarray(y) == 1
+        new["eopp", stage].update(decisions[positive], s[positive], u[positive])
 
 
 class StatisticWindows:
-    """Every statistic's window of one kind (count or time) for one plan version."""
+    """Every statistic's window of one kind (count or time) for one chain version."""
 
     def __init__(self, make_window: Callable[[], BatchWindow], statistics: BatchStatistics, features: list):
         self.windows = {key: make_window() for key in statistics.factories}
@@ -156,11 +272,13 @@ class StatisticWindows:
                 if name == statistic and window.n_records and (stages is None or stage in stages)}
 
     def detector_value(self, statistic: str) -> float | None:
-        """``statistic`` after repair over all strata and features: the one value read every batch."""
-        for row in self.rows(statistic, stages=("after",)):
-            if row[1:5] == ("after", "all", "all", "all") and np.isfinite(row[-1]):
-                return float(row[-1])
-        return None
+        """``statistic`` after the chain over all strata and features (see :data:`DETECTED`), or None."""
+        key, scalar = DETECTED[statistic]
+        window = self.windows.get(key)
+        if window is None or not window.n_records:
+            return None
+        value = float(scalar(window.value()))
+        return value if np.isfinite(value) else None
 
     def rows(self, statistic: str | None = None, stages=None) -> Iterable[tuple[str, str, str, str, str, float]]:
         """(statistic, stage, stratum, feature, group_pair, value) for every gauge, or for one statistic."""
@@ -169,11 +287,9 @@ class StatisticWindows:
                 yield from (row for row in rows(stages) if statistic is None or row[0] == statistic)
 
     def _row_makers(self):
-        # Each maker reads only its own windows: the detector's statistic is computed every batch,
-        # the rest once a second for the gauges.
         return [(("dependence_e",), self._e_rows), (("w1",), self._w1_rows),
-                (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("mdp",), self._mdp_rows),
-                (("out_of_range_rate",), self._oor_rows)]
+                (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("eopp",), self._eopp_rows),
+                (("mdp",), self._mdp_rows), (("out_of_range_rate",), self._oor_rows)]
 
     def _e_rows(self, stages=None):
         for stage, r in self._values("dependence_e", stages).items():
@@ -186,6 +302,7 @@ class StatisticWindows:
             for j, p, k in itertools.product(range(len(r.strata)), range(len(r.pairs)), range(len(self.features))):
                 yield "w1", stage, str(r.strata[j]), self.features[k], "-".join(map(str, r.pairs[p])), r.per_pair[j, p, k]
             yield from (("w1", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
+            yield "w1", stage, "all", "all", "all", float(np.mean(r.per_feature))
 
     def _dp_rows(self, stages=None):
         for stage, r in self._values("dp", stages).items():
@@ -193,6 +310,11 @@ class StatisticWindows:
             yield "dp_ratio", stage, "all", "all", "all", r.ratio
             yield "conditional_dp", stage, "all", "all", "all", r.conditional_difference
             yield from (("dp_difference", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
+
+    def _eopp_rows(self, stages=None):
+        for stage, r in self._values("eopp", stages).items():
+            yield "eopp", stage, "all", "all", "all", r.difference
+            yield from (("eopp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
 
     def _mdp_rows(self, stages=None):
         for stage, r in self._values("mdp", stages).items():
@@ -211,62 +333,88 @@ def _per_stratum_feature(statistic, stage, strata, features, values, pair):
 
 
 class DriftTracker:
-    """River detector on chunks of the after-repair statistic, with hysteresis (one event per shift)."""
+    """A river detector on chunk values of one statistic, with hysteresis (one event per shift)."""
 
-    def __init__(self, monitor: MonitorConfig, new_chunk: Callable, clock: Callable[[], float]):
-        self.monitor, self.clock = monitor, clock
+    def __init__(self, statistic: str, monitor: MonitorConfig, clock: Callable[[], float]):
+        self.statistic, self.monitor, self.clock = statistic, monitor, clock
+        self.threshold = monitor.thresholds[statistic]
         self.detector = make_detector(monitor.detector)
-        # 16 chunks per window: enough detector samples before a shift (ADWIN needs a few dozen)
-        # while each chunk's E stays well above its own estimation noise. Chunks are cut from the
-        # records, not from batches, so the detector's sensitivity does not depend on batch size.
-        self.chunk_size = max(50, monitor.window_records // 16)
-        self._new_chunk = new_chunk
-        self.chunk, self.chunk_records = new_chunk(), 0
         self.armed, self.last_event = True, -np.inf
         self.pending = 0  # records left during which a detector hit waits for the window to confirm it
 
-    def _feed_detector(self) -> None:
-        # Scaled so that the alert threshold is 1: the detectors' parameters are absolute.
-        self.detector.update(self.chunk.value().total / self.monitor.threshold)
-        self.chunk, self.chunk_records = self._new_chunk(), 0
+    def feed_chunk(self, chunk: dict) -> None:
+        """Give the detector one chunk's value of the statistic (scaled so that the threshold is DETECTOR_SCALE)."""
+        key, scalar = DETECTED[self.statistic]
+        if key not in chunk:  # e.g. a chunk of unlabelled records for eopp
+            return
+        value = float(scalar(chunk[key].value()))
+        if not np.isfinite(value):
+            return
+        self.detector.update(value / self.threshold * DETECTOR_SCALE)
         if self.detector.drift_detected:
             # The detector sees a shift within a few chunks; the window needs longer to cross the
             # threshold, so the hit waits (at most one window of records) for that confirmation.
             self.pending = self.monitor.window_records
 
-    def update(self, after: np.ndarray, s: np.ndarray, u: np.ndarray, window_value: float) -> bool:
-        """Feed a batch's repaired rows and labels; True when a drift event is confirmed."""
-        self.pending = max(self.pending - len(s), 0)
-        if window_value < self.monitor.threshold:
+    def confirm(self, n_records: int, window_value: float | None) -> bool:
+        """After a batch of ``n_records``: True when a detector hit is confirmed by the window (an event)."""
+        self.pending = max(self.pending - n_records, 0)
+        if window_value is None:
+            return False
+        if window_value < self.threshold:
             self.armed = True
-        start = 0
-        while start < len(s):  # cut the batch at chunk boundaries
-            stop = start + min(self.chunk_size - self.chunk_records, len(s) - start)
-            self.chunk.update(after[start:stop], s[start:stop], u[start:stop])
-            self.chunk_records += stop - start
-            start = stop
-            if self.chunk_records == self.chunk_size:
-                self._feed_detector()
         now = self.clock()
         cooled = now - self.last_event >= self.monitor.cooldown_seconds
-        if self.pending and window_value > self.monitor.threshold and (self.armed or cooled):
+        if self.pending and window_value > self.threshold and (self.armed or cooled):
             self.armed, self.last_event, self.pending = False, now, 0
             return True
         return False
 
 
+class Chunker:
+    """Cuts batches into pieces at chunk boundaries and merges each chunk's accumulators.
+
+    Chunks are cut from the records, not from batches, so a detector's sensitivity does not depend
+    on the batch size: 16 chunks per window give a detector enough samples before a shift (ADWIN
+    needs a few dozen) while each chunk's statistic stays well above its own estimation noise.
+    """
+
+    def __init__(self, window_records: int):
+        self.size = max(50, window_records // 16)
+        self.filled, self.chunk = 0, None
+
+    def pieces(self, n: int) -> Iterable[slice]:
+        """The slices of a batch of ``n`` rows, each ending at a chunk boundary or at the batch's end."""
+        start = 0
+        while start < n:
+            stop = start + min(self.size - self.filled, n - start)
+            yield slice(start, stop)
+            start = stop
+
+    def add(self, accumulators: dict, n_records: int) -> dict | None:
+        """Merge one piece; returns the chunk's accumulators when it is full."""
+        self.chunk = dict(accumulators) if self.chunk is None else {
+            key: self.chunk[key].merge(acc) if key in self.chunk else acc for key, acc in accumulators.items()}
+        self.filled += n_records
+        if self.filled < self.size:
+            return None
+        full, self.chunk, self.filled = self.chunk, None, 0
+        return full
+
+
 class FairnessMonitor:
-    """Windows and drift detection for the plan version in use; gauges via ``export``."""
+    """Windows and drift detection for the record chain's versions in use; gauges via ``rows``."""
 
     def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time):
         self.config, self.monitor, self.clock = config, config.monitor, clock
         self.version: int | None = None
+        self.chain_key: tuple | None = None
         self.skipped = 0
 
-    def _start(self, plan_active, with_scorer: bool) -> None:
-        m, plan = self.monitor, plan_active.module
-        self.version, self.with_scorer = plan_active.version, with_scorer
-        self.statistics = BatchStatistics(plan, self.config, with_scorer)
+    def _start(self, chain: Chain, first: RepairedBatch) -> None:
+        m = self.monitor
+        self.chain_key, self.version = chain.key, chain.version
+        self.statistics = BatchStatistics(chain, self.config, first)
         features = list(self.config.features)
         self.windows = {
             "count": StatisticWindows(lambda: BatchWindow(records=m.window_records, buckets=m.buckets), self.statistics,
@@ -274,40 +422,45 @@ class FairnessMonitor:
             "time": StatisticWindows(lambda: BatchWindow(seconds=m.window_seconds, buckets=m.buckets), self.statistics,
                                      features),
         }
-        self.tracker = DriftTracker(m, self.statistics.factories["dependence_e", "after"], self.clock)
-        log.info("monitoring plan version %s (scorer: %s)", self.version, with_scorer)
+        self.chunker = Chunker(m.window_records)
+        self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics]
+        log.info("monitoring %s", ", ".join(f"{kind} v{version}" for kind, version in chain.key))
 
-    def observe(self, values: list[bytes], plan_active, scorer_active=None) -> list[DriftEvent]:
-        """Update every window with a batch of ``records.repaired`` values; returns confirmed drift events."""
-        self._follow(plan_active, scorer_active)
+    def observe(self, values: list[bytes], *actives) -> list[DriftEvent]:
+        """Update every window with ``records.repaired`` values made by the chain ``actives``; returns drift events."""
+        chain = as_chain(actives)
         batch = decode_repaired(values, self.config)
-        mine = np.flatnonzero(batch.versions == self.version)
+        mine = np.flatnonzero(batch.versions == chain.version)
         self.skipped += len(batch) - len(mine)
-        return self.observe_batch(batch.take(mine), plan_active, scorer_active) if len(mine) else []
+        return self.observe_batch(batch.take(mine), *chain.actives) if len(mine) else []
 
-    def _follow(self, plan_active, scorer_active) -> None:
-        if self.version != plan_active.version or self.with_scorer != (scorer_active is not None):
-            self._start(plan_active, scorer_active is not None)
-
-    def observe_batch(self, batch: RepairedBatch, plan_active, scorer_active=None) -> list[DriftEvent]:
-        """Update every window with the arrays of a batch repaired by ``plan_active``."""
-        self._follow(plan_active, scorer_active)
+    def observe_batch(self, batch: RepairedBatch, *actives) -> list[DriftEvent]:
+        """Update every window with the arrays of a batch that went through the chain ``actives``, in order."""
+        chain = as_chain(actives)
         if len(batch.s) == 0:
             return []
-        plan = plan_active.module
-        scores = Scores(batch, plan, scorer_active.module, tuple(self.config.groups)) if scorer_active else None
-        out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, plan)
-        accumulators = self.statistics.of(batch, out_of_range, scores)
-        self.windows["count"].add(accumulators, len(batch), ts=float(np.max(batch.ts)))
-        self.windows["time"].add(accumulators, len(batch), ts=float(np.max(batch.ts)))
-        value = self.statistic("count")
-        s, u = self.statistics.encoded
-        if value is not None and self.tracker.update(batch.after, s, u, value):
-            return [DriftEvent(self.monitor.statistic, self.monitor.detector, value, self.version, self.clock())]
-        return []
+        if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
+            self._start(chain, batch)
+        out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
+        view = monitored_batch(batch, chain, tuple(self.config.groups), out_of_range)
+        ts = float(np.max(batch.ts))
+        for piece in self.chunker.pieces(len(view)):
+            part = view.take(piece)
+            accumulators = self.statistics.of(part)
+            for windows in self.windows.values():
+                windows.add(accumulators, len(part), ts=ts)
+            chunk = self.chunker.add(accumulators, len(part))
+            if chunk is not None:
+                for tracker in self.trackers:
+                    tracker.feed_chunk(chunk)
+        return [DriftEvent(tracker.statistic, self.monitor.detector, value, self.version, self.clock())
+                for tracker in self.trackers
+                if tracker.confirm(len(view), value := self.statistic("count", tracker.statistic))]
 
     @staticmethod
     def _out_of_range(batch: RepairedBatch, plan) -> np.ndarray:
+        if plan is None or not hasattr(plan, "grid_start_"):
+            return np.zeros(len(batch), dtype=bool)
         codes = np.searchsorted(plan.strata_, batch.u)
         codes = np.clip(codes, 0, len(plan.strata_) - 1)
         return ((batch.before < plan.grid_start_[codes]) | (batch.before > plan.grid_stop_[codes])).any(axis=1)
@@ -318,8 +471,8 @@ class FairnessMonitor:
             return []
         return [row for row in self.windows[window].rows(statistic) if np.isfinite(row[-1])]
 
-    def statistic(self, window: str = "count") -> float | None:
-        """The detector's statistic (after repair, all strata and features) over a window."""
+    def statistic(self, window: str = "count", name: str | None = None) -> float | None:
+        """A detector's statistic (default: the first configured) after the chain, all strata, over a window."""
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return None
-        return self.windows[window].detector_value(self.monitor.statistic)
+        return self.windows[window].detector_value(name or self.monitor.statistics[0])

@@ -70,12 +70,17 @@ def _output_key(message: MessageLike, record_id) -> bytes:
     return message.key if message.key is not None else str(record_id).encode()
 
 
-def _provenance(active) -> dict:
-    return provenance(active.kind, active.version, active.sha256, active.module.seed)
+def _provenance(chain: Sequence) -> dict:
+    return provenance([(a.kind, a.version, a.sha256, a.module.seed) for a in chain])
+
+
+def as_actives(active) -> tuple:
+    """The registry's active artifacts of a chain as a tuple (one ``Active`` is a chain of one)."""
+    return tuple(active) if isinstance(active, (list, tuple)) else (active,)
 
 
 class RecordRepairer:
-    """Batch logic of the record agent: tabular records through the pipeline's frozen module."""
+    """Batch logic of the record agent: tabular records through the pipeline's chain of frozen modules."""
 
     agent = "records"
 
@@ -83,18 +88,22 @@ class RecordRepairer:
         self.config = config
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
-        """``active`` is the registry's active artifact for the record agent (any module kind)."""
+        """``active``: the registry's active artifacts of the configured chain, in order (or one of them)."""
+        chain = as_actives(active)
         decoded = decode_records([m.value for m in messages], self.config)
         failures = list(decoded.errors)
-        outcome = BatchOutcome(version=active.version)
+        outcome = BatchOutcome(version=chain[0].version)
         if len(decoded.index):
             batch = decoded.batch()
-            result = apply_chain([active.module], batch)
+            result = apply_chain([a.module for a in chain], batch)
             ok = np.flatnonzero(result.ok)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
             fields = decoded.fields.take(ok)
             imputed = result.imputed[ok] if result.imputed is not None else None
-            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(active), imputed)
+            scored = {name: result.columns[name][ok] for name in ("score", "decision")} \
+                if "decision" in result.columns else None
+            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(chain), imputed,
+                                     scored)
             outcome.repaired = [(_output_key(messages[decoded.index[i]], rid), v)
                                 for i, rid, v in zip(ok, fields.ids, values)]
             outcome.out_of_range = int(result.out_of_range.sum())
@@ -104,16 +113,17 @@ class RecordRepairer:
             measured = ok if imputed is None else ok[~imputed]
             times = [fields.ts[i] for i in (np.arange(len(ok)) if imputed is None else np.flatnonzero(~imputed))]
             outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
-                                                   result.out_of_range[measured], [ts for ts in times if ts is not None])
+                                                   result.out_of_range[measured], [ts for ts in times if ts is not None],
+                                                   result.columns.get("decision"), measured)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
 
-def _monitor_batch(batch: Batch, repaired, out_of_range, event_times) -> RepairedBatch:
+def _monitor_batch(batch: Batch, repaired, out_of_range, event_times, decision, rows) -> RepairedBatch:
     n = len(batch)
     ts = np.array(event_times, dtype=np.float64) if len(event_times) == n else np.full(n, time.time())
     return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
-                         out_of_range=out_of_range)
+                         out_of_range=out_of_range, decision=None if decision is None else decision[rows])
 
 
 class EmbeddingRepairer:
@@ -128,9 +138,9 @@ class EmbeddingRepairer:
         """``active`` is the registry's active ``embedding`` artifact, or None for the identity (normalisation)."""
         decoded = decode_embeddings([m.value for m in messages], self.config)
         if active is None:  # the identity module: L2 normalisation, what a trained module starts from
-            vectors, prov = normalise(decoded.vectors), provenance("identity", 0, "", "")
+            vectors, prov = normalise(decoded.vectors), provenance([("identity", 0, "", "")])
         else:
-            vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance(active)
+            vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance([active])
         values = encode_embeddings(decoded.records, vectors, prov, decoded.digests)
         return BatchOutcome(
             repaired=[(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)],

@@ -77,8 +77,8 @@ BAD_CONFIGS = {
     "absurd batch_within": (lambda text: text.replace("batch_within = 0.05", "batch_within = 1e308"),
                             "agents.records.batch_within must be a number > 0 and <= 60, got 1e+308"),
     "unknown statistic": (lambda text: text.replace('statistic = "dependence_e"', 'statistic = "dependence_E"'),
-                          "monitor.statistic must be 'dependence_e', 'dp_difference', 'dp_ratio', 'conditional_dp' "
-                          "or 'mdp', got 'dependence_E'"),
+                          "monitor.statistic must be a statistic ('dependence_e', 'w1', 'dp_difference', 'dp_ratio', "
+                          "'conditional_dp', 'eopp', 'mdp') or a non-empty list of distinct ones, got 'dependence_E'"),
 }
 CONFIG_COMMANDS = [["worker"], ["replay"], ["artifacts", "list"], ["artifacts", "rollback", "plan"], ["refit"],
                    ["demo"]]

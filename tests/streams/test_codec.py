@@ -43,7 +43,7 @@ ADULT = adult_config()
 STRING_GROUPS = adult_config(groups=("f", "m"), strata=("lo", "hi"))
 DIM = 4
 EMB = adult_config(embeddings=EmbeddingConfig(dimension=DIM))
-PROV = provenance("plan", 3, "ab" * 32, "0123456789abcdef")
+PROV = provenance([("plan", 3, "ab" * 32, "0123456789abcdef")])
 
 
 # --------------------------------------------------------------------------- helpers
@@ -709,9 +709,22 @@ def test_feature_names_with_percent_signs_round_trip(names):
     assert obj["original"] == {names[0]: 1.0, names[1]: 2.0}
 
 
+def test_a_scored_batch_carries_each_record_s_score_and_decision_and_the_whole_chain():
+    X = np.array([[1.0, 2.0], [3.0, 4.0]])
+    prov = provenance([("flow", 4, "ab", ""), ("scorer", 2, "cd", "")])
+    scored = {"score": np.array([0.25, 0.75]), "decision": np.array([0, 1])}
+    records = [record(id=1), record(id=2)]
+    encoded = encode_repaired(RecordFields.of(records), X, X + 1, ADULT, prov, scored=scored)
+    check_encoded(encoded, records, X, X + 1, ADULT, prov)
+    objs = [strict_loads(v) for v in encoded]
+    assert [(o["score"], o["decision"]) for o in objs] == [(0.25, 0), (0.75, 1)]
+    assert [stage["version"] for stage in objs[0]["provenance"]["chain"]] == [4, 2]
+    assert codec.decode_repaired(encoded, ADULT).decision.tolist() == [0, 1]
+
+
 @pytest.mark.parametrize("seed", ["50%", "%s", "%(x)s", "%%"])
 def test_provenance_with_percent_signs_round_trips(seed):
-    prov = provenance("plan", 1, "%d" * 4, seed)
+    prov = provenance([("plan", 1, "%d" * 4, seed)])
     X = np.array([[1.0, 2.0]])
     obj = strict_loads(encode_repaired(RecordFields.of([record()]), X, X, ADULT, prov)[0])
     assert obj["provenance"] == prov
@@ -721,7 +734,8 @@ def test_provenance_with_percent_signs_round_trips(seed):
 @given(st.fixed_dictionaries({"kind": st.text(), "version": st.integers(0, 2**31), "sha256": st.text(),
                               "seed": st.text()}))
 def test_any_provenance_round_trips(prov_fields):
-    prov = provenance(**prov_fields)
+    first = tuple(prov_fields[name] for name in ("kind", "version", "sha256", "seed"))
+    prov = provenance([first, ("scorer", 1, "", "")])
     X = np.array([[1.0, 2.0]])
     check_encoded(encode_repaired(RecordFields.of([record()]), X, X, ADULT, prov), [record()], X, X, ADULT, prov)
 

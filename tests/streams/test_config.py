@@ -319,9 +319,13 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("agents.records", "batch_within", 1e308, "a number > 0 and <= 60"),
     ("agents.records", "batch_within", float("nan"), "a number > 0 and <= 60"),
     ("agents.records", "batch_size", 10**9, "an integer >= 1 and <= 100000"),
-    ("agents.records", "artifact", "plna", "'flow', 'plan' or 'scorer'"),
-    ("monitor", "threshold", float("inf"), "a number > 0 and <= 1000000"),
-    ("monitor", "statistic", "w1", "'dependence_e', 'dp_difference', 'dp_ratio', 'conditional_dp' or 'mdp'"),
+    ("agents.records", "artifact", "plna", "an artifact kind ('flow', 'plan', 'scorer')"),
+    ("agents.records", "artifact", ["scorer", "plan"], "with 'scorer' only last"),
+    ("agents.records", "artifact", ["plan", "plan"], "a non-empty list of distinct kinds"),
+    ("monitor", "threshold", float("inf"), "a number in (0, 1e6]"),
+    ("monitor", "threshold", {"dependence_e": -1.0}, "a table of statistic = number"),
+    ("monitor", "statistic", "e", "a statistic ('dependence_e', 'w1',"),
+    ("monitor", "statistic", ["w1", "w1"], "a non-empty list of distinct ones"),
     ("pipeline", "max_message_bytes", 2**30, "an integer >= 64 and <= 524288"),
     ("pipeline", "name", "my pipeline", "a name of letters, digits, '_', '-' and inner dots (at most 200 characters)"),
     ("pipeline", "label", "yes", "true or false"),
@@ -329,7 +333,9 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
 def test_values_outside_their_range_are_named_with_what_was_expected_and_found(section, key, value, expected):
     data = adult_data()
     table_of(data, section)[key] = value
-    assert config_error(data) == f"{section}.{key} must be {expected}, got {value!r}"
+    message = config_error(data)
+    assert message.startswith(f"{section}.{key} must be ") and message.endswith(f", got {value!r}"), message
+    assert expected in message
 
 
 @pytest.mark.parametrize("key", ["min_records", "buckets"])

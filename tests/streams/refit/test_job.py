@@ -28,7 +28,8 @@ from fairstream.streams.demo.replay import bad_messages, interleave, record_mess
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.refit import job, requests, schedule, service, sources
 from fairstream.streams.refit.command import add_refit_parser
-from fairstream.streams.refit.job import RefitJob, format_e, stratified_split
+from fairstream.streams.refit.job import RefitJob, stratified_split
+from fairstream.streams.refit.trainers import format_value
 from fairstream.streams.refit.requests import request_refit
 from fairstream.streams.refit.schedule import parse_duration, run_every
 from fairstream.streams.refit.service import RefitService
@@ -105,19 +106,19 @@ def test_first_refit_publishes_v1_when_no_plan_is_active(broker, config, windows
     outcome = job.run_once(TopicSource(broker.bootstrap, config, last_n=None))
 
     assert outcome.published and outcome.version == 1 and outcome.current_version is None
-    assert outcome.e_current is None and "no plan was active" in outcome.reason
+    assert outcome.current_value is None and "no plan was active" in outcome.reason
     assert outcome.n_research == 8000 and outcome.n_invalid == 0
     assert outcome.n_holdout == holdout_size(windows["first"])
     (record,) = control_history(broker, config)
     assert record.kind == "plan" and record.version == 1 and record.sha256 == outcome.sha256
     artifact = ArtifactStore(config.artifact_dir).get(record.sha256)
     metrics = artifact.metrics
-    assert metrics["E_holdout_after"] == pytest.approx(outcome.e_candidate)
-    assert metrics["E_holdout_floor"] == pytest.approx(outcome.noise_floor)
+    assert metrics["E_holdout_after"] == pytest.approx(outcome.candidate_value)
+    assert metrics["E_holdout_floor"] == pytest.approx(outcome.floor)
     assert metrics["n_research"] == 8000 and metrics["replaces_version"] is None
     assert metrics["E_holdout_after"] < metrics["E_holdout_before"]  # the plan removes dependence
     assert len(artifact.manifest.data_fingerprint) == 64
-    assert job.current_plan().version == 1
+    assert job.current().version == 1
 
     again = job.run_once(TopicSource(broker.bootstrap, config, last_n=None))  # nothing new on the topic
 
@@ -136,10 +137,11 @@ def test_worse_candidate_is_refused_with_both_numbers(broker, config, windows):
     outcome = worse.run_once(as_window(windows["second"]))
 
     assert not outcome.published and outcome.version is None and outcome.current_version == 1
-    assert outcome.e_candidate > outcome.e_current * 1.1
-    expected = (f"candidate E {format_e(outcome.e_candidate)} > current E {format_e(outcome.e_current)} x 1.10 "
+    assert outcome.candidate_value > outcome.current_value * 1.1
+    expected = (f"candidate E {format_value(outcome.candidate_value)} > current E {format_value(outcome.current_value)} x 1.10 "
                 f"on {holdout_size(windows['second'])} holdout rows")
-    assert outcome.reason.startswith(expected) and outcome.reason.endswith("not publishing")
+    assert outcome.reason.startswith(expected) and outcome.reason.endswith("against the active plan v1); not publishing")
+    assert outcome.statistic == "E" and outcome.kind == "plan"
     assert [r.version for r in control_history(broker, config)] == [1]
 
 
@@ -148,7 +150,7 @@ def test_too_small_window_is_refused_with_the_cell_that_is_short(broker, config,
 
     outcome = RefitJob(config, broker.bootstrap).run_once(as_window(tiny))
 
-    assert not outcome.published and outcome.e_candidate is None
+    assert not outcome.published and outcome.candidate_value is None
     assert outcome.reason.startswith("research window too small: cell (u=")
     assert "at least 20 of each are needed" in outcome.reason and "window of 150 valid rows" in outcome.reason
     assert control_history(broker, config) == []
@@ -162,10 +164,10 @@ def test_distribution_shift_makes_the_candidate_win_and_publishes_v2(broker, con
     outcome = job.run_once(TopicSource(broker.bootstrap, config, last_n=10_000))
 
     assert outcome.published and outcome.version == 2 and outcome.current_version == 1, outcome.reason
-    assert outcome.e_candidate < outcome.e_current
-    assert f"current E {format_e(outcome.e_current)}" in outcome.reason and "replaces v1" in outcome.reason
+    assert outcome.candidate_value < outcome.current_value
+    assert f"against current E {format_value(outcome.current_value)}" in outcome.reason and "replaces v1" in outcome.reason
     assert [r.version for r in control_history(broker, config)] == [1, 2]
-    assert job.current_plan().artifact.metrics["replaces_version"] == 1
+    assert job.current().artifact.metrics["replaces_version"] == 1
 
 
 def test_same_window_gives_the_same_split_and_every_cell_is_held_out(windows):
@@ -362,14 +364,14 @@ def test_refit_command_publishes_from_a_file(broker, config, windows, tmp_path, 
     assert args.func(args) == 0
 
     printed = capsys.readouterr().out
-    assert "re-fit: published plan v1" in printed and f"{holdout_size(windows['first'], 0.25)} held out" in printed
+    assert "re-fit of plan: published plan v1" in printed and f"{holdout_size(windows['first'], 0.25)} held out" in printed
     assert [r.version for r in control_history(broker, config)] == [1]
 
 
 def test_refit_command_line_checks_its_options(capsys):
     parser = refit_cli()
     args = parser.parse_args(["refit", "--serve", "--min-interval", "10m", "--tolerance", "0.2"])
-    assert args.serve and args.min_interval == 600.0 and args.tolerance == 0.2 and args.kind == "plan"
+    assert args.serve and args.min_interval == 600.0 and args.tolerance == 0.2 and args.kind is None
     assert parser.parse_args(["refit", "--every", "6h"]).every == 21600.0
     for bad in (["refit", "--every", "soon"], ["refit", "--every", "1h", "--serve"], ["refit", "--holdout", "1.5"],
                 ["refit", "--kind", "flow"]):

@@ -1,15 +1,18 @@
 """The fairness monitor on what the record agent really produces, without a broker."""
 
+import itertools
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from fairstream.models.flow import FlowPreprocessor
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.streams.config import adult_config
+from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
+from fairstream.streams.demo.loop import balanced_scorer
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.worker.monitor import FairnessMonitor
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
@@ -94,4 +97,75 @@ def test_a_new_plan_version_starts_fresh_windows(adult):
     v2 = Active("plan", 2, "q" * 64, None, plan.module)
     old = repaired_values(archive.subset(slice(2000, 3000)), plan, "f")  # still stamped version 1
     monitor.observe(old, v2)
-    assert monitor.version == 2 and monitor.windows["count"].n_records == 0 and monitor.skipped == 1000
+    assert monitor.skipped == 1000 and monitor.windows["count"].n_records == 2000  # v1's windows, untouched
+    monitor.observe(repaired_values(archive.subset(slice(3000, 3600)), v2, "g"), v2)
+    assert monitor.version == 2 and monitor.windows["count"].n_records == 600
+
+
+# --------------------------------------------------------------------------- chains with a scorer
+
+
+def pair_against(data, group, block=500):
+    """Within every (s, u) cell of ``group`` and block of records, pair the youngest with the longest hours:
+    each feature's distribution per cell is unchanged in any run of blocks (so is E), the scorer's decisions
+    are not (DP moves)."""
+    X = data.X.copy()
+    for start, u in itertools.product(range(0, len(X), block), np.unique(data.u)):
+        rows = start + np.flatnonzero((data.s[start:start + block] == group) & (data.u[start:start + block] == u))
+        order = np.argsort(X[rows, 0], kind="stable")
+        X[rows[order], 0] = np.sort(X[rows, 0])
+        X[rows[order], 1] = np.sort(X[rows, 1])[::-1]
+    return replace(data, X=X)
+
+
+def chain_values(data, chain, prefix, config):
+    messages = [SimpleMessage(v, k) for k, v in record_messages(data, config, id_prefix=prefix)]
+    return [v for _, v in RecordRepairer(config).process(messages, chain).repaired]
+
+
+def test_drift_fires_on_a_dp_shift_with_e_unchanged(adult):
+    research, archive, _, _ = adult
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
+        statistic=("dependence_e", "dp_difference"), threshold={"dependence_e": 0.1, "dp_difference": 0.3},
+        cooldown_seconds=3600.0)
+    scorer = (Active("scorer", 1, "b" * 64, None, balanced_scorer(research, list(config.features))),)
+    monitor = FairnessMonitor(config)
+    stable = chain_values(archive.subset(slice(0, 10000)), scorer, "s", config)
+    later = archive.subset(slice(10000, 30000))
+    drifted = chain_values(pair_against(later, group=0), scorer, "d", config)
+    assert sum((monitor.observe(b, *scorer) for b in in_batches(stable)), []) == []
+    events = sum((monitor.observe(b, *scorer) for b in in_batches(drifted)), [])
+    assert [e.statistic for e in events] == ["dp_difference"] and events[0].value > 0.3
+    # The same records without the re-pairing: E identical (the features' distributions per cell did not move).
+    undrifted = FairnessMonitor(config)  # the same first batch: the same bins
+    for batch in in_batches(stable + chain_values(later, scorer, "u", config)):
+        undrifted.observe(batch, *scorer)
+    assert monitor.statistic("count", "dependence_e") == pytest.approx(undrifted.statistic("count", "dependence_e"))
+    assert undrifted.statistic("count", "dp_difference") < 0.3
+
+
+def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adult):
+    research, archive, _, _ = adult
+    config = adult_config(records=AgentConfig(artifact=("flow", "scorer"))).with_monitor(
+        statistic=("dp_difference", "eopp"), min_records=500)
+    scorer = Active("scorer", 1, "c" * 64, None, balanced_scorer(research, list(config.features)))
+    # A flow that moves every group to the same place removes the decisions' dependence on s.
+    flow = Active("flow", 1, "f" * 64, None, FlowPreprocessor.identity(list(config.features)))
+    monitor = FairnessMonitor(config)
+    for batch in in_batches(chain_values(archive.subset(slice(0, 4000)), (flow, scorer), "f", config)):
+        assert monitor.observe(batch, flow, scorer) == []
+    rows = {r[:5]: r[5] for r in monitor.rows()}
+    for statistic in ("dp_difference", "eopp", "conditional_dp", "dp_ratio"):
+        # The identity flow changes nothing: the classifier alone (before) and the chain (after) agree.
+        assert rows[statistic, "after", "all", "all", "all"] == rows[statistic, "before", "all", "all", "all"]
+    data = archive.subset(slice(0, 4000))
+    decisions = scorer.module.decision(data.X)
+    women, men = decisions[data.s == 0].mean(), decisions[data.s == 1].mean()
+    assert rows["dp_difference", "after", "all", "all", "all"] == pytest.approx(abs(men - women))
+    positives = data.y == 1
+    eopp = abs(decisions[positives & (data.s == 1)].mean() - decisions[positives & (data.s == 0)].mean())
+    assert rows["eopp", "after", "all", "all", "all"] == pytest.approx(eopp)
+    assert monitor.statistic("count", "eopp") == pytest.approx(eopp)
+    new_scorer = Active("scorer", 2, "d" * 64, None, scorer.module)
+    monitor.observe(chain_values(archive.subset(slice(4000, 4600)), (flow, new_scorer), "g", config), flow, new_scorer)
+    assert monitor.chain_key == (("flow", 1), ("scorer", 2)) and monitor.windows["count"].n_records == 600
