@@ -354,6 +354,9 @@ class DecodedEmbeddings:
 def _check_embedding(obj: dict, dimension: int) -> list[float]:
     _check_fields(obj, _EMBEDDING_REQUIRED, _EMBEDDING_ALLOWED)
     _key(obj)
+    identity = obj.get("identity")
+    if identity is not None and (isinstance(identity, bool) or not isinstance(identity, (int, str))):
+        raise Invalid(f"identity must be an integer or a string, got {json.dumps(identity)}")
     vector = obj["vector"]
     if not isinstance(vector, list):
         raise Invalid(f"vector must be a JSON array, got {type(vector).__name__}")
@@ -453,7 +456,8 @@ def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict,
     digests = digests if digests is not None else [None] * len(records)
     return [
         ('{"id":%s,"group":%s,"vector":%s,"input_digest":%s' % (_scalar(r["id"]), json.dumps(r.get("group")),
-                                                                 json.dumps(v), _scalar(d)) + tail).encode()
+                                                                 json.dumps(v), _scalar(d))
+         + ("" if r.get("identity") is None else ',"identity":' + _scalar(r["identity"])) + tail).encode()
         for r, v, d in zip(records, vectors.tolist(), digests)
     ]
 

@@ -146,6 +146,13 @@ class EmbeddingConfig(AgentConfig):
     artifact: Literal["identity", "embedding"] = field(
         default="identity", metadata=_doc("the identity (L2 normalisation) or the published embedding module"))
     dimension: Annotated[int, Meta(ge=1, le=65_536)] = field(default=8, metadata=_doc("length of every vector"))
+    match_threshold: Annotated[float, Meta(ge=-1, le=1)] = field(default=0.5, metadata=_doc(
+        "cosine score at or above which two vectors count as the same identity (the verification monitor's "
+        "operating point)"))
+    reference_vectors: Annotated[int, Meta(ge=1, le=100_000)] = field(default=200, metadata=_doc(
+        "labelled vectors kept per group, each new labelled vector is paired with these for FAR/FNMR"))
+    bfar_threshold: Annotated[float, Meta(ge=1, le=1e6)] = field(default=2.0, metadata=_doc(
+        "BFAR (max over geometric mean of the groups' FARs) above which the embeddings count as unfair (alert)"))
 
 
 @dataclass(frozen=True)

@@ -61,11 +61,12 @@ class RepairedRecord(_Schema):
 
 
 class EmbeddingRecord(_Schema):
-    """A vector on ``embeddings.in``."""
+    """A vector on ``embeddings.in``; ``identity`` (on a labelled sample) feeds the verification monitor."""
 
     id: Any
     vector: list
     group: Any = None
+    identity: Any = None  # who the vector shows (an int or a string), when known
 
 
 class DeadLetter(_Schema):

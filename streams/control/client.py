@@ -20,7 +20,7 @@ from fairstream.repair.artifacts import Artifact, ArtifactError
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
-from .records import ControlError, control_key, encode_control, is_stale, parse_control
+from .records import ControlError, control_key, encode_control, is_stale, parse_control, parse_event
 from .registry import control_consumer, message_limit, open_at_beginning
 from .store import ArtifactStore
 
@@ -67,16 +67,28 @@ class ControlClient:
 
     # ------------------------------------------------------------------ async API
 
-    async def history(self) -> list[ControlRecord]:
-        """Every readable record on the control topic, in log order, up to its current end."""
+    async def _messages(self) -> list:
+        """Every message on the control topic, in log order, up to its current end."""
         await self._ensure_topic()
         consumer = control_consumer(self.bootstrap, message_limit(self.inline_limit) * 16)
         await consumer.start()
         try:
-            messages = await self._read_to_end(consumer)
+            return await self._read_to_end(consumer)
         finally:
             await consumer.stop()
-        return _parse_history(messages)
+
+    async def history(self) -> list[ControlRecord]:
+        """Every readable record on the control topic, in log order, up to its current end."""
+        return _parse_history(await self._messages())
+
+    async def events(self) -> list[dict]:
+        """Every event on the control topic (e.g. re-embed notices), in log order, de-duplicated by key."""
+        seen: dict[bytes, dict] = {}
+        for message in await self._messages():
+            event = parse_event(message.value)
+            if event is not None:
+                seen.setdefault(message.key, event)
+        return list(seen.values())
 
     async def publish(self, artifact: Artifact) -> ControlRecord:
         """Publish ``artifact`` as the next version of its kind; returns the delivered record."""
@@ -135,6 +147,10 @@ class ControlClient:
     def history_sync(self) -> list[ControlRecord]:
         """Blocking :meth:`history`."""
         return asyncio.run(self.history())
+
+    def events_sync(self) -> list[dict]:
+        """Blocking :meth:`events`."""
+        return asyncio.run(self.events())
 
     def publish_sync(self, artifact: Artifact) -> ControlRecord:
         """Blocking :meth:`publish`."""
@@ -209,6 +225,8 @@ class ControlClient:
 def _parse_history(messages: list) -> list[ControlRecord]:
     records = []
     for message in messages:
+        if parse_event(message.value) is not None:  # notices such as re-embed events, not artifact records
+            continue
         try:
             records.append(parse_control(message.value))
         except ControlError as exc:

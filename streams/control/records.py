@@ -42,6 +42,40 @@ def control_key(record: ControlRecord, value: bytes) -> bytes:
     return f"{record.kind}/{record.version}/{record.action}/{hashlib.sha256(value).hexdigest()[:16]}".encode()
 
 
+# --------------------------------------------------------------------------- events
+
+REEMBED = "reembed"
+"""The event a worker publishes after a live swap of the embedding module: templates embedded under
+the previous version no longer compare with new embeddings and must be re-embedded."""
+
+
+def reembed_event(previous, current) -> tuple[bytes, bytes]:
+    """(key, value) of the re-embed event for a swap from ``previous`` to ``current`` (registry ``Active``s).
+
+    Every worker that sees the swap sends the same bytes under the same key, so compaction keeps one
+    and readers de-duplicate by key. Workers skip events when they replay the topic (see :func:`parse_event`).
+    """
+    event = {"event": REEMBED, "kind": current.kind, "from_version": previous.version,
+             "from_sha256": previous.sha256, "to_version": current.version, "to_sha256": current.sha256}
+    key = f"event/{REEMBED}/{current.kind}/{previous.version}-{current.version}/{current.sha256[:16]}"
+    return key.encode(), json.dumps(event, sort_keys=True).encode("utf-8")
+
+
+def parse_event(value: bytes | None) -> dict | None:
+    """The event a control message carries, or None when it is not an event (an artifact record, or garbage).
+
+    >>> parse_event(b'{"event": "reembed", "kind": "embedding", "from_version": 1, "to_version": 2}')["to_version"]
+    2
+    >>> parse_event(b'{"kind": "plan", "version": 1}') is None
+    True
+    """
+    try:
+        data = json.loads(value) if value else None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("event"), str) else None
+
+
 def parse_control(value: bytes | None) -> ControlRecord:
     """A validated :class:`ControlRecord` from a message value; :class:`ControlError` says what is wrong."""
     if value is None:

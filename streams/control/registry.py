@@ -40,7 +40,7 @@ from fairstream.repair.artifacts import Artifact
 from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.schemas import ControlRecord
 
-from .records import ControlError, is_stale, parse_control
+from .records import ControlError, is_stale, parse_control, parse_event
 from .store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,12 @@ class ArtifactRegistry:
                                "(nothing is dead-lettered) until a compatible one is published or the config is fixed")
 
     def apply(self, value: bytes | None) -> bool:
-        """Verify and activate one control message; False (logged, counted) if it is refused."""
+        """Verify and activate one control message; False (logged, counted) if it is refused.
+
+        Events on the control topic (e.g. re-embed notices) are not artifacts: skipped, not refused.
+        """
+        if parse_event(value) is not None:
+            return False
         try:
             record = parse_control(value)
         except ControlError as exc:

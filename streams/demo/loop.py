@@ -39,6 +39,7 @@ from fairstream.streams.topics import ensure_topics
 
 from .replay import interleave, record_messages, replay
 
+
 def shift_group(data: Dataset, feature: int, group, stratum, amount: float, lo: float, hi: float) -> Dataset:
     """Drift: ``feature`` of one group in one stratum (None: every stratum) moves by ``amount`` (clipped to [lo, hi])."""
     X = data.X.copy()

@@ -134,7 +134,8 @@ def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, ru
 def _decision_dp(repaired: list[dict]) -> dict:
     """The DP gap of the records' decisions per (version, phase), for chains that end in a scorer."""
     gaps = {}
-    for version, phase in sorted({(r["provenance"]["version"], _phase(r)) for r in repaired if "decision" in r}):
+    for version, phase in sorted({(r["provenance"]["version"], _phase(r)) for r in repaired if "decision" in r},
+                                 key=lambda vp: (vp[0], vp[1] != "before the drift")):
         rows = [r for r in repaired if r["provenance"]["version"] == version and _phase(r) == phase and "decision" in r]
         rates = {s: np.mean([r["decision"] for r in rows if r["s"] == s]) for s in {r["s"] for r in rows}}
         if len(rows) >= 100 and len(rates) >= 2:

@@ -55,6 +55,7 @@ _EPILOG = """\
 examples:
   fairstream refit --kind plan                         re-fit once on the last 10000 research records
   fairstream refit --kind flow --lam 0.5               re-fit the flow in front of the published scorer
+  fairstream refit --kind embedding --source faces.npz re-fit the embedding module on labelled vectors
   fairstream refit --source research.jsonl             re-fit once on a file (JSON lines or CSV)
   fairstream refit --every 6h                          re-fit every 6 hours until stopped
   fairstream refit --serve --min-interval 10m          answer the monitor's requests on refit.requests
@@ -62,7 +63,9 @@ examples:
 A plan is published only when no plan is active or when its E on the holdout is at most
 (1 + tolerance) times the current plan's; a flow only when its DP gap (of the scorer's decisions)
 is at most (1 + tolerance) times the current flow's (or the scorer alone's) plus 0.01 and its
-accuracy at most --max-accuracy-drop lower. Otherwise the reason, with both numbers, is printed.
+accuracy at most --max-accuracy-drop lower; an embedding module only when its BFAR at --far on
+held-out identities is at most (1 + tolerance) times the current module's (or the identity's) and
+its FNMR at most one point worse. Otherwise the reason, with both numbers, is printed.
 The exit status is 0 whether or not it was published; non-zero means the run failed.
 """
 
@@ -76,7 +79,8 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     ``_add_common``) and ``load_config(args)`` reads the pipeline (the CLI's ``_config``).
     """
     parser = subparsers.add_parser(
-        "refit", help="fit, validate and publish a new plan or flow (once, on a schedule, or on request)",
+        "refit", help="fit, validate and publish a new plan, flow or embedding module (once, on a schedule, "
+                      "or on request)",
         # Line breaks by hand: the raw formatter keeps the epilog's example table aligned.
         description="Fit a new artifact on a labelled research window, validate it against the active one\n"
                     "on a holdout part of the window, and publish it on the control topic if it is not\n"
@@ -115,6 +119,11 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     flows.add_argument("--max-accuracy-drop", type=_non_negative_arg, default=0.02, metavar="POINTS",
                        help="refuse a flow whose holdout accuracy is lower than the current one's by more "
                             "(default: 0.02)")
+    embeddings = parser.add_argument_group("embedding modules (--kind embedding)")
+    embeddings.add_argument("--epochs", type=_positive_int_arg, default=20, metavar="N",
+                            help="training epochs of the Fairness Module (default: 20)")
+    embeddings.add_argument("--far", type=_fraction_arg, default=1e-4, metavar="RATE",
+                            help="the global false accept rate the module is validated at (default: 1e-4)")
     parser.set_defaults(func=functools.partial(run_refit_command, broker_context=broker_context, load_config=load_config))
     return parser
 
@@ -132,7 +141,7 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
         kind = args.kind or config.refit_kind
         job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), kind=kind, holdout=args.holdout,
                        tolerance=args.tolerance, seed=args.seed, **trainer_params(kind, args))
-        source = research_source(args.source, broker.bootstrap, config, args.last)
+        source = research_source(args.source, broker.bootstrap, config, args.last, kind=kind)
         if args.serve or args.every:
             with _stop_on_signals() as stop:
                 if args.serve:
@@ -150,6 +159,8 @@ def trainer_params(kind: str, args: argparse.Namespace) -> dict:
         return dict(n_q=args.n_q, out_of_range=args.out_of_range)
     if kind == "flow":
         return dict(lam=args.lam, notion=args.notion, n_steps=args.steps, max_accuracy_drop=args.max_accuracy_drop)
+    if kind == "embedding":
+        return dict(epochs=args.epochs, far=args.far)
     return {}
 
 

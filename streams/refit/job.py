@@ -18,15 +18,12 @@ requests (:mod:`~fairstream.streams.refit.service`).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
-import numpy as np
-
-from .sources import ResearchWindow, Source, resolve_source
+from .sources import ResearchWindow, Source, hashable_labels, resolve_source, stratified_split  # noqa: F401
 from .trainers import TRAINERS, TrainerError, Validation, format_value, labelled, make_trainer
 
 if TYPE_CHECKING:
@@ -123,11 +120,16 @@ class RefitJob:
         """Read the window, fit, validate, and publish if the candidate passes; never raises on a refusal."""
         started = time.monotonic()
         window = resolve_source(source)
-        fit_rows, holdout_rows = stratified_split(window.s, window.u, self.holdout, self.seed)
+        try:
+            fit_rows, holdout_rows = self.trainer.split(window, self.holdout, self.seed)
+            too_small = self.trainer.too_small(window, fit_rows, holdout_rows, self.min_cell_rows)
+        except TrainerError as exc:
+            return self._finish(started, published=False, reason=f"{exc}; not publishing", n_research=len(window),
+                                n_invalid=window.n_invalid)
         base = dict(n_research=len(window), n_holdout=len(holdout_rows), n_invalid=window.n_invalid)
-        too_small = self._too_small(window, fit_rows, holdout_rows)
         if too_small:
-            return self._finish(started, published=False, reason=too_small, **base)
+            reason = f"{too_small}, holdout {self.holdout:.0%}; not publishing"
+            return self._finish(started, published=False, reason=reason, **base)
         fit, held = window.subset(fit_rows), window.subset(holdout_rows)
         actives = self.serving()
         current = actives.get(self.kind)
@@ -177,18 +179,6 @@ class RefitJob:
 
     # ------------------------------------------------------------------ validation
 
-    def _too_small(self, window: ResearchWindow, fit_rows: np.ndarray, holdout_rows: np.ndarray) -> str | None:
-        for u_value in self.config.strata:
-            for s_value in self.config.groups:
-                n_fit = _cell_size(window, fit_rows, u_value, s_value)
-                n_holdout = _cell_size(window, holdout_rows, u_value, s_value)
-                if min(n_fit, n_holdout) < self.min_cell_rows:
-                    return (f"research window too small: cell (u={u_value!r}, s={s_value!r}) has {n_fit} fit and "
-                            f"{n_holdout} holdout rows, at least {self.min_cell_rows} of each are needed "
-                            f"(window of {len(window)} valid rows from {window.source}, holdout "
-                            f"{self.holdout:.0%}); not publishing")
-        return None
-
     def _score_current(self, current, held: ResearchWindow, actives: Mapping) -> tuple[Validation | None, str | None]:
         """The current module's score (or the trainer's baseline when none is active), or why it cannot serve."""
         from fairstream.repair.distributional import RepairInputError
@@ -227,7 +217,7 @@ class RefitJob:
             "source": window.source,
             "replaces_version": None if current is None else current.version,
         }
-        arrays = [fit.X, _hashable(fit.s), _hashable(fit.u)] + ([] if fit.y is None else [fit.y])
+        arrays = [fit.X, hashable_labels(fit.s), hashable_labels(fit.u)] + ([] if fit.y is None else [fit.y])
         return candidate.to_artifact(metrics=metrics, data_fingerprint=artifacts.fingerprint_arrays(*arrays))
 
     def _publish_reason(self, version: int, score: Validation, current_score: Validation | None, current,
@@ -249,35 +239,6 @@ class RefitJob:
         outcome = RefitOutcome(kind=self.kind, seconds=time.monotonic() - started, **fields)
         log.info("re-fit of %s: %s", self.kind, outcome.reason)
         return outcome
-
-
-def stratified_split(s: np.ndarray, u: np.ndarray, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row indices (fit, holdout), holding out ``holdout`` of every (u, s) cell at random.
-
-    Stratified so that small cells are represented in both parts in proportion, whatever the draw.
-    """
-    rng = np.random.default_rng(seed)
-    cells = np.unique(np.column_stack([_hashable(u), _hashable(s)]), axis=0, return_inverse=True)[1].ravel()
-    held = []
-    for cell in range(cells.max() + 1 if len(cells) else 0):
-        rows = rng.permutation(np.flatnonzero(cells == cell))
-        held.append(rows[: int(round(holdout * len(rows)))])
-    holdout_rows = np.sort(np.concatenate(held)) if held else np.array([], dtype=np.intp)
-    fit_rows = np.setdiff1d(np.arange(len(s)), holdout_rows)
-    return fit_rows, holdout_rows
-
-
-def _cell_size(window: ResearchWindow, rows: np.ndarray, u_value, s_value) -> int:
-    return int(np.sum((window.u[rows] == u_value) & (window.s[rows] == s_value)))
-
-
-def _hashable(labels: np.ndarray) -> np.ndarray:
-    """Labels as a fixed-width array: the codec gives object arrays for string labels, and
-    fingerprints and np.unique refuse or mis-order objects. JSON text keeps 1 and "1" apart."""
-    labels = np.asarray(labels)
-    if labels.dtype.kind != "O":
-        return labels
-    return np.array([json.dumps(value) for value in labels.tolist()], dtype=str)
 
 
 def format_outcome(outcome: RefitOutcome) -> str:

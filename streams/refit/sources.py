@@ -42,6 +42,7 @@ class ResearchWindow:
     invalid_examples: tuple[str, ...] = ()
     source: str = "arrays"
     y: np.ndarray | None = None
+    identity: np.ndarray | None = None  # embeddings: who each vector shows
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter((self.X, self.s, self.u))
@@ -59,8 +60,9 @@ class ResearchWindow:
 
     def subset(self, rows: np.ndarray) -> "ResearchWindow":
         """The window's rows at ``rows``."""
+        pick = (lambda a: None if a is None else a[rows])
         return ResearchWindow(self.X[rows], self.s[rows], self.u[rows], self.keys[rows], source=self.source,
-                              y=None if self.y is None else self.y[rows])
+                              y=pick(self.y), identity=pick(self.identity))
 
 
 def _window_from_values(values: list[bytes], config: "PipelineConfig", source: str, n_invalid: int = 0,
@@ -219,6 +221,32 @@ def _number_or_text(text: str | None):
     return number if math.isfinite(number) else text
 
 
+def stratified_split(s: np.ndarray, u: np.ndarray, holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices (fit, holdout), holding out ``holdout`` of every (u, s) cell at random.
+
+    Stratified so that small cells are represented in both parts in proportion, whatever the draw.
+    """
+    rng = np.random.default_rng(seed)
+    cells = np.unique(np.column_stack([hashable_labels(u), hashable_labels(s)]), axis=0, return_inverse=True)[1].ravel()
+    held = []
+    for cell in range(cells.max() + 1 if len(cells) else 0):
+        rows = rng.permutation(np.flatnonzero(cells == cell))
+        held.append(rows[: int(round(holdout * len(rows)))])
+    holdout_rows = np.sort(np.concatenate(held)) if held else np.array([], dtype=np.intp)
+    fit_rows = np.setdiff1d(np.arange(len(s)), holdout_rows)
+    return fit_rows, holdout_rows
+
+
+def hashable_labels(labels: np.ndarray) -> np.ndarray:
+    """Labels as a fixed-width array: the codec gives object arrays for string labels, and
+    fingerprints and np.unique refuse or mis-order objects. JSON text keeps 1 and "1" apart."""
+    labels = np.asarray(labels)
+    if labels.dtype.kind != "O":
+        return labels
+    return np.array([json.dumps(value) for value in labels.tolist()], dtype=str)
+
+
+
 @dataclass(frozen=True)
 class TopicSource:
     """The latest ``last_n`` records of the pipeline's research topic, read anew on every call."""
@@ -248,17 +276,41 @@ class FileSource:
         return f"file {self.path}"
 
 
+@dataclass(frozen=True)
+class EmbeddingFileSource:
+    """A file of labelled embeddings (``.npz``, structured ``.npy`` or ``.parquet`` with vector, identity and group
+    columns), read anew on every call: the window of an embedding re-fit (one stratum)."""
+
+    path: Path
+
+    def __call__(self) -> ResearchWindow:
+        from fairstream.repair.embedding_datasets import load_embeddings
+
+        data = load_embeddings(self.path)
+        n = len(data)
+        return ResearchWindow(X=data.vectors, s=np.asarray(data.groups), u=np.zeros(n, dtype=np.int64),
+                              keys=np.arange(n).astype(str), source=f"file {self.path}",
+                              identity=np.asarray(data.identities))
+
+    def __str__(self) -> str:
+        return f"embeddings file {self.path}"
+
+
 Source = Union[Callable[[], ResearchWindow], ResearchWindow, tuple]
 
 
-def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_n: int | None) -> TopicSource | FileSource:
-    """``--source``: ``topic`` for the research topic, anything else is a file path."""
+def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_n: int | None,
+                    kind: str = "plan") -> TopicSource | FileSource | EmbeddingFileSource:
+    """``--source``: ``topic`` for the research topic, anything else is a file path (embeddings: a file only)."""
     if option == "topic":
+        if kind == "embedding":
+            raise ValueError("an embedding re-fit reads labelled embeddings from a file: --source PATH "
+                             "(.npz, .npy or .parquet with vector, identity and group columns)")
         return TopicSource(bootstrap, config, last_n)
     path = Path(option)
     if not path.is_file():
         raise FileNotFoundError(f"--source {option!r} is neither 'topic' nor an existing file")
-    return FileSource(path, config)
+    return EmbeddingFileSource(path) if kind == "embedding" else FileSource(path, config)
 
 
 def resolve_source(source: Source) -> ResearchWindow:

@@ -6,6 +6,8 @@ active module on the same holdout, lets the trainer say whether the candidate is
 publishes. A trainer is a small class with:
 
 - ``kind`` and ``needs_labels`` (whether the window must carry y);
+- ``split(window, holdout, seed)`` and ``too_small(window, fit_rows, holdout_rows, min_rows)``: how the
+  window is divided (records: by (u, s) cell; embeddings: by identity, so validation sees unseen people);
 - ``fit(window, actives)``: the candidate module (``actives`` is what the workers serve now, by kind:
   a flow is trained in front of the active scorer and warm-starts from the active flow);
 - ``validate(module, window, actives)``: a :class:`Validation` (the compared figure, lower is better,
@@ -51,10 +53,42 @@ def format_value(value: float) -> str:
     return f"{value:.3g}"
 
 
+# =============================================================================== records
+
+
+class RecordTrainer:
+    """Splits a window of records by (u, s) cell and checks that every configured cell is represented."""
+
+    config: "PipelineConfig"
+
+    def split(self, window: "ResearchWindow", holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row indices (fit, holdout), ``holdout`` of every (u, s) cell held out at random."""
+        from .sources import stratified_split
+
+        return stratified_split(window.s, window.u, holdout, seed)
+
+    def too_small(self, window: "ResearchWindow", fit_rows: np.ndarray, holdout_rows: np.ndarray,
+                  min_rows: int) -> str | None:
+        """Why the window cannot give a fair fit and validation (a cell too small), or None."""
+        for u_value in self.config.strata:
+            for s_value in self.config.groups:
+                n_fit = _cell_size(window, fit_rows, u_value, s_value)
+                n_holdout = _cell_size(window, holdout_rows, u_value, s_value)
+                if min(n_fit, n_holdout) < min_rows:
+                    return (f"research window too small: cell (u={u_value!r}, s={s_value!r}) has {n_fit} fit and "
+                            f"{n_holdout} holdout rows, at least {min_rows} of each are needed "
+                            f"(window of {len(window)} valid rows from {window.source})")
+        return None
+
+
+def _cell_size(window: "ResearchWindow", rows: np.ndarray, u_value, s_value) -> int:
+    return int(np.sum((window.u[rows] == u_value) & (window.s[rows] == s_value)))
+
+
 # =============================================================================== plans
 
 
-class PlanTrainer:
+class PlanTrainer(RecordTrainer):
     """Distributional repair plans (Langbridge et al.), compared by dependence E after repair on the holdout.
 
     ``tolerance``: the candidate is refused when its holdout E exceeds the current plan's by more
@@ -102,7 +136,7 @@ class PlanTrainer:
 # =============================================================================== flows
 
 
-class FlowTrainer:
+class FlowTrainer(RecordTrainer):
     """AdapFair flows (Wang et al.) in front of the frozen scorer the workers serve, compared by DP gap and accuracy.
 
     The candidate is trained on the window with the active ``scorer`` frozen, warm-started from the
@@ -165,7 +199,95 @@ class FlowTrainer:
         return None
 
 
-TRAINERS = {trainer.kind: trainer for trainer in (PlanTrainer, FlowTrainer)}
+# =============================================================================== embedding modules
+
+
+class EmbeddingTrainer:
+    """Centroid-fairness modules (Conti and Clémençon) on labelled embeddings, compared by BFAR at one FAR.
+
+    The window is split by identity (held-out identities are people the candidate never saw); all
+    same-group pairs of the held-out identities are scored under one global threshold at ``far``.
+    The candidate is refused if its BFAR exceeds the current module's by more than ``tolerance``
+    (relative), or its FNMR is worse by more than ``max_fnmr_increase``. A first module is compared
+    with the identity (plain normalisation: the frozen encoder as it is).
+    """
+
+    kind = "embedding"
+    needs_labels = False
+
+    def __init__(self, config: "PipelineConfig", tolerance: float = 0.1, seed: int = 0, far: float = 1e-4,
+                 max_fnmr_increase: float = 0.01, **module_params):
+        self.config, self.tolerance, self.seed, self.far = config, tolerance, seed, far
+        self.max_fnmr_increase = max_fnmr_increase
+        self.params = {"seed": seed, **module_params}  # CentroidFairness parameters (epochs, hidden, ...)
+
+    def split(self, window: "ResearchWindow", holdout: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row indices (fit, holdout): ``holdout`` of every group's identities held out, all their vectors."""
+        identities = _identities(window)
+        rng = np.random.default_rng(seed)
+        held = []
+        for group in np.unique(window.s):
+            people = rng.permutation(np.unique(identities[window.s == group]))
+            held.append(people[: int(round(holdout * len(people)))])
+        holdout_rows = np.flatnonzero(np.isin(identities, np.concatenate(held) if held else []))
+        return np.setdiff1d(np.arange(len(window)), holdout_rows), holdout_rows
+
+    def too_small(self, window: "ResearchWindow", fit_rows: np.ndarray, holdout_rows: np.ndarray,
+                  min_rows: int) -> str | None:
+        """Every configured group needs ``min_rows`` vectors and two identities on each side of the split."""
+        identities = _identities(window)
+        for group in self.config.groups:
+            for side, rows in (("fit", fit_rows), ("holdout", holdout_rows)):
+                mine = rows[window.s[rows] == group]
+                if len(mine) < min_rows or len(np.unique(identities[mine])) < 2:
+                    return (f"research window too small: group {group!r} has {len(mine)} {side} vectors of "
+                            f"{len(np.unique(identities[mine]))} identities, at least {min_rows} vectors of 2 "
+                            f"identities are needed (window of {len(window)} vectors from {window.source})")
+        return None
+
+    def fit(self, window: "ResearchWindow", actives: Mapping):
+        """A Fairness Module trained with the Centroid Fairness loss on the window's vectors."""
+        from fairstream.models.centroid import fit_embedding_module
+
+        return fit_embedding_module(window.X, _identities(window), window.s, **self.params)
+
+    def validate(self, module, held: "ResearchWindow", actives: Mapping) -> Validation:
+        """BFAR and FNMR of ``module`` on all same-group pairs of the held-out identities, at ``far``."""
+        from fairstream.models.centroid import validate_embedding_module
+
+        comparison = validate_embedding_module(module, held.X, _identities(held), held.s, far=self.far)
+        after = comparison.after
+        return Validation(name=f"BFAR at FAR {self.far:g}", value=float(after.bfar),
+                          summary=f"BFAR {format_value(after.bfar)}, FNMR {after.fnmr:.4f}",
+                          metrics={"far": self.far, "bfar": float(after.bfar), "bfrr": float(after.bfrr),
+                                   "fnmr": float(after.fnmr), "impostor_pairs": comparison.impostor_pairs,
+                                   "genuine_pairs": comparison.genuine_pairs})
+
+    def baseline(self, held: "ResearchWindow", actives: Mapping) -> Validation:
+        """The identity module: what a first module must beat."""
+        from fairstream.models.embedding import FairnessModule
+
+        return self.validate(FairnessModule.identity(held.X.shape[1]), held, actives)
+
+    def refusal(self, candidate: Validation, current: Validation) -> str | None:
+        """Refuse a higher BFAR (beyond tolerance) or an FNMR more than ``max_fnmr_increase`` worse."""
+        if candidate.value > current.value * (1.0 + self.tolerance):
+            return (f"candidate {candidate.name} {format_value(candidate.value)} > current "
+                    f"{format_value(current.value)} x {1.0 + self.tolerance:.2f}")
+        worse = candidate.metrics["fnmr"] - current.metrics["fnmr"]
+        if worse > self.max_fnmr_increase:
+            return (f"candidate FNMR {candidate.metrics['fnmr']:.4f} is {worse:.4f} above the current "
+                    f"{current.metrics['fnmr']:.4f} (at most {self.max_fnmr_increase} allowed)")
+        return None
+
+
+def _identities(window: "ResearchWindow") -> np.ndarray:
+    if window.identity is None:
+        raise TrainerError("an embedding re-fit needs the identity of every vector (a labelled embeddings file)")
+    return window.identity
+
+
+TRAINERS = {trainer.kind: trainer for trainer in (PlanTrainer, FlowTrainer, EmbeddingTrainer)}
 """Artifact kind -> its trainer class; ``fairstream refit --kind`` offers these."""
 
 

@@ -30,18 +30,22 @@ from faust.app.base import BootStrategy
 
 from fairstream.streams.codec import RefitRequest
 from fairstream.streams.config import PipelineConfig
+from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.ops.broker import parse_broker_url
 
 from .consumer import BatchConsumer, InputSpec
+from .embedding_monitor import EmbeddingMonitor
 from .metrics import (
     ARTIFACT_REFUSED,
     ARTIFACT_VERSION,
     DRIFT_EVENTS,
     FAIRNESS,
     MONITOR_CPU,
+    REEMBED_EVENTS,
     REFIT_REQUESTS,
+    VERIFICATION,
     WINDOW_RECORDS,
     serve,
 )
@@ -126,10 +130,12 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app_id = app_id or f"{config.topics.prefix}-{config.name}"
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
     topics = config.topics
-    registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
-                                on_change=lambda current: _on_artifact_change(current, config.records.chain),
-                                on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     ready = asyncio.Event()
+    swaps = SwapNotices(ready)
+    registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
+                                on_change=lambda current: (_on_artifact_change(current, config.records.chain),
+                                                           swaps.seen(current)),
+                                on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
     app.fairstream_registry = registry  # for tests and the CLI's status line
     monitor = FairnessMonitor(config)
     app.fairstream_monitor = monitor
@@ -143,7 +149,22 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             log.info("no /metrics endpoint ([monitor] metrics_port = \"off\")")
         else:
             log.info("serving Prometheus /metrics on port %d", metrics_port)
+        swaps.loop = asyncio.get_running_loop()
         await follow_control(registry, bootstrap, topics.control, ready=ready)
+
+    @app.task
+    async def reembed_notices() -> None:
+        """After a live swap of the embedding module: tell users that stored templates must be re-embedded."""
+        while True:
+            previous, current = await swaps.queue.get()
+            while output.producer is None:  # a swap right at start: the producer is still starting
+                await asyncio.sleep(0.1)
+            key, value = reembed_event(previous, current)
+            await output.producer.send_and_wait(topics.control, value, key=key)
+            REEMBED_EVENTS.inc()
+            log.warning("embedding module swapped from version %s to %s: templates embedded under version %s must "
+                        "be re-embedded (event %s on %s)", previous.version, current.version, previous.version,
+                        key.decode(), topics.control)
 
     async def active(kind: str):
         """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
@@ -186,8 +207,20 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         for event in events:
             await request_refit(event)
 
-    async def nothing_to_monitor(outcome: BatchOutcome, active) -> None:
-        return None
+    verification = EmbeddingMonitor(config)
+    app.fairstream_verification = verification
+    last_verification_export = [0.0]
+
+    async def verify_delivered(outcome: BatchOutcome, active) -> None:
+        if outcome.labelled is None:
+            return
+        started = time.thread_time()
+        vectors, identities, groups, ids = outcome.labelled
+        verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
+        if time.monotonic() - last_verification_export[0] >= 1.0:
+            export_verification(verification)
+            last_verification_export[0] = time.monotonic()
+        MONITOR_CPU.inc(time.thread_time() - started)
 
     refit_kind = config.refit_kind
 
@@ -209,7 +242,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     embeddings = InputSpec(agent="embeddings", topic=topics.embeddings_in, output_topic=topics.embeddings_repaired,
                            batching=config.embeddings, process=EmbeddingRepairer(config).process,
                            active=no_artifact if identity else (lambda: active("embedding")),
-                           delivered=nothing_to_monitor)
+                           delivered=verify_delivered)
     # One group per input, so a worker joining or leaving rebalances each input on its own.
     consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", output=output,
                                dlq_topic=topics.dlq) for spec in (records, embeddings)]
@@ -224,6 +257,32 @@ def export_fairness(monitor: FairnessMonitor) -> None:
         WINDOW_RECORDS.labels(window).set(monitor.windows[window].n_records if monitor.version is not None else 0)
         for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
             FAIRNESS.labels(statistic, stage, stratum, feature, pair, window).set(float(value))
+
+
+def export_verification(monitor: EmbeddingMonitor) -> None:
+    """Set the verification gauges from both windows (nothing before the first labelled pair)."""
+    VERIFICATION.clear()  # a group without pairs in the window must not keep an old value
+    for window in ("count", "time"):
+        for rate, group, value in monitor.rows(window):
+            VERIFICATION.labels(rate, group, window).set(value)
+
+
+class SwapNotices:
+    """Live swaps of the embedding module (not the replay at start), handed from the registry's thread to the loop."""
+
+    def __init__(self, ready: asyncio.Event):
+        self.ready, self.queue = ready, asyncio.Queue()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.last = None
+
+    def seen(self, current) -> None:
+        """Called by the registry (in a thread) after each swap."""
+        if current.kind != "embedding":
+            return
+        previous, self.last = self.last, current
+        if previous is not None and self.ready.is_set() and self.loop is not None \
+                and previous.sha256 != current.sha256:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (previous, current))
 
 
 def _on_artifact_change(current, chain: tuple) -> None:

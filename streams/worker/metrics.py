@@ -6,7 +6,8 @@ and "all"), ``feature`` (configured features and "all") and ``group_pair`` (pair
 groups and "all"). Record ids or values never become labels.
 
 Statistics (label ``statistic``): ``dependence_e``, ``w1``, ``dp_difference``, ``dp_ratio``,
-``conditional_dp``, ``mdp``, ``out_of_range_rate``.
+``conditional_dp``, ``eopp``, ``mdp``, ``out_of_range_rate``. Verification rates of the embeddings
+stream (``fairstream_verification``) are labelled ``rate`` and ``group``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,13 @@ DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fa
                        ["statistic", "detector"])
 MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
                       "CPU seconds the fairness monitor spent (compare with process_cpu_seconds_total)")
+VERIFICATION = Gauge("fairstream_verification", "Verification rates of labelled embeddings over the monitor's window "
+                     "at the configured match threshold (far, frr per group; fnmr, far_overall, bfar, bfrr: group all)",
+                     ["rate", "group", "window"])
+VERIFICATION_PAIRS = Gauge("fairstream_verification_pairs", "Labelled pairs behind the verification rates",
+                           ["kind", "window"])
+REEMBED_EVENTS = Counter("fairstream_reembed_events_total",
+                         "Re-embed events sent after a live swap of the embedding module")
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
 
 

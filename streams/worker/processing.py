@@ -58,6 +58,7 @@ class BatchOutcome:
     imputed: int = 0  # repaired records whose missing s was imputed
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
     monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
+    labelled: tuple | None = None  # embeddings: (vectors, identities, groups, ids) of records with an identity
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
@@ -142,8 +143,11 @@ class EmbeddingRepairer:
         else:
             vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance([active])
         values = encode_embeddings(decoded.records, vectors, prov, decoded.digests)
+        labelled = [k for k, r in enumerate(decoded.records) if r.get("identity") is not None]
         return BatchOutcome(
             repaired=[(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)],
             dead=_dead_letters(messages, decoded.errors, self.agent),
             version=prov["version"],
+            labelled=(vectors[labelled], *zip(*[(decoded.records[k]["identity"], decoded.records[k].get("group"),
+                                                 decoded.records[k]["id"]) for k in labelled])) if labelled else None,
         )

@@ -755,7 +755,7 @@ def test_decode_then_encode_preserves_every_valid_record():
 
 
 def emb(drop=(), **changes) -> dict:
-    obj = {"id": "v1", "vector": [0.5, -1.0, 2.0, 0.0], "group": "a"}
+    obj = {"id": "v1", "vector": [0.5, -1.0, 2.0, 0.0], "group": "a", "identity": 3}
     obj.update(changes)
     for name in drop:
         del obj[name]
@@ -912,7 +912,7 @@ def test_input_schema_fields():
     assert set(InputRecord.required_fields()) == {"id", "features", "s", "u"}
     assert set(InputRecord.field_names()) == {"id", "features", "s", "u", "ts", "y"}
     assert set(EmbeddingRecord.required_fields()) == {"id", "vector"}
-    assert set(EmbeddingRecord.field_names()) == {"id", "vector", "group"}
+    assert set(EmbeddingRecord.field_names()) == {"id", "vector", "group", "identity"}
 
 
 @pytest.mark.parametrize("name", InputRecord.required_fields())
@@ -1035,3 +1035,17 @@ def test_a_dead_letter_carries_the_digest_a_repaired_record_of_the_same_bytes_wo
         letter = strict_loads(dead_letter(value, "why", "t", 0, 1, "records"))
         assert letter["input_digest"] == codec.input_digest(value) == letter["original_sha256"][:32]
     assert decode_records([GOOD], ADULT).fields.digests == [codec.input_digest(GOOD)]
+
+
+@pytest.mark.parametrize("identity, ok", [(7, True), ("anna", True), (None, True), (True, False), (1.5, False),
+                                          ([1], False)])
+def test_an_embedding_identity_is_an_integer_or_a_string_and_comes_out_with_the_vector(identity, ok):
+    config = adult_config()
+    record = {"id": "e1", "vector": [0.0] * 8, "group": 0, **({} if identity is None else {"identity": identity})}
+    decoded = codec.decode_embeddings([json.dumps(record).encode()], config)
+    if not ok:
+        assert decoded.errors and decoded.errors[0][1].startswith("identity must be an integer or a string")
+        return
+    out = strict_loads(codec.encode_embeddings(decoded.records, decoded.vectors, codec.provenance(
+        [("identity", 0, "", "")]), decoded.digests)[0])
+    assert out.get("identity") == identity

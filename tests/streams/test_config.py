@@ -423,3 +423,45 @@ def test_the_readme_configuration_reference_lists_every_key_with_type_default_an
                                                     ("monitor", config.monitor)) for f in fields(obj)}
     assert documented == keys
     assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())
+
+
+# --------------------------------------------------------------------------- record chains and monitored statistics
+
+
+def test_a_record_chain_reads_back_and_names_its_kinds_in_order():
+    data = adult_data()
+    data["agents"]["records"]["artifact"] = ["flow", "scorer"]
+    data["monitor"].update(statistic=["dp_difference", "eopp"], threshold={"dp_difference": 0.1, "eopp": 0.15})
+    config = PipelineConfig.from_dict(data)
+    assert config.records.chain == ("flow", "scorer") and config.refit_kind == "flow"
+    assert config.monitor.statistics == ("dp_difference", "eopp")
+    assert config.monitor.thresholds == {"dp_difference": 0.1, "eopp": 0.15}
+    assert PipelineConfig.from_dict(tomllib.loads(config.to_toml())) == config
+    assert PipelineConfig.from_dict(adult_data()).records.chain == ("plan",)
+
+
+@pytest.mark.parametrize("statistic", ["dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp"])
+def test_a_statistic_of_decisions_needs_a_scorer_at_the_end_of_the_chain(statistic):
+    data = adult_data()
+    data["monitor"]["statistic"] = statistic
+    assert config_error(data) == (f"monitor.statistic {statistic!r} measures decisions: it needs a scorer at the end "
+                                  "of agents.records.artifact, got ['plan']")
+
+
+def test_equal_opportunity_needs_labelled_records():
+    data = adult_data()
+    data["pipeline"]["label"] = False
+    data["agents"]["records"]["artifact"] = ["plan", "scorer"]
+    data["monitor"]["statistic"] = "eopp"
+    assert config_error(data) == "monitor.statistic 'eopp' needs labelled records: set pipeline.label = true"
+
+
+@pytest.mark.parametrize("thresholds, problem", [
+    ({"dependence_e": 0.1}, "missing ['w1']"),
+    ({"dependence_e": 0.1, "w1": 2.0, "mdp": 0.1}, "unknown ['mdp']"),
+])
+def test_per_statistic_thresholds_cover_exactly_the_monitored_statistics(thresholds, problem):
+    data = adult_data()
+    data["monitor"].update(statistic=["dependence_e", "w1"], threshold=thresholds)
+    assert config_error(data) == ("monitor.threshold must give a number for every monitored statistic "
+                                  f"['dependence_e', 'w1']: {problem}")

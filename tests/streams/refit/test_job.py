@@ -373,8 +373,9 @@ def test_refit_command_line_checks_its_options(capsys):
     args = parser.parse_args(["refit", "--serve", "--min-interval", "10m", "--tolerance", "0.2"])
     assert args.serve and args.min_interval == 600.0 and args.tolerance == 0.2 and args.kind is None
     assert parser.parse_args(["refit", "--every", "6h"]).every == 21600.0
+    assert parser.parse_args(["refit", "--kind", "flow", "--lam", "0.3"]).lam == 0.3
     for bad in (["refit", "--every", "soon"], ["refit", "--every", "1h", "--serve"], ["refit", "--holdout", "1.5"],
-                ["refit", "--kind", "flow"]):
+                ["refit", "--kind", "scorecard"], ["refit", "--kind", "flow", "--lam", "2"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
     assert "not a duration: 'soon'" in capsys.readouterr().err
