@@ -55,6 +55,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                           ("fairstream.repair.datasets", ["RepairInputError"]),
                           ("fairstream.streams.topics", ["TopicConfigError"]),
                           ("fairstream.streams.codec", ["RefitRequestError"]),
+                          ("fairstream.streams.refit.webhook", ["WebhookConfigError"]),
+                          ("fairstream.streams.kafka", ["KafkaSecurityError"]),
+                          ("fairstream.streams.refit.trainers", ["TrainerError"]),
                           ("fairstream.streams.control.records", ["ControlError"]),
                           ("fairstream.streams.ops.broker", ["BrokerError"]),
                           ("fairstream.streams.worker.metrics", ["MetricsPortError"]),
@@ -83,9 +86,13 @@ def _quiet_client_logs() -> None:
 
 
 def _config(args: argparse.Namespace):
+    """The pipeline config; its ``[kafka]`` security (under the environment) then applies to every client."""
     from .config import PipelineConfig, adult_config
+    from .kafka import ClientSecurity, use
 
-    return PipelineConfig.from_toml(args.config) if args.config else adult_config()
+    config = PipelineConfig.from_toml(args.config) if args.config else adult_config()
+    use(ClientSecurity.resolve(config.kafka))
+    return config
 
 
 @contextlib.contextmanager
@@ -234,6 +241,18 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_alerts(args: argparse.Namespace) -> int:
+    from fairstream.streams.ops.alert_rules import render_threshold_rules, write_threshold_rules
+
+    config = _config(args)
+    if args.write is None:
+        print(render_threshold_rules(config), end="")
+    else:
+        changed = write_threshold_rules(args.write, config)
+        print(f"{args.write}: {'updated' if changed else 'already up to date'} from {args.config}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from fairstream.streams.demo.run import DemoOptions, format_report, run_demo
 
@@ -349,6 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
                       help="plan: drift answered by a new repair plan (default); flow: by a new AdapFair flow in "
                            "front of a frozen classifier, monitored on the decisions' DP gap")
     demo.set_defaults(func=_cmd_demo)
+
+    alerts = sub.add_parser("alerts", help="render the alert rules that carry the config's fairness thresholds",
+                            description="The FairstreamFairnessGapHigh rules (one per monitored statistic, at its "
+                                        "monitor.threshold) and FairstreamVerificationBiasHigh (at agents.embeddings."
+                                        "bfar_threshold), rendered from the pipeline config: printed, or written "
+                                        "between the BEGIN/END markers of a rules file with --write.")
+    _add_common(alerts)
+    alerts.add_argument("--write", metavar="RULES_FILE", help="rewrite the generated block of this rules file "
+                                                               "(e.g. deploy/prometheus/alerts.yml)")
+    alerts.set_defaults(func=_cmd_alerts)
 
     from fairstream.streams.refit.command import add_refit_parser
 

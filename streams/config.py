@@ -54,6 +54,7 @@ from msgspec import Meta
 
 from fairstream.repair.protocol import PipelineSchema
 
+from .kafka import MECHANISMS, PROTOCOLS
 from .topics import TopicConfig
 
 
@@ -220,6 +221,22 @@ class MonitorConfig(_Section):
         return {name: float(self.threshold) for name in self.statistics}
 
 
+@dataclass(frozen=True)
+class KafkaConfig(_Section):
+    """How every client authenticates and encrypts (see :mod:`fairstream.streams.kafka`); never the password itself."""
+
+    section: ClassVar[str] = "kafka"
+    security_protocol: Literal[PROTOCOLS] = field(default="PLAINTEXT", metadata=_doc(
+        "Kafka security protocol of every client (worker, control, replay, re-fit, CLI)"))
+    sasl_mechanism: Literal[MECHANISMS] = field(default="PLAIN", metadata=_doc("SASL mechanism (SASL_* protocols)"))
+    sasl_username: str = field(default="", metadata=_doc("SASL user"))
+    sasl_password_file: str = field(default="", metadata=_doc(
+        "file holding the SASL password (a mounted secret); $FAIRSTREAM_KAFKA_SASL_PASSWORD takes precedence"))
+    ssl_cafile: str = field(default="", metadata=_doc("CA bundle to verify the brokers (SSL protocols)"))
+    ssl_certfile: str = field(default="", metadata=_doc("client certificate (mutual TLS), with ssl_keyfile"))
+    ssl_keyfile: str = field(default="", metadata=_doc("the client certificate's key"))
+
+
 # TopicConfig lives in topics.py (the admin code uses it without a pipeline); its keys' types and
 # ranges are stated here, checked when a pipeline is built, and listed in the reference.
 TOPIC_KEYS: dict[str, tuple[Any, str]] = {
@@ -258,6 +275,7 @@ class PipelineConfig(_Section):
     records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.valid_ranges, tuple):  # the stored form (a copy made by replace) reads back
@@ -273,7 +291,7 @@ class PipelineConfig(_Section):
 
     def _check_sections(self) -> None:
         for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
-                          ("monitor", MonitorConfig)):
+                          ("monitor", MonitorConfig), ("kafka", KafkaConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         for key, (hint, _) in TOPIC_KEYS.items():
@@ -327,10 +345,10 @@ class PipelineConfig(_Section):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
         """Validate a parsed pipeline TOML document."""
-        unknown = set(data) - {"pipeline", "topics", "agents", "monitor"}
+        unknown = set(data) - {"pipeline", "topics", "agents", "monitor", "kafka"}
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: "
-                              "['agents', 'monitor', 'pipeline', 'topics']")
+                              "['agents', 'kafka', 'monitor', 'pipeline', 'topics']")
         agents = _table(data, "agents")
         unknown_agents = set(agents) - {"records", "embeddings"}
         if unknown_agents:
@@ -343,6 +361,7 @@ class PipelineConfig(_Section):
             embeddings=EmbeddingConfig(**_known(EmbeddingConfig, _table(agents, "embeddings", "agents."),
                                                 "agents.embeddings")),
             monitor=MonitorConfig(**_known(MonitorConfig, _table(data, "monitor"), "monitor")),
+            kafka=KafkaConfig(**_known(KafkaConfig, _table(data, "kafka"), "kafka")),
         )
 
     def to_toml(self) -> str:
@@ -354,7 +373,7 @@ class PipelineConfig(_Section):
         thresholds = {"monitor.threshold": dict(monitor.pop("threshold"))} if per_statistic else {}
         sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
-                    "monitor": monitor, **thresholds}
+                    "monitor": monitor, **thresholds, "kafka": _asdict(self.kafka)}
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -367,7 +386,7 @@ class PipelineConfig(_Section):
         return replace(self, monitor=replace(self.monitor, **changes))
 
 
-_NESTED = ("topics", "records", "embeddings", "monitor")
+_NESTED = ("topics", "records", "embeddings", "monitor", "kafka")
 
 
 # --------------------------------------------------------------------------- checking values
@@ -502,7 +521,7 @@ def _toml_value(value) -> str:
 def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(section, key, type, default, valid values, meaning) of every configuration key, section by section."""
     rows = []
-    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig):
+    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, KafkaConfig):
         for f in fields(cls):
             if f.name in _NESTED:
                 continue

@@ -1,5 +1,163 @@
-"""Settings shared by every Kafka client the product opens (kafka-python and aiokafka alike)."""
+"""Settings shared by every Kafka client the product opens (kafka-python and aiokafka alike): protocol and security.
+
+Production clusters want TLS and SASL. The ``[kafka]`` table of the pipeline config names the
+security protocol, the SASL mechanism and user, and the TLS files; the password never sits in
+the config: it comes from ``FAIRSTREAM_KAFKA_SASL_PASSWORD`` or from the file
+``sasl_password_file`` names (a mounted secret). Every ``FAIRSTREAM_KAFKA_<KEY>`` environment
+variable overrides the config's ``<key>``. A process resolves the settings once
+(:func:`use`, called by the CLI after it reads the config) and every client it then creates (worker
+consumers and producer, the control follower and client, the topic admin, replay, re-fit sources
+and service, the webhook's publisher) passes :func:`aiokafka_options` or
+:func:`kafka_python_options` on. Without a config, the environment alone decides (PLAINTEXT by default).
+
+The password is never logged: :class:`ClientSecurity`'s repr masks it, and errors name the key, not
+the value.
+
+>>> security = ClientSecurity.resolve(env={"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+...                                        "FAIRSTREAM_KAFKA_SASL_USERNAME": "fs", "FAIRSTREAM_KAFKA_SASL_PASSWORD": "s3"})
+>>> security
+ClientSecurity(protocol='SASL_PLAINTEXT', mechanism='PLAIN', username='fs', password='***')
+>>> sorted(security.kafka_python_options())
+['sasl_mechanism', 'sasl_plain_password', 'sasl_plain_username', 'security_protocol']
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
 
 KAFKA_API_VERSION = (2, 5, 0)
 """kafka-python's protocol version: what the embedded broker (Tansu) answers correctly with consumer
 groups (auto-detection picks one it mis-answers); Apache Kafka accepts it too."""
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+ENV_PREFIX = "FAIRSTREAM_KAFKA_"
+KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file", "ssl_cafile", "ssl_certfile",
+        "ssl_keyfile")
+"""The ``[kafka]`` keys, each overridable by ``FAIRSTREAM_KAFKA_<KEY>``."""
+
+
+class KafkaSecurityError(ValueError):
+    """Inconsistent Kafka security settings; the message names the key (never a secret)."""
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """How clients authenticate and encrypt: protocol, SASL mechanism and credentials, TLS files."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = "PLAIN"
+    username: str = ""
+    password: str = field(default="", repr=False)
+    cafile: str = ""
+    certfile: str = ""
+    keyfile: str = ""
+
+    def __repr__(self) -> str:
+        shown = [f"protocol={self.protocol!r}"]
+        if self.sasl:
+            shown += [f"mechanism={self.mechanism!r}", f"username={self.username!r}", "password='***'"]
+        shown += [f"{name}={getattr(self, name)!r}" for name in ("cafile", "certfile", "keyfile") if getattr(self, name)]
+        return f"ClientSecurity({', '.join(shown)})"
+
+    @property
+    def sasl(self) -> bool:
+        """Whether clients authenticate with SASL."""
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def tls(self) -> bool:
+        """Whether connections are encrypted."""
+        return self.protocol.endswith("SSL")
+
+    @classmethod
+    def resolve(cls, config=None, env: Mapping[str, str] | None = None) -> "ClientSecurity":
+        """The settings of a ``[kafka]`` config table (any object with its keys, or None) under the environment."""
+        env = os.environ if env is None else env
+        values = {key: str(getattr(config, key, "") or "") for key in KEYS}
+        values.update({key: env[ENV_PREFIX + key.upper()] for key in KEYS if env.get(ENV_PREFIX + key.upper())})
+        password = env.get(ENV_PREFIX + "SASL_PASSWORD", "")
+        if not password and values["sasl_password_file"]:
+            password = _read_secret(values["sasl_password_file"])
+        security = cls(protocol=values["security_protocol"] or "PLAINTEXT",
+                       mechanism=values["sasl_mechanism"] or "PLAIN", username=values["sasl_username"],
+                       password=password, cafile=values["ssl_cafile"], certfile=values["ssl_certfile"],
+                       keyfile=values["ssl_keyfile"])
+        security.check()
+        return security
+
+    def check(self) -> None:
+        """Refuse settings a broker would reject late and obscurely; name the key to fix."""
+        if self.protocol not in PROTOCOLS:
+            raise KafkaSecurityError(f"kafka.security_protocol must be one of {list(PROTOCOLS)}, got {self.protocol!r}")
+        if self.sasl and self.mechanism not in MECHANISMS:
+            raise KafkaSecurityError(f"kafka.sasl_mechanism must be one of {list(MECHANISMS)}, got {self.mechanism!r}")
+        if self.sasl and not (self.username and self.password):
+            missing = "kafka.sasl_username" if not self.username else \
+                f"the password ({ENV_PREFIX}SASL_PASSWORD or kafka.sasl_password_file)"
+            raise KafkaSecurityError(f"security_protocol {self.protocol} needs {missing}")
+        for name in ("cafile", "certfile", "keyfile"):
+            path = getattr(self, name)
+            if path and not Path(path).is_file():
+                raise KafkaSecurityError(f"kafka.ssl_{name}: no such file {path!r}")
+        if bool(self.certfile) != bool(self.keyfile):
+            raise KafkaSecurityError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate "
+                                     "and its key)")
+
+    def kafka_python_options(self) -> dict:
+        """Keyword arguments for kafka-python's KafkaProducer, KafkaConsumer and KafkaAdminClient."""
+        options: dict = {"security_protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
+        if self.sasl:
+            options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
+                           sasl_plain_password=self.password)
+        if self.tls:
+            options.update({f"ssl_{name}": getattr(self, name) for name in ("cafile", "certfile", "keyfile")
+                            if getattr(self, name)})
+        return options
+
+    def aiokafka_options(self) -> dict:
+        """Keyword arguments for aiokafka's producer, consumer and admin client."""
+        options: dict = {"security_protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
+        if self.sasl:
+            options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
+                           sasl_plain_password=self.password)
+        if self.tls:
+            from aiokafka.helpers import create_ssl_context
+
+            options["ssl_context"] = create_ssl_context(cafile=self.cafile or None, certfile=self.certfile or None,
+                                                        keyfile=self.keyfile or None)
+        return options
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise KafkaSecurityError(f"kafka.sasl_password_file: cannot read {path!r} ({exc.strerror or exc})") from None
+
+
+_active: ClientSecurity | None = None
+
+
+def use(security: ClientSecurity) -> None:
+    """Make ``security`` the settings of every client this process creates from now on."""
+    global _active
+    _active = security
+
+
+def active() -> ClientSecurity:
+    """The process's settings: those given to :func:`use`, else the environment's."""
+    return _active if _active is not None else ClientSecurity.resolve()
+
+
+def kafka_python_options() -> dict:
+    """The active settings as kafka-python keyword arguments."""
+    return active().kafka_python_options()
+
+
+def aiokafka_options() -> dict:
+    """The active settings as aiokafka keyword arguments."""
+    return active().aiokafka_options()

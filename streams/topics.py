@@ -21,6 +21,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, for_code
 
+from .kafka import active, aiokafka_options
+
 log = logging.getLogger(__name__)
 
 COMPACT = {"cleanup.policy": "compact"}
@@ -150,13 +152,16 @@ async def ensure_topics_async(
     """Async form of :func:`ensure_topics`."""
     specs = config.specs()
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap, client_id="fairstream-admin", request_timeout_ms=int(timeout * 1000)
+        bootstrap_servers=bootstrap, client_id="fairstream-admin", request_timeout_ms=int(timeout * 1000),
+        **aiokafka_options(),
     )
     try:
         await admin.start()
     except KafkaConnectionError as exc:
         await admin.close()
-        raise TopicConfigError(f"cannot reach a Kafka broker at {bootstrap}: {exc}") from exc
+        protocol = active().protocol
+        via = "" if protocol == "PLAINTEXT" else f" over {protocol} (check the [kafka] settings and credentials)"
+        raise TopicConfigError(f"cannot reach a Kafka broker at {bootstrap}{via}: {exc}") from exc
     try:
         existing = set(await admin.list_topics())
         missing = [spec for spec in specs if spec.name not in existing]

@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact, ArtifactError
+from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
@@ -171,7 +172,8 @@ class ControlClient:
         # from this TopicConfig must still be able to list and publish.
         if self._topic_checked:
             return
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=int(self.timeout * 1000))
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=int(self.timeout * 1000),
+                                    **aiokafka_options())
         await admin.start()
         try:
             exists = self.topic in await admin.list_topics()
@@ -197,6 +199,7 @@ class ControlClient:
         value = encode_control(record)
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
+            **aiokafka_options(),
             acks="all",
             max_request_size=message_limit(self.inline_limit),
             request_timeout_ms=int(self.timeout * 1000),

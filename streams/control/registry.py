@@ -38,6 +38,7 @@ from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact
 from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
+from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 
 from .records import ControlError, is_stale, parse_control, parse_event
@@ -210,6 +211,7 @@ def control_consumer(bootstrap: str, max_fetch_bytes: int = _MIN_MESSAGE_BYTES *
     """A group-less consumer of the control topic (every reader sees every record)."""
     return AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
+        **aiokafka_options(),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest",

@@ -11,7 +11,7 @@ from typing import Callable
 
 from kafka import KafkaConsumer, TopicPartition
 
-from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 
 class TopicReader:
@@ -20,7 +20,8 @@ class TopicReader:
     def __init__(self, bootstrap: str, topic: str):
         self.topic = topic
         self._consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=KAFKA_API_VERSION, enable_auto_commit=False,
-                                       group_id=None, fetch_max_wait_ms=50, max_partition_fetch_bytes=8 * 1024 * 1024)
+                                       group_id=None, fetch_max_wait_ms=50, max_partition_fetch_bytes=8 * 1024 * 1024,
+                                       **kafka_python_options())
         partitions = self._consumer.partitions_for_topic(topic) or {0}
         self._consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
         self._consumer.seek_to_beginning()

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 
 def record_messages(data: Dataset, config: PipelineConfig, id_prefix: str, start_ts: float | None = None,
@@ -87,7 +87,7 @@ def replay(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], rate
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, batch_size=256 * 1024, acks=1,
-                             max_request_size=4 * 1024 * 1024, api_version=KAFKA_API_VERSION)
+                             max_request_size=4 * 1024 * 1024, api_version=KAFKA_API_VERSION, **kafka_python_options())
     try:
         futures = [producer.send(topic, key=k, value=v)
                    for k, v in tqdm(paced(messages, rate), total=len(messages), desc=f"replay -> {topic}",

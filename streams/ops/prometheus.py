@@ -257,11 +257,17 @@ class PrometheusServer(ManagedProcess):
         """Every loaded rule (``/api/v1/rules``), with its health, lastEvaluation and, for alerts, state."""
         return [rule for group in self.get("/api/v1/rules")["groups"] for rule in group["rules"]]
 
-    def rule(self, name: str) -> dict:
-        """The loaded rule named ``name`` (raises if there is none)."""
-        matches = [rule for rule in self.rules() if rule["name"] == name]
+    def rule(self, name: str, labels: dict[str, str] | None = None) -> dict:
+        """The loaded rule named ``name`` whose static labels include ``labels`` (raises unless exactly one).
+
+        Several rules may share an alert name (one FairstreamFairnessGapHigh per statistic): their
+        labels tell them apart.
+        """
+        matches = [rule for rule in self.rules()
+                   if rule["name"] == name and (labels or {}).items() <= rule.get("labels", {}).items()]
         if len(matches) != 1:
-            raise PrometheusError(f"{len(matches)} rules named {name!r} loaded (rule files: {self.rule_files})")
+            raise PrometheusError(f"{len(matches)} rules named {name!r} with labels {labels or {}} loaded "
+                                  f"(rule files: {self.rule_files})")
         return matches[0]
 
     def targets(self) -> list[dict]:
@@ -309,7 +315,8 @@ class PrometheusServer(ManagedProcess):
 
         return self.wait_for(probe, timeout, f"{state} alert {name} {labels or ''}".rstrip())
 
-    def wait_for_evaluation(self, name: str, after: float | None = None, timeout: float = 30.0) -> dict:
+    def wait_for_evaluation(self, name: str, after: float | None = None, timeout: float = 30.0,
+                            labels: dict[str, str] | None = None) -> dict:
         """Wait until rule ``name`` has been evaluated after Unix time ``after`` (default: now); return the rule.
 
         The returned dict has ``state`` (inactive|pending|firing), ``health`` and ``alerts``: use it
@@ -318,13 +325,20 @@ class PrometheusServer(ManagedProcess):
         after = time.time() if after is None else after
 
         def probe() -> dict | None:
-            rule = self.rule(name)
+            rule = self.rule(name, labels)
             evaluated = rule.get("lastEvaluation", "")
             return rule if evaluated and not evaluated.startswith("0001-") and parse_time(evaluated) > after else None
 
         return self.wait_for(probe, timeout, f"evaluation of rule {name} after {after:.3f}")
 
     # --- internals
+
+    def _alert_summary(self) -> str:
+        """The alerts Prometheus has now, as ``name(state)`` (for timeout messages); never raises."""
+        try:
+            return ", ".join(f"{a['labels'].get('alertname')}({a['state']})" for a in self.alerts()) or "none"
+        except Exception as exc:  # the server may be the reason we timed out
+            return f"unavailable ({type(exc).__name__})"
 
     def _config(self) -> dict:
         return {

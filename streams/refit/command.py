@@ -15,6 +15,7 @@ from .job import REFIT_KINDS, RefitJob, format_outcome
 from .schedule import parse_duration, run_every
 from .service import RefitService
 from .sources import research_source
+from .webhook import add_webhook_arguments, webhook_from_args
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
@@ -59,6 +60,7 @@ examples:
   fairstream refit --source research.jsonl             re-fit once on a file (JSON lines or CSV)
   fairstream refit --every 6h                          re-fit every 6 hours until stopped
   fairstream refit --serve --min-interval 10m          answer the monitor's requests on refit.requests
+  fairstream refit --serve --webhook-port 9095         also answer Alertmanager's drift alerts
 
 A plan is published only when no plan is active or when its E on the holdout is at most
 (1 + tolerance) times the current plan's; a flow only when its DP gap (of the scorer's decisions)
@@ -119,6 +121,7 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     flows.add_argument("--max-accuracy-drop", type=_non_negative_arg, default=0.02, metavar="POINTS",
                        help="refuse a flow whose holdout accuracy is lower than the current one's by more "
                             "(default: 0.02)")
+    add_webhook_arguments(parser)
     embeddings = parser.add_argument_group("embedding modules (--kind embedding)")
     embeddings.add_argument("--epochs", type=_positive_int_arg, default=20, metavar="N",
                             help="training epochs of the Fairness Module (default: 20)")
@@ -145,7 +148,9 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
         if args.serve or args.every:
             with _stop_on_signals() as stop:
                 if args.serve:
-                    RefitService(job, source, min_interval_seconds=args.min_interval).serve(stop)
+                    service = RefitService(job, source, min_interval_seconds=args.min_interval, triggers=args.triggers)
+                    with webhook_from_args(args, broker.bootstrap, config, kind):
+                        service.serve(stop)
                 else:
                     run_every(job, source, args.every, stop, on_outcome=lambda o: print(format_outcome(o), flush=True))
             return 0

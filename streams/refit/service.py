@@ -7,20 +7,65 @@ import logging
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Self
 
 from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
-from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 from .job import RefitJob, RefitOutcome
 from .sources import Source
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 _SEEN_REQUESTS = 10_000  # request ids remembered for de-duplication (oldest forgotten first)
+
+# Where a request comes from, told by its ``source``. The worker's monitor signs its requests
+# "monitor@<app id>" (streams/worker/app.py); the Alertmanager webhook (webhook.py) signs
+# "alertmanager:<alert name>@<instance>". Anything else (a person, a script) is "other".
+MONITOR_SOURCE_PREFIX = "monitor@"
+ALERT_SOURCE_PREFIX = "alertmanager:"
+TRIGGERS = ("monitor", "alertmanager", "other")
+
+ALERT_WINDOW_SECONDS = 360.0
+"""How far a drift alert's start may lie after the monitor request that reports the same drift. The
+drift rule (deploy/prometheus/alerts.yml) fires on drift events counted over the last 5m; one more
+minute covers the scrape, the rule evaluation and Alertmanager's group wait."""
+CLOCK_SKEW_SECONDS = 30.0
+"""How far the alert's start may lie *before* the monitor's request: Prometheus and the workers run on
+different hosts, whose clocks may disagree by this much."""
+
+
+def trigger_of(request: RefitRequest) -> str:
+    """``monitor``, ``alertmanager`` or ``other``: which trigger sent ``request`` (from its source)."""
+    source = request.source or ""
+    if source.startswith(MONITOR_SOURCE_PREFIX):
+        return "monitor"
+    if source.startswith(ALERT_SOURCE_PREFIX):
+        return "alertmanager"
+    return "other"
+
+
+@dataclass(frozen=True)
+class _DriftReport:
+    """A drift request the service accepted, kept to recognise the same drift reported by the other trigger."""
+
+    trigger: str
+    statistic: str | None
+    ts: float
+    request_id: str
+
+
+def same_drift(monitor_ts: float, alert_ts: float, window: float = ALERT_WINDOW_SECONDS) -> bool:
+    """True when an alert that started firing at ``alert_ts`` counts the drift the monitor reported at ``monitor_ts``.
+
+    The monitor sends its request when it counts the drift event; Prometheus sees the counter move at
+    its next scrape and the alert fires then, so the alert starts after the request, by at most
+    ``window`` (less the clock skew allowed before it).
+    """
+    return -CLOCK_SKEW_SECONDS <= alert_ts - monitor_ts <= window
+
+
 # =============================================================================== the service
 
 
@@ -44,6 +89,11 @@ class RefitService:
       wait and are answered together by at most one follow-up re-fit, once the interval has passed.
     - A request older than ``max_request_age_seconds`` is stale (a drift alarm from long ago says
       nothing about the data now) and is dropped.
+    - Two triggers report drift: the worker's monitor (its own requests) and Prometheus through the
+      Alertmanager webhook (:mod:`~fairstream.streams.refit.webhook`). A deployment answers either
+      or both (``triggers``); with both, one drift is answered once: a request of one trigger that
+      reports the same statistic as an accepted request of the other, within the alert's window
+      (:func:`same_drift`), is a duplicate. Requests from elsewhere (``other``) are never matched.
     - Offsets are committed only when every request read so far has been answered, so a service
       that dies mid-way leaves its requests to the next member (at least once; the coalescing
       keeps a re-delivery to one extra re-fit at most).
@@ -54,9 +104,14 @@ class RefitService:
 
     def __init__(self, job: RefitJob, source: Source, min_interval_seconds: float = 300.0,
                  group_id: str | None = None, max_request_age_seconds: float | None = 86400.0,
-                 poll_seconds: float = 0.5, max_poll_interval_seconds: float = 3600.0):
+                 poll_seconds: float = 0.5, max_poll_interval_seconds: float = 3600.0,
+                 triggers: Iterable[str] = TRIGGERS, alert_window_seconds: float = ALERT_WINDOW_SECONDS):
         if min_interval_seconds < 0:
             raise ValueError(f"min_interval_seconds must be >= 0, got {min_interval_seconds!r}")
+        self.triggers = tuple(triggers)
+        unknown = sorted(set(self.triggers) - set(TRIGGERS))
+        if unknown or not self.triggers:
+            raise ValueError(f"triggers must be some of {', '.join(TRIGGERS)}, got {', '.join(self.triggers) or 'none'}")
         self.job = job
         self.source = source
         self.min_interval_seconds = min_interval_seconds
@@ -64,11 +119,13 @@ class RefitService:
         self.max_request_age_seconds = max_request_age_seconds
         self.poll_seconds = poll_seconds
         self.max_poll_interval_seconds = max_poll_interval_seconds
+        self.alert_window_seconds = alert_window_seconds
         self.decisions: deque[Decision] = deque(maxlen=1000)
         self.outcomes: deque[RefitOutcome] = deque(maxlen=100)
         self.refit_started: deque[float] = deque(maxlen=100)  # monotonic start of each re-fit
         self._pending: list[RefitRequest] = []
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._drift_reports: deque[_DriftReport] = deque(maxlen=1000)
         self._last_refit_end: float | None = None
         self._last_message: float = time.monotonic()
         self._consumer = None
@@ -77,8 +134,8 @@ class RefitService:
 
     def serve(self, stop_event: threading.Event) -> None:
         """Handle requests until ``stop_event`` is set, then leave the group."""
-        log.info("re-fit service for %s: group %s on %s, min interval %.0fs", self.job.kind, self.group_id,
-                 self.job.config.topics.refit_requests, self.min_interval_seconds)
+        log.info("re-fit service for %s: group %s on %s, min interval %.0fs, triggers %s", self.job.kind,
+                 self.group_id, self.job.config.topics.refit_requests, self.min_interval_seconds, ",".join(self.triggers))
         try:
             while not stop_event.is_set():
                 self._step()
@@ -107,7 +164,7 @@ class RefitService:
             self._consumer.close()
             self._consumer = None
 
-    def __enter__(self) -> "RefitService":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -137,6 +194,7 @@ class RefitService:
             ensure_topics(self.job.bootstrap, self.job.config.topics)  # subscribing to a missing topic waits silently
             self._consumer = KafkaConsumer(
                 self.job.config.topics.refit_requests, bootstrap_servers=self.job.bootstrap, api_version=KAFKA_API_VERSION,
+                **kafka_python_options(),
                 group_id=self.group_id, enable_auto_commit=False,
                 # A new group answers what is already waiting (coalesced into one re-fit) instead of
                 # missing requests sent while no service ran.
@@ -166,17 +224,37 @@ class RefitService:
         """(action, reason) when the request needs no re-fit; remembers ids of this kind."""
         if request.kind != self.job.kind:
             return "ignored", f"asks for kind {request.kind!r}; this service re-fits {self.job.kind!r}"
+        trigger = trigger_of(request)
+        if trigger not in self.triggers:
+            return "ignored", f"sent by the {trigger} trigger; this service answers {', '.join(self.triggers)}"
         if request.request_id in self._seen:
             return "duplicate", "this request id was already handled; ignored"
         self._remember(request.request_id)
         age = time.time() - request.ts
         if self.max_request_age_seconds is not None and age > self.max_request_age_seconds:
             return "stale", f"asked {age:.0f}s ago, over the {self.max_request_age_seconds:.0f}s limit; dropped"
+        twin = self._same_drift_from_other_trigger(request, trigger)
+        if twin is not None:
+            return "duplicate", (f"the same drift of {request.statistic} as {twin.trigger} request {twin.request_id} "
+                                 f"({abs(request.ts - twin.ts):.0f}s apart): one re-fit answers both")
+        return None
+
+    def _same_drift_from_other_trigger(self, request: RefitRequest, trigger: str) -> _DriftReport | None:
+        """An accepted request of the other drift trigger that reports the drift ``request`` reports, if any."""
+        if trigger == "other":
+            return None
+        for report in reversed(self._drift_reports):
+            if report.trigger == trigger or report.statistic != request.statistic:
+                continue
+            monitor_ts, alert_ts = (request.ts, report.ts) if trigger == "monitor" else (report.ts, request.ts)
+            if same_drift(monitor_ts, alert_ts, self.alert_window_seconds):
+                return report
         return None
 
     def _queue(self, request: RefitRequest) -> None:
         waiting = len(self._pending)
         self._pending.append(request)
+        self._drift_reports.append(_DriftReport(trigger_of(request), request.statistic, request.ts, request.request_id))
         why = f"({request.reason})"
         wait = self._wait_seconds()
         if waiting:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
-from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
@@ -97,7 +97,7 @@ def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | 
     topic = config.topics.research
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=KAFKA_API_VERSION, group_id=None,
                              enable_auto_commit=False, fetch_max_wait_ms=100,
-                             max_partition_fetch_bytes=8 * 1024 * 1024)
+                             max_partition_fetch_bytes=8 * 1024 * 1024, **kafka_python_options())
     try:
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         if not partitions:

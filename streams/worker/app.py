@@ -33,6 +33,7 @@ from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.ops.broker import parse_broker_url
 
 from .consumer import BatchConsumer, InputSpec
@@ -42,6 +43,7 @@ from .metrics import (
     ARTIFACT_VERSION,
     DRIFT_EVENTS,
     FAIRNESS,
+    INPUT_HELD,
     MONITOR_CPU,
     REEMBED_EVENTS,
     REFIT_REQUESTS,
@@ -84,8 +86,8 @@ class OutputProducer(mode.Service):
 
     async def on_start(self) -> None:
         """Connect."""
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5,
-                                         max_batch_size=512 * 1024, max_request_size=MAX_REQUEST_BYTES)
+        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **aiokafka_options(), acks="all",
+                                         linger_ms=5, max_batch_size=512 * 1024, max_request_size=MAX_REQUEST_BYTES)
         await self.producer.start()
 
     async def on_stop(self) -> None:
@@ -166,22 +168,24 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                         "be re-embedded (event %s on %s)", previous.version, current.version, previous.version,
                         key.decode(), topics.control)
 
-    async def active(kind: str):
+    async def active(kind: str, agent: str):
         """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
         await ready.wait()
         waited = 0
         while (current := registry.current(kind)) is None:
+            INPUT_HELD.labels(agent).set(1)
             if waited % 30 == 0:  # at start, then twice a minute: loud, not a flood
                 # An error when the config disagrees with the published artifact, a warning when none exists.
                 log.log(*registry.explain_missing(kind))
             await asyncio.sleep(1.0)
             waited += 1
+        INPUT_HELD.labels(agent).set(0)
         return current
 
     async def active_chain() -> tuple:
         """Every artifact of the record chain, in order, read from one registry snapshot (one version each)."""
         for kind in config.records.chain:
-            await active(kind)
+            await active(kind, "records")
         snapshot = registry.snapshot()
         if all(kind in snapshot for kind in config.records.chain):
             return tuple(snapshot[kind] for kind in config.records.chain)
@@ -241,7 +245,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     identity = config.embeddings.artifact == "identity"
     embeddings = InputSpec(agent="embeddings", topic=topics.embeddings_in, output_topic=topics.embeddings_repaired,
                            batching=config.embeddings, process=EmbeddingRepairer(config).process,
-                           active=no_artifact if identity else (lambda: active("embedding")),
+                           active=no_artifact if identity else (lambda: active("embedding", "embeddings")),
                            delivered=verify_delivered)
     # One group per input, so a worker joining or leaving rebalances each input on its own.
     consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", output=output,

@@ -32,6 +32,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from fairstream.streams.config import AgentConfig
+from fairstream.streams.kafka import aiokafka_options
 
 from .metrics import (
     BATCH_SECONDS,
@@ -108,7 +109,7 @@ class BatchConsumer(mode.Service):
     async def on_start(self) -> None:
         """Join the group (partitions come with the first fetch)."""
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=self.group_id, enable_auto_commit=False,
+            bootstrap_servers=self.bootstrap, **aiokafka_options(), group_id=self.group_id, enable_auto_commit=False,
             auto_offset_reset="earliest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
             max_partition_fetch_bytes=MAX_FETCH_BYTES, fetch_max_bytes=4 * MAX_FETCH_BYTES,
             # A short session lets survivors take over a dead worker's partitions within seconds.

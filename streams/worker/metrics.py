@@ -30,6 +30,8 @@ RECORD_LATENCY = Histogram("fairstream_record_latency_seconds", "Time from a rec
                            ["agent"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use (absent: none loaded)", ["kind"])
 ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)", ["kind"])
+INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
+                   ["agent"])
 CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed", ["agent"])
 
 FAIRNESS = Gauge("fairstream_fairness", "A fairness statistic over the monitor's sliding window",

@@ -10,8 +10,13 @@ import subprocess
 
 import pytest
 
-from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, binary
+from fairstream.streams.config import PipelineConfig
+from fairstream.streams.ops.alert_rules import render_threshold_rules, with_threshold_rules, write_threshold_rules
+from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, REPO, binary
 from fairstream.streams.worker import metrics
+
+
+DEFAULT_CONFIG = REPO / "deploy" / "pipeline.adult.toml"
 
 
 def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:
@@ -26,13 +31,13 @@ def assert_ok(result: subprocess.CompletedProcess) -> str:
 
 def test_promtool_check_rules():
     output = assert_ok(promtool("check", "rules", str(ALERTS_YML)))
-    assert "SUCCESS: 6 rules found" in output, output
+    assert "SUCCESS: 9 rules found" in output, output
 
 
 def test_promtool_check_config():
     # rule_files in prometheus.yml are relative to the config file: run from its folder, as documented.
     output = assert_ok(promtool("check", "config", PROMETHEUS_YML.name))
-    assert "SUCCESS: 1 rule files found" in output and "SUCCESS: 6 rules found" in output, output
+    assert "SUCCESS: 1 rule files found" in output and "SUCCESS: 9 rules found" in output, output
 
 
 def test_promtool_unit_tests_of_the_rules():
@@ -47,6 +52,48 @@ def test_every_rule_has_unit_tests_that_fire_and_do_not_fire():
         cases = re.findall(rf"alertname:\s*{name}\s*\n\s*exp_alerts:(.*)", tests)
         assert any(case.strip() == "[]" for case in cases), f"{name}: no case where it does not fire"
         assert any(case.strip() == "" for case in cases), f"{name}: no case where it fires"
+
+
+# --------------------------------------------------------------------------- thresholds from one place
+
+
+def test_the_threshold_rules_are_those_of_the_deployed_pipeline_config():
+    """deploy/prometheus/alerts.yml holds exactly what `fairstream alerts --write` renders from the config."""
+    config = PipelineConfig.from_toml(DEFAULT_CONFIG)
+    text = ALERTS_YML.read_text()
+    assert with_threshold_rules(text, config) == text, (
+        "regenerate: fairstream alerts --config deploy/pipeline.adult.toml --write deploy/prometheus/alerts.yml")
+    for statistic, threshold in config.monitor.thresholds.items():
+        assert f'statistic="{statistic}"' in text and f") > {threshold:g}\n" in text
+
+
+def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
+    config = PipelineConfig.from_toml(DEFAULT_CONFIG)
+    stricter = config.with_monitor(threshold={**config.monitor.thresholds, "mdp": 0.05})
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(ALERTS_YML.read_text())
+    assert write_threshold_rules(rules, stricter) and not write_threshold_rules(rules, stricter)
+    changed = [(a, b) for a, b in zip(ALERTS_YML.read_text().splitlines(), rules.read_text().splitlines()) if a != b]
+    assert [b for _, b in changed] == ["          ) > 0.05", "            {{ $labels.stratum }} (feature "
+                                       "{{ $labels.feature }}), above the 0.05 threshold for 1m."]
+    assert_ok(promtool("check", "rules", str(rules)))
+
+
+def test_a_ratio_threshold_pages_below_one_minus_it():
+    config = PipelineConfig.from_toml(DEFAULT_CONFIG).with_monitor(statistic="dp_ratio", threshold=0.2)
+    text = render_threshold_rules(config)
+    assert "min by (statistic, stratum, feature)" in text and ") < 0.8" in text and "below the 0.8 threshold" in text
+
+
+def test_the_cli_prints_and_writes_the_rules(tmp_path, capsys):
+    from fairstream.streams import cli
+
+    assert cli.main(["alerts", "--config", str(DEFAULT_CONFIG)]) == 0
+    assert capsys.readouterr().out == render_threshold_rules(PipelineConfig.from_toml(DEFAULT_CONFIG))
+    rules = tmp_path / "alerts.yml"
+    rules.write_text(ALERTS_YML.read_text())
+    assert cli.main(["alerts", "--config", str(DEFAULT_CONFIG), "--write", str(rules)]) == 0
+    assert "already up to date" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- metric names in the rules
@@ -116,7 +163,7 @@ def exported_sample_names() -> set[str]:
 def test_rule_file_parsing_finds_every_expression():
     text = ALERTS_YML.read_text()
     exprs = rule_exprs(text)
-    assert len(exprs) == len(alert_names(text)) == 6
+    assert len(exprs) == len(alert_names(text)) == 9
     assert all(exprs), exprs
     assert metric_names(exprs[0]) == {"fairstream_fairness"}
 
@@ -139,7 +186,8 @@ def test_every_metric_in_the_alert_rules_is_exported():
     exported = exported_sample_names()
     used = {name for expr in rule_exprs(ALERTS_YML.read_text()) for name in metric_names(expr)}
     assert {"fairstream_fairness", "fairstream_drift_events_total", "fairstream_records_dead_lettered_total",
-            "fairstream_records_in_total", "fairstream_artifact_version", "fairstream_consumer_lag_records"} <= used
+            "fairstream_records_in_total", "fairstream_input_held", "fairstream_consumer_lag_records",
+            "fairstream_verification"} <= used
     unknown = sorted(used - exported - PROMETHEUS_SERIES)
     assert not unknown, f"alerts.yml uses metrics that fairstream.streams.worker.metrics does not export: {unknown}"
 

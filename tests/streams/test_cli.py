@@ -11,7 +11,7 @@ from fairstream.streams import cli
 from fairstream.streams.cli import build_parser, main
 from fairstream.streams.ops.broker import EmbeddedBroker
 
-COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo"]
+COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo", "alerts"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:
@@ -76,9 +76,10 @@ BAD_CONFIGS = {
                      "['age', 'hours-per-weak']"),
     "absurd batch_within": (lambda text: text.replace("batch_within = 0.05", "batch_within = 1e308"),
                             "agents.records.batch_within must be a number > 0 and <= 60, got 1e+308"),
-    "unknown statistic": (lambda text: text.replace('statistic = "dependence_e"', 'statistic = "dependence_E"'),
+    "unknown statistic": (lambda text: text.replace('statistic = ["dependence_e"', 'statistic = ["dependence_E"'),
                           "monitor.statistic must be a statistic ('dependence_e', 'w1', 'dp_difference', 'dp_ratio', "
-                          "'conditional_dp', 'eopp', 'mdp') or a non-empty list of distinct ones, got 'dependence_E'"),
+                          "'conditional_dp', 'eopp', 'mdp') or a non-empty list of distinct ones, got "
+                          "['dependence_E', 'dp_difference', 'mdp']"),
 }
 CONFIG_COMMANDS = [["worker"], ["replay"], ["artifacts", "list"], ["artifacts", "rollback", "plan"], ["refit"],
                    ["demo"]]

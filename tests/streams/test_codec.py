@@ -133,9 +133,11 @@ def check_embeddings(batch, values, dim) -> None:
     assert batch.vectors.shape == (len(batch.index), dim)
     assert np.isfinite(batch.vectors).all()
     assert len(batch.records) == len(batch.keys) == len(batch.index)
-    for i, rec in enumerate(batch.records):
-        assert batch.keys[i] == str(rec["id"])
-        assert batch.vectors[i].tolist() == [float(v) for v in rec["vector"]]
+    sent = [json.loads(values[i]) for i in batch.index]
+    for i, (rec, original) in enumerate(zip(batch.records, sent)):
+        assert batch.keys[i] == str(rec["id"]) and rec == {"id": original["id"], "group": original.get("group"),
+                                                            "identity": original.get("identity")}
+        assert batch.vectors[i].tolist() == [float(v) for v in original["vector"]]
 
 
 # --------------------------------------------------------------------------- strategies
@@ -818,7 +820,7 @@ def test_embedding_inputs_that_make_python_raise_are_dead_lettered(value):
 def test_valid_embeddings(changes, drop):
     obj = emb(drop=drop, **changes)
     batch = decode_embeddings([raw(obj)], EMB)
-    assert batch.errors == [] and batch.records == [obj]
+    assert batch.errors == [] and batch.records == [{"id": obj["id"], "group": obj.get("group"), "identity": 3}]
     assert batch.keys.tolist() == [str(obj["id"])]
     assert batch.vectors.tolist() == [[float(v) for v in obj["vector"]]]
 

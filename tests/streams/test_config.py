@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import tomllib
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +23,7 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = {"topics", "records", "embeddings", "monitor"}
+SECTIONS = {"topics", "records", "embeddings", "monitor", "kafka"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 
@@ -56,8 +56,9 @@ def test_adult_toml_loads():
     assert (config.s_name, config.u_name, config.label) == ("sex", "education-num > 9", True)
     assert config.max_message_bytes == 65536 and config.include_original is True
     assert config.topics == TopicConfig(prefix="fairstream", partitions=4)
-    assert config.records == AgentConfig(artifact="plan", batch_size=1000, batch_within=0.05)
+    assert config.records == AgentConfig(artifact=("plan", "scorer"), batch_size=1000, batch_within=0.05)
     assert config.embeddings == EmbeddingConfig(artifact="identity", dimension=8, batch_size=500)
+    assert config.monitor.thresholds == {"dependence_e": 0.1, "dp_difference": 0.1, "mdp": 0.1}
 
 
 def test_adult_toml_loads_from_a_string_path_too():
@@ -73,7 +74,7 @@ def test_every_key_of_the_toml_file_is_used():
         assert getattr(config.topics, key) == value, key
     for agent in ("records", "embeddings"):
         for key, value in data["agents"][agent].items():
-            assert getattr(getattr(config, agent), key) == value, (agent, key)
+            assert getattr(getattr(config, agent), key) == as_config_value(value), (agent, key)
 
 
 def test_adult_config_matches_the_toml_pipeline():
@@ -82,7 +83,8 @@ def test_adult_config_matches_the_toml_pipeline():
         name: getattr(from_file, name) for name in PIPELINE_FIELDS}
     data = adult_data()["pipeline"]
     assert {k: getattr(built, k) for k in data} == {k: as_config_value(v) for k, v in data.items()}
-    assert built.topics == from_file.topics and built.records == from_file.records
+    # The built-in pipeline applies a plan alone (tests publish plans only); the deployed one adds a scorer.
+    assert built.topics == from_file.topics and built.records == replace(from_file.records, artifact="plan")
 
 
 def test_adult_config_accepts_changes():
@@ -420,7 +422,8 @@ def test_the_readme_configuration_reference_lists_every_key_with_type_default_an
     keys |= {("topics", f.name) for f in fields(TopicConfig)}
     keys |= {(section, f.name) for section, obj in (("agents.records", config.records),
                                                     ("agents.embeddings", config.embeddings),
-                                                    ("monitor", config.monitor)) for f in fields(obj)}
+                                                    ("monitor", config.monitor), ("kafka", config.kafka))
+             for f in fields(obj)}
     assert documented == keys
     assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())
 
@@ -437,13 +440,15 @@ def test_a_record_chain_reads_back_and_names_its_kinds_in_order():
     assert config.monitor.statistics == ("dp_difference", "eopp")
     assert config.monitor.thresholds == {"dp_difference": 0.1, "eopp": 0.15}
     assert PipelineConfig.from_dict(tomllib.loads(config.to_toml())) == config
-    assert PipelineConfig.from_dict(adult_data()).records.chain == ("plan",)
+    assert PipelineConfig.from_dict(adult_data()).records.chain == ("plan", "scorer")
+    assert adult_config().records.chain == ("plan",)
 
 
 @pytest.mark.parametrize("statistic", ["dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp"])
 def test_a_statistic_of_decisions_needs_a_scorer_at_the_end_of_the_chain(statistic):
     data = adult_data()
-    data["monitor"]["statistic"] = statistic
+    data["agents"]["records"]["artifact"] = "plan"
+    data["monitor"].update(statistic=statistic, threshold=0.1)
     assert config_error(data) == (f"monitor.statistic {statistic!r} measures decisions: it needs a scorer at the end "
                                   "of agents.records.artifact, got ['plan']")
 
@@ -452,7 +457,7 @@ def test_equal_opportunity_needs_labelled_records():
     data = adult_data()
     data["pipeline"]["label"] = False
     data["agents"]["records"]["artifact"] = ["plan", "scorer"]
-    data["monitor"]["statistic"] = "eopp"
+    data["monitor"].update(statistic="eopp", threshold=0.1)
     assert config_error(data) == "monitor.statistic 'eopp' needs labelled records: set pipeline.label = true"
 
 

@@ -39,6 +39,7 @@ m.RECORDS_IN.labels("records").inc(1000)
 m.RECORDS_REPAIRED.labels("records").inc(990)
 m.RECORDS_DEAD.labels("records").inc(10)
 m.CONSUMER_LAG.labels("records").set(12)
+m.INPUT_HELD.labels("records").set(0 if plan else 1)  # the worker without a plan holds its input
 if plan:
     m.ARTIFACT_VERSION.labels("plan").set(3)
     after = m.FAIRNESS.labels(statistic="dependence_e", stage="after", stratum="all", feature="all", group_pair="all", window="count")
@@ -144,7 +145,8 @@ def test_worker_down_and_no_plan_fire_for_the_right_targets(stack):
     assert down["labels"]["instance"] == dead and down["labels"]["severity"] == "critical"
     no_plan = prom.wait_for_alert("FairstreamNoArtifactLoaded", "firing", timeout)
     assert no_plan["labels"]["instance"] == without_plan.target
-    assert no_plan["annotations"]["summary"] == f"Worker {without_plan.target} has no repair plan loaded"
+    assert no_plan["annotations"]["summary"] == (f"Worker {without_plan.target} holds its records input: "
+                                                 "an artifact is missing")
     # one alert each: neither the other live worker nor the dead target is reported
     assert [a["labels"]["instance"] for a in prom.alerts("FairstreamWorkerDown")] == [dead]
     assert [a["labels"]["instance"] for a in prom.alerts("FairstreamNoArtifactLoaded")] == [without_plan.target]
@@ -158,8 +160,8 @@ def test_injected_drift_fires_the_gap_and_drift_alerts(stack):
 
     # Prometheus has the low value: the next evaluations keep both alerts inactive
     seen = time.time()
-    for name in ("FairstreamFairnessGapHigh", "FairstreamFairnessDrift"):
-        rule = prom.wait_for_evaluation(name, after=seen)
+    for name, labels in (("FairstreamFairnessGapHigh", {"statistic": "dependence_e"}), ("FairstreamFairnessDrift", None)):
+        rule = prom.wait_for_evaluation(name, after=seen, labels=labels)
         assert rule["health"] == "ok", rule
         assert rule["state"] == "inactive" and rule["alerts"] == [], rule
     assert prom.alerts("FairstreamFairnessGapHigh") == prom.alerts("FairstreamFairnessDrift") == []

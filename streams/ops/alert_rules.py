@@ -1,0 +1,97 @@
+"""The alert rules that carry fairness thresholds, rendered from the pipeline config (one place for thresholds).
+
+The monitor counts a statistic as unfair above ``monitor.threshold`` (per statistic) and the
+embeddings above ``agents.embeddings.bfar_threshold``; Prometheus must page at the same values.
+So those rules are not written by hand: ``fairstream alerts --config PIPELINE --write
+deploy/prometheus/alerts.yml`` renders them between two marker lines of the rules file (the
+other rules stay as written), and a test fails the build when the file and the deployed config
+disagree.
+
+>>> from fairstream.streams.config import adult_config
+>>> text = render_threshold_rules(adult_config())
+>>> "statistic=\\"dependence_e\\"" in text and ") > 0.1" in text
+True
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fairstream.streams.config import PipelineConfig
+
+BEGIN = "      # BEGIN fairness thresholds"
+END = "      # END fairness thresholds"
+_FOR = "1m"  # 12 scrapes at 5s: one noisy window slide does not page
+
+_GAP_RULE = """\
+      - alert: FairstreamFairnessGapHigh
+        # The worst value over all workers of {statistic} after the record chain, over the count window, for
+        # the all-features / all-group-pairs row, per stratum{inverted}.
+        expr: |
+          {aggregate} by (statistic, stratum, feature) (
+            fairstream_fairness{{stage="after", statistic="{statistic}", window="count", feature="all", group_pair="all"}}
+          ) {comparison}
+        for: {for_}
+        labels:
+          severity: warning
+          statistic: {statistic}  # one rule per statistic: the labels keep them apart
+        annotations:
+          summary: "Fairness gap after repair is high (stratum {{{{ $labels.stratum }}}})"
+          description: >-
+            {{{{ $labels.statistic }}}} after repair is {{{{ $value | printf "%.4f" }}}} in stratum
+            {{{{ $labels.stratum }}}} (feature {{{{ $labels.feature }}}}), {side} the {bound} threshold for {for_}.
+            The repair artifact may no longer fit the stream: check the drift alerts and re-fit requests.
+"""
+
+_BFAR_RULE = """\
+      - alert: FairstreamVerificationBiasHigh
+        # BFAR of labelled embeddings (max over the geometric mean of the groups' false accept rates at the
+        # match threshold), worst worker, count window.
+        expr: |
+          max by (rate) (fairstream_verification{{rate="bfar", group="all", window="count"}}) > {threshold}
+        for: 5m
+        labels:
+          severity: warning
+        annotations:
+          summary: "False accepts are unevenly spread across groups"
+          description: >-
+            BFAR of the embeddings stream is {{{{ $value | printf "%.2f" }}}}, above {threshold} for 5m: one group is
+            falsely matched far more often than the others at the match threshold. Re-fit the embedding module
+            (fairstream refit --kind embedding) on recent labelled vectors.
+"""
+
+
+def render_threshold_rules(config: PipelineConfig) -> str:
+    """The rules for every monitored statistic's threshold and the embeddings' BFAR, between the markers."""
+    source = "generated from the pipeline config by `fairstream alerts --write`; change the config, not these lines"
+    rules = [_gap_rule(name, threshold) for name, threshold in config.monitor.thresholds.items()]
+    rules.append(_BFAR_RULE.format(threshold=config.embeddings.bfar_threshold))
+    return f"{BEGIN}: {source}\n" + "\n".join(rules) + f"{END}\n"
+
+
+def _gap_rule(statistic: str, threshold: float) -> str:
+    if statistic == "dp_ratio":  # a ratio is unfair when low: the monitor watches 1 - ratio
+        return _GAP_RULE.format(statistic=statistic, aggregate="min", comparison=f"< {1.0 - threshold:g}",
+                                side="below", bound=f"{1.0 - threshold:g}", for_=_FOR,
+                                inverted=" (a ratio: the worst is the lowest)")
+    return _GAP_RULE.format(statistic=statistic, aggregate="max", comparison=f"> {threshold:g}", side="above",
+                            bound=f"{threshold:g}", for_=_FOR, inverted="")
+
+
+def with_threshold_rules(rules_text: str, config: PipelineConfig) -> str:
+    """``rules_text`` (an alerts.yml) with the block between the markers replaced by the rendered rules."""
+    start, end = rules_text.find(BEGIN), rules_text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the rules file has no {BEGIN.strip()!r} ... {END.strip()!r} block to fill")
+    end = rules_text.index("\n", end) + 1
+    return rules_text[:start] + render_threshold_rules(config) + rules_text[end:]
+
+
+def write_threshold_rules(path: str | Path, config: PipelineConfig) -> bool:
+    """Rewrite the block in the rules file at ``path``; True if the file changed."""
+    path = Path(path)
+    before = path.read_text()
+    after = with_threshold_rules(before, config)
+    if after != before:
+        path.write_text(after)
+    return after != before

@@ -1,0 +1,357 @@
+"""The re-fit service's Alertmanager webhook: a firing drift alert becomes a re-fit request.
+
+Prometheus users route alerts through Alertmanager. With ``fairstream refit --serve --webhook-port
+9095`` the service also listens for Alertmanager's webhook notifications (payload version 4, the
+``webhook_configs`` receiver of deploy/alertmanager/alertmanager.yml). Each firing
+``FairstreamFairnessDrift`` alert in a notification becomes one
+:class:`~fairstream.streams.codec.RefitRequest`; other alerts and resolved ones are skipped.
+
+**Published, not handed over in memory.** The webhook sends the request to ``refit.requests``
+(keyed by kind, like the monitor's) and answers 200 only once the broker has acknowledged it:
+
+- the service's one consumer logic (de-duplication, coalescing with the monitor's requests for the
+  same drift, rate limit, staleness, commit after the answer) applies to both triggers;
+- nothing is lost: a service that dies after the 200 leaves the request on the topic for the next
+  member of its group, and a request that cannot be published is a 503, which Alertmanager retries;
+- with several service replicas, whichever one Alertmanager reaches, the member that owns the
+  partition answers.
+
+**One id per alert firing.** The request id is a hash of the alert's ``fingerprint`` (its label
+set) and ``startsAt``. Alertmanager repeats a firing alert (every ``repeat_interval``, whenever its
+group changes, once per Alertmanager replica) with the same fingerprint and start, so every repeat
+carries the same id and the service drops it as a duplicate; the next firing, after the alert
+resolved, starts later and is a new request. The request's ``ts`` is ``startsAt``: the time the
+drift was seen, which the service compares with the monitor's own request (see
+:func:`~fairstream.streams.refit.service.same_drift`).
+
+**Authenticated.** Every POST needs ``Authorization: Bearer <token>``; the token comes from a file
+or ``$FAIRSTREAM_WEBHOOK_TOKEN`` (:func:`load_token`) and is compared in constant time. It is never
+logged or echoed. ``GET /healthz`` answers without it (for probes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import TYPE_CHECKING, Self
+
+from fairstream.streams.codec import RefitRequest, RefitRequestError
+from fairstream.streams.ops.prometheus import parse_time
+
+from .requests import RequestPublisher
+from .service import ALERT_SOURCE_PREFIX, TRIGGERS
+
+if TYPE_CHECKING:
+    from fairstream.streams.config import PipelineConfig
+
+log = logging.getLogger(__name__)
+
+DRIFT_ALERTS = ("FairstreamFairnessDrift",)
+"""Alerts that ask for a re-fit (the names in deploy/prometheus/alerts.yml)."""
+TOKEN_ENV = "FAIRSTREAM_WEBHOOK_TOKEN"
+MIN_TOKEN_CHARS = 16
+WEBHOOK_PATH = "/alertmanager"
+HEALTH_PATH = "/healthz"
+DEFAULT_PORT = 9095
+MAX_BODY_BYTES = 1024 * 1024  # a notification of a few hundred alerts; Alertmanager's max_alerts bounds it
+
+
+class WebhookConfigError(ValueError):
+    """The webhook cannot start as configured (no usable token, no --serve); the message says why."""
+
+
+class WebhookPayloadError(ValueError):
+    """A notification that is not an Alertmanager webhook payload of version 4; the message says why."""
+
+
+# --------------------------------------------------------------------------- token
+
+
+def load_token(path: str | os.PathLike | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The shared token: the file at ``path`` if given, else ``$FAIRSTREAM_WEBHOOK_TOKEN``; surrounding blanks removed.
+
+    Refuses an empty or short token: a webhook that anyone on the network can call would let them
+    trigger re-fits at will. The error names where the token was looked for, never its value.
+    """
+    environ = os.environ if environ is None else environ
+    where = f"file {path}" if path else f"${TOKEN_ENV}"
+    token = (Path(path).read_text(encoding="utf-8") if path else environ.get(TOKEN_ENV, "")).strip()
+    if len(token) < MIN_TOKEN_CHARS:
+        raise WebhookConfigError(f"the webhook token from {where} is empty or shorter than {MIN_TOKEN_CHARS} "
+                                 "characters; generate one with `openssl rand -hex 32`")
+    return token
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """True when an ``Authorization`` header carries ``Bearer <token>`` (constant-time comparison)."""
+    scheme, _, given = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(given.strip().encode("utf-8"), token.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- payload -> requests
+
+
+def alert_request_id(fingerprint: str, starts_at: str) -> str:
+    """The request id of one firing of one alert: the same for all of Alertmanager's repeats of it."""
+    digest = hashlib.sha256(f"{fingerprint}\n{starts_at}".encode()).hexdigest()
+    return f"alert-{digest[:32]}"
+
+
+def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, ...] = DRIFT_ALERTS
+                   ) -> tuple[list[RefitRequest], list[str]]:
+    """The re-fit requests a webhook notification asks for, and why each other alert was skipped.
+
+    Raises :class:`WebhookPayloadError` for a payload that is not version 4 with a list of alerts;
+    a malformed alert inside a valid payload is skipped with its reason, so one bad alert does not
+    hide the others.
+    """
+    if not isinstance(payload, dict):
+        raise WebhookPayloadError(f"the notification must be a JSON object, got {type(payload).__name__}")
+    if payload.get("version") != "4":
+        raise WebhookPayloadError(f"unsupported webhook payload version {payload.get('version')!r} (expected '4')")
+    alerts = payload.get("alerts")
+    if not isinstance(alerts, list):
+        raise WebhookPayloadError("the notification has no list of alerts")
+    requests, skipped = [], []
+    for position, alert in enumerate(alerts):
+        try:
+            request = _alert_request(alert, kind, alertnames)
+        except WebhookPayloadError as exc:
+            skipped.append(f"alert {position}: {exc}")
+            continue
+        if isinstance(request, str):
+            skipped.append(f"alert {position}: {request}")
+        else:
+            requests.append(request)
+    return requests, skipped
+
+
+def _alert_request(alert: object, kind: str, alertnames: tuple[str, ...]) -> RefitRequest | str:
+    """The request for one alert, or why it asks for none (a string); raises for a malformed alert."""
+    if not isinstance(alert, dict) or not isinstance(alert.get("labels"), dict):
+        raise WebhookPayloadError("not an alert object with labels")
+    labels = alert["labels"]
+    name = labels.get("alertname")
+    if name not in alertnames:
+        return f"{name} does not ask for a re-fit (only {', '.join(alertnames)})"
+    if alert.get("status") != "firing":
+        return f"{name} is {alert.get('status')}, not firing"
+    fingerprint, starts_at = alert.get("fingerprint"), alert.get("startsAt")
+    if not isinstance(fingerprint, str) or not fingerprint or not isinstance(starts_at, str):
+        raise WebhookPayloadError(f"{name} has no fingerprint or startsAt")
+    try:
+        started = parse_time(starts_at)
+    except ValueError as exc:
+        raise WebhookPayloadError(f"{name}: {exc}") from None
+    instance = labels.get("instance", "unknown")
+    summary = (alert.get("annotations") or {}).get("summary") or name
+    try:
+        return RefitRequest.new(f"Alertmanager: {str(summary)[:500]}", kind=kind, statistic=labels.get("statistic"),
+                                source=f"{ALERT_SOURCE_PREFIX}{name}@{instance}",
+                                request_id=alert_request_id(fingerprint, starts_at), ts=started)
+    except RefitRequestError as exc:  # e.g. an empty statistic label
+        raise WebhookPayloadError(f"{name}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- the HTTP endpoint
+
+
+class AlertWebhook:
+    """An HTTP endpoint for Alertmanager (``POST /alertmanager``) that publishes a re-fit request per firing drift alert.
+
+    ``publish(request)`` sends one request and returns once it is durable (a
+    :class:`~fairstream.streams.refit.requests.RequestPublisher`); an exception from it answers
+    503, so Alertmanager retries the notification. Serves on a thread of its own from :meth:`start`
+    (or the context manager) until :meth:`stop`; ``port=0`` picks a free port (see :attr:`port`).
+    """
+
+    def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "0.0.0.0",
+                 port: int = DEFAULT_PORT, kind: str = "plan", path: str = WEBHOOK_PATH,
+                 alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES):
+        if len(token) < MIN_TOKEN_CHARS:
+            raise WebhookConfigError(f"the webhook token must have at least {MIN_TOKEN_CHARS} characters")
+        self.publish = publish
+        self.host, self.kind, self.path = host, kind, path
+        self.alertnames, self.max_body_bytes = alertnames, max_body_bytes
+        self._token = token
+        self._requested_port = port
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:  # never the token
+        state = f"on {self.host}:{self.port}{self.path}" if self._server else "stopped"
+        return f"<AlertWebhook {state} kind={self.kind}>"
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (known once started)."""
+        if self._server is None:
+            raise RuntimeError("the webhook is not started")
+        return self._server.server_address[1]
+
+    def start(self) -> Self:
+        """Listen and serve on a daemon thread."""
+        handler = type("Handler", (_Handler,), {"webhook": self})
+        self._server = ThreadingHTTPServer((self.host, self._requested_port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="alert-webhook", daemon=True)
+        self._thread.start()
+        log.info("Alertmanager webhook on http://%s:%d%s (re-fits %s on %s)", self.host, self.port, self.path,
+                 self.kind, ", ".join(self.alertnames))
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(10)
+            self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def authorized(self, header: str | None) -> bool:
+        """True when ``header`` (an ``Authorization`` value) carries this webhook's token."""
+        return token_matches(header, self._token)
+
+    def handle(self, body: bytes) -> tuple[HTTPStatus, dict]:
+        """Answer one authorised notification: (status, JSON reply)."""
+        try:
+            payload = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            return HTTPStatus.BAD_REQUEST, {"error": f"not UTF-8 JSON: {str(exc)[:200]}"}
+        try:
+            requests, skipped = alert_requests(payload, self.kind, self.alertnames)
+        except WebhookPayloadError as exc:
+            return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        published = []
+        for request in requests:
+            try:
+                self.publish(request)
+            except Exception as exc:  # noqa: BLE001 (any failure to publish: Alertmanager retries on 5xx)
+                log.warning("could not publish re-fit request %s: %r", request.request_id, exc)
+                return HTTPStatus.SERVICE_UNAVAILABLE, {"error": f"could not publish the re-fit request: {exc!r}",
+                                                        "published": published}
+            published.append(request.request_id)
+            log.info("re-fit requested by Alertmanager (%s, %s): %s", request.request_id, request.source, request.reason)
+        return HTTPStatus.OK, {"published": published, "skipped": skipped}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """One HTTP exchange; ``webhook`` is set on a subclass per :class:`AlertWebhook`."""
+
+    webhook: AlertWebhook
+    server_version = "fairstream-refit-webhook"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        if self.path == HEALTH_PATH:
+            self._reply(HTTPStatus.OK, {"status": "ok"})
+        elif self.path == self.webhook.path:
+            self._reply(HTTPStatus.METHOD_NOT_ALLOWED, {"error": "POST only"}, {"Allow": "POST"})
+        else:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": "not found"})
+
+    def do_POST(self) -> None:
+        if self.path != self.webhook.path:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": "not found"})
+            return
+        if not self.webhook.authorized(self.headers.get("Authorization")):
+            # The body is not read: close the connection instead of draining what a stranger sent.
+            self.close_connection = True
+            self._reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"},
+                        {"WWW-Authenticate": 'Bearer realm="fairstream-refit"', "Connection": "close"})
+            return
+        body = self._body()
+        if body is not None:
+            self._reply(*self.webhook.handle(body))
+
+    def _body(self) -> bytes | None:
+        """The request body, or None after answering 411/413 (closing the connection)."""
+        try:
+            length = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            length = -1
+        if length < 0 or length > self.webhook.max_body_bytes:
+            status = HTTPStatus.LENGTH_REQUIRED if length < 0 else HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+            self.close_connection = True
+            self._reply(status, {"error": f"a Content-Length of at most {self.webhook.max_body_bytes} bytes is required"},
+                        {"Connection": "close"})
+            return None
+        return self.rfile.read(length)
+
+    def _reply(self, status: HTTPStatus, body: dict, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args) -> None:
+        # The request line and status only (no headers, so never the token), at debug level.
+        log.debug("webhook %s: " + format, self.address_string(), *args)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _triggers_arg(text: str) -> tuple[str, ...]:
+    triggers = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [t for t in triggers if t not in TRIGGERS]
+    if unknown or not triggers:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(TRIGGERS)}, got {text!r}")
+    return triggers
+
+
+def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--webhook-port``, ``--webhook-host``, ``--webhook-token-file`` and ``--triggers`` to ``fairstream refit``."""
+    parser.add_argument("--webhook-port", type=int, metavar="PORT",
+                        help=f"with --serve: also accept Alertmanager webhook notifications on this port (POST "
+                             f"{WEBHOOK_PATH}; {DEFAULT_PORT} in the deploy files); a firing drift alert becomes a "
+                             "re-fit request. Off by default")
+    parser.add_argument("--webhook-host", default="0.0.0.0", metavar="ADDRESS",
+                        help="with --webhook-port: the address to listen on (default: 0.0.0.0)")
+    parser.add_argument("--webhook-token-file", metavar="PATH",
+                        help=f"with --webhook-port: file holding the bearer token Alertmanager sends "
+                             f"(default: ${TOKEN_ENV})")
+    parser.add_argument("--triggers", type=_triggers_arg, default=TRIGGERS, metavar="LIST",
+                        help="with --serve: which requests to answer, a comma-separated list of "
+                             f"{', '.join(TRIGGERS)} (default: all). The monitor's and Alertmanager's requests "
+                             "for one drift are answered once")
+
+
+@contextlib.contextmanager
+def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: PipelineConfig, kind: str
+                      ) -> Iterator[AlertWebhook | None]:
+    """The webhook ``args`` ask for, turning drift alerts into re-fits of ``kind``, serving while the block runs.
+
+    Yields None when ``--webhook-port`` is not given.
+    """
+    if args.webhook_port is None:
+        yield None
+        return
+    if not getattr(args, "serve", False):
+        raise WebhookConfigError("--webhook-port needs --serve: the webhook's requests are answered by the service")
+    token = load_token(args.webhook_token_file)
+    with RequestPublisher(bootstrap, config.topics.refit_requests) as publish, \
+            AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind) as webhook:
+        yield webhook

@@ -1,0 +1,202 @@
+"""The Grafana dashboard asks for what a live worker exports, in valid PromQL, and gets data back.
+
+A real worker (the compose pipeline, with local paths) runs on the embedded broker with a plan;
+records flow through it while a real Prometheus scrapes it. Then:
+
+- every metric a panel or annotation names appears in the worker's /metrics scrape, and every label
+  a query matches on is a label that metric has there;
+- promtool accepts every query (as a recording rule, template variables filled in);
+- every panel whose metrics the traffic produced returns at least one series from Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+import urllib.request
+import uuid
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.streams.config import PipelineConfig
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.demo.replay import record_messages, replay
+from fairstream.streams.ops.prometheus import PrometheusServer, binary
+from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.topics import ensure_topics
+from tests.streams.test_alert_rules import metric_names
+
+from .conftest import DASHBOARD_JSON, DOCKER
+
+pytestmark = pytest.mark.integration
+
+VARIABLES = {"$statistic": "dependence_e", "$instance": ".*"}  # what the template variables resolve to
+PROMETHEUS_SERIES = {"up", "ALERTS"}  # series Prometheus makes itself
+ONLY_AFTER_EVENTS = {  # registered at start, sampled only once the event happens
+    "fairstream_refit_requests_total",  # a confirmed drift
+    "fairstream_artifacts_refused_total",  # a refused artifact
+}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ")
+_MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD_JSON.read_text())
+
+
+def panels() -> list[dict]:
+    return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
+
+
+def queries() -> dict[str, str]:
+    """Every PromQL query of the dashboard, template variables filled in, by where it is."""
+    found = {f"{p['title']} / {t['refId']}": t["expr"] for p in panels() for t in p["targets"]}
+    found.update({f"annotation {a['name']}": a["expr"] for a in dashboard()["annotations"]["list"]})
+    for variable, value in VARIABLES.items():
+        found = {where: expr.replace(variable, value) for where, expr in found.items()}
+    return found
+
+
+def selectors(expr: str) -> list[tuple[str, set[str]]]:
+    """(metric, label names it matches on) for every ``metric{...}`` in ``expr``."""
+    return [(name, set(_MATCHER.findall(body))) for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr)]
+
+
+class Scrape:
+    """One /metrics page: the sample names with their label names, and every declared family."""
+
+    def __init__(self, text: str):
+        self.labels: dict[str, set[str]] = {}
+        self.declared: set[str] = set()
+        for line in text.splitlines():
+            if line.startswith("# TYPE "):
+                _, _, name, kind = line.split()
+                suffixes = {"counter": ("", "_total"), "histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))
+                self.declared |= {name + suffix for suffix in suffixes}
+            elif match := _SAMPLE.match(line):
+                self.labels.setdefault(match[1], set()).update(_MATCHER.findall((match[2] or "") + ","))
+        self.declared |= set(self.labels)
+
+
+@pytest.fixture(scope="module")
+def live(broker, tmp_path_factory):
+    """A worker of the compose pipeline with a plan, scraped by Prometheus while 1500 records go through it."""
+    run_dir = tmp_path_factory.mktemp("grafana")
+    config = PipelineConfig.from_toml(DOCKER / "pipeline.toml")
+    config = replace(config, artifact_dir=str(run_dir / "artifacts")).with_topics(
+        prefix=f"grafana-{uuid.uuid4().hex[:8]}").with_monitor(metrics_port=0, min_records=50)  # the monitor samples
+    ensure_topics(broker.bootstrap, config.topics)
+    research, archive = datasets.load("adult").split(3000, seed=0)
+    plan = DistributionalRepair(n_q=50, columns=list(config.features)).fit(research.X, research.s, research.u)
+    ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(plan.to_artifact())
+    worker = WorkerProcess(config, broker.bootstrap, run_dir / "worker").start()
+    try:
+        assert worker.wait_for_log("now serving plan artifact version 1", timeout=90), worker.log_tail()
+        port = int(re.search(r"serving Prometheus /metrics on port (\d+)", worker.log_path.read_text()).group(1))
+        target = f"127.0.0.1:{port}"
+        with PrometheusServer(run_dir / "prometheus", [target]) as prom:
+            prom.wait_for_targets_up()
+            messages = record_messages(archive.subset(slice(0, 1500)), config, id_prefix="grafana")
+            # Two waves, as on a worker that was already busy: the counters exist before the second
+            # one, so increase() and rate() over the scrapes see it (a series' first sample is no increase).
+            assert replay(broker.bootstrap, config.topics.records_in, messages[:100], progress=False) == 100
+            prom.wait_for(lambda: prom.query("fairstream_records_in_total"), 30, "the first wave scraped")
+            assert replay(broker.bootstrap, config.topics.records_in, messages[100:], progress=False) == 1400
+            prom.wait_for(lambda: prom.query('sum(fairstream_records_repaired_total{agent="records"}) >= 1500')
+                          and prom.query("fairstream_fairness"), 90, "1500 repaired records and fairness statistics")
+            # A series born with the traffic needs two samples before rate() and increase() see it.
+            prom.wait_for(lambda: prom.query("count_over_time(fairstream_record_latency_seconds_count[1m]) >= 2"), 30,
+                          "two scrapes of the latency histogram")
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as response:
+                scrape = Scrape(response.read().decode())
+            yield prom, scrape
+    finally:
+        worker.stop()
+
+
+# --------------------------------------------------------------------------- the file
+
+
+def test_the_dashboard_is_complete_json_on_the_provisioned_datasource():
+    board = dashboard()
+    assert board["uid"] == "fairstream" and board["title"] == "fairstream"
+    datasources = yaml.safe_load((DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    uid = datasources["datasources"][0]["uid"]
+    for panel in panels():
+        assert panel["datasource"]["uid"] == uid and panel["targets"], panel["title"]
+        assert all(t["datasource"]["uid"] == uid and t["expr"].strip() for t in panel["targets"]), panel["title"]
+        position = panel["gridPos"]
+        assert position["x"] + position["w"] <= 24, panel["title"]
+    assert {v["name"] for v in board["templating"]["list"]} == {"statistic", "instance"}
+    # what the issue asks the dashboard to show
+    titles = " | ".join(p["title"] for p in panels()).lower()
+    for shown in ("per stratum", "drift events", "records per second", "dead-letter", "lag", "latency",
+                  "artifact version"):
+        assert shown in titles, shown
+    metrics = {name for expr in queries().values() for name in metric_names(expr)}
+    assert {"fairstream_records_in_total", "fairstream_records_repaired_total", "fairstream_records_dead_lettered_total",
+            "fairstream_drift_events_total", "fairstream_artifact_version", "fairstream_consumer_lag_records",
+            "fairstream_record_latency_seconds_bucket", "fairstream_fairness"} <= metrics
+
+
+def test_promtool_accepts_every_query(tmp_path):
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}", "expr": expr} for i, expr in enumerate(queries().values())]}]}
+    path = tmp_path / "dashboard-queries.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run([binary("promtool"), "check", "rules", str(path)], check=False, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(queries())} rules found" in result.stdout
+
+
+# --------------------------------------------------------------------------- against a live worker
+
+
+def test_every_metric_a_query_names_is_on_the_workers_metrics_page(live):
+    _, scrape = live
+    for where, expr in queries().items():
+        unknown = metric_names(expr) - scrape.declared - PROMETHEUS_SERIES
+        assert not unknown, f"{where}: the worker exports no {sorted(unknown)}"
+    sampled_only_later = {name for expr in queries().values() for name in metric_names(expr)} - set(scrape.labels)
+    assert sampled_only_later - PROMETHEUS_SERIES <= ONLY_AFTER_EVENTS
+
+
+def test_every_label_a_query_matches_on_is_a_label_of_that_metric(live):
+    _, scrape = live
+    target_labels = {"job", "instance"}  # added by Prometheus to every scraped series
+    for where, expr in queries().items():
+        for name, labels in selectors(expr):
+            if name in scrape.labels:
+                unknown = labels - scrape.labels[name] - target_labels
+                assert not unknown, f"{where}: {name} has no label(s) {sorted(unknown)}"
+
+
+def test_the_label_check_can_fail(live):
+    _, scrape = live
+    ((name, labels),) = selectors('max(fairstream_fairness{pair="all", stage="after"})')
+    assert labels - scrape.labels[name] == {"pair"}
+
+
+def test_every_panel_shows_data_once_records_flow(live):
+    prom, _ = live
+    time.sleep(2)  # one more scrape, so every rate has two samples after the traffic
+    empty = []
+    for panel in panels():
+        names = {n for t in panel["targets"] for n in metric_names(t["expr"])}
+        if names & ONLY_AFTER_EVENTS or "ALERTS" in names:
+            continue
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in VARIABLES.items():
+                expr = expr.replace(variable, value)
+            if not prom.query(expr):
+                empty.append(f"{panel['title']} / {target['refId']}: {expr}")
+    assert not empty, "panels without data:\n" + "\n".join(empty)

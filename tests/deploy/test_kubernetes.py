@@ -1,0 +1,251 @@
+"""deploy/k8s: Kustomize renders it, the objects validate against the Kubernetes API schemas, and they fit together.
+
+``kubectl kustomize`` (Kustomize inside kubectl, on this machine's image) renders both entry points
+without a cluster; ``kubernetes-validate`` checks every built-in object against the API's schema.
+The Prometheus Operator's objects have no schema there: their fields are checked against what they
+point at (the worker Service, the alert rules, the webhook route of alertmanager.yml).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from functools import cache
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from fairstream.streams.config import PipelineConfig
+from fairstream.streams.ops.prometheus import ALERTS_YML, REPO
+
+from .conftest import ALERTMANAGER_YML, DOCKERFILE, K8S, kustomize, parse_cli
+
+KUBERNETES_VERSION = "1.30.0"  # the oldest minor version still maintained upstream when this was written
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule", "AlertmanagerConfig"}
+WEBHOOK_SECRET = "fairstream-refit-webhook"  # created by hand (a token is no file to commit)
+
+
+@cache
+def rendered(entry: str = "monitoring") -> tuple[dict, ...]:
+    return tuple(kustomize(K8S / entry))
+
+
+def objects(kind: str, entry: str = "monitoring") -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in rendered(entry) if o["kind"] == kind}
+
+
+def pod_specs() -> dict[str, dict]:
+    """The pod template of every workload, by kind/name."""
+    specs = {f"Deployment/{name}": o["spec"]["template"]["spec"] for name, o in objects("Deployment").items()}
+    specs.update({f"CronJob/{name}": o["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+                  for name, o in objects("CronJob").items()})
+    return specs
+
+
+def containers() -> list[dict]:
+    return [container for spec in pod_specs().values() for container in spec["containers"]]
+
+
+def kustomization(entry: str) -> dict:
+    return yaml.safe_load((K8S / entry / "kustomization.yaml").read_text())
+
+
+# --------------------------------------------------------------------------- rendering and schemas
+
+
+def test_both_entry_points_render_and_every_listed_file_exists():
+    base, monitoring = rendered("base"), rendered("monitoring")
+    assert {o["kind"] for o in base} == {"ConfigMap", "Service", "PersistentVolumeClaim", "Deployment", "CronJob"}
+    assert {o["kind"] for o in monitoring} - {o["kind"] for o in base} == OPERATOR_KINDS
+    for entry in ("base", "monitoring"):
+        listed = kustomization(entry)["resources"] + [f for g in kustomization(entry).get("configMapGenerator", [])
+                                                       for f in g.get("files", [])]
+        assert all((K8S / entry / path).exists() for path in listed), listed
+    assert {o["metadata"].get("namespace") for o in monitoring} == {kustomization("base")["namespace"]}
+
+
+@pytest.mark.parametrize("entry", ["base", "monitoring"])
+def test_every_built_in_object_validates_against_the_kubernetes_schema(entry):
+    for obj in rendered(entry):
+        if obj["kind"] in OPERATOR_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{obj['kind']}/{obj['metadata']['name']}: {exc.message} at {list(exc.path)}") from None
+
+
+def test_the_schema_check_can_fail():
+    (worker,) = [o for o in rendered() if o["kind"] == "Deployment" and o["metadata"]["name"] == "fairstream-worker"]
+    broken = yaml.safe_load(yaml.safe_dump(worker))
+    broken["spec"]["template"]["spec"]["terminationGracePeriod"] = 60  # a misspelt field
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES_VERSION, strict=True)
+
+
+# --------------------------------------------------------------------------- one image, valid commands
+
+
+def test_every_container_runs_the_one_image_as_the_images_user():
+    (image,) = kustomization("base")["images"]
+    assert {c["image"] for c in containers()} == {f"{image['newName']}:{image['newTag']}"}
+    uid, gid = re.search(r"^USER (\d+):(\d+)$", DOCKERFILE.read_text(), flags=re.MULTILINE).groups()
+    for name, spec in pod_specs().items():
+        context = spec["securityContext"]
+        assert context["runAsNonRoot"] and (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid)), name
+        for container in spec["containers"]:
+            assert container["securityContext"]["readOnlyRootFilesystem"], name
+            assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), f"{name}: no writable /tmp"
+
+
+def test_every_container_runs_a_valid_fairstream_command_with_the_mounted_pipeline():
+    (pipeline_map,) = [o for name, o in objects("ConfigMap").items() if name.startswith("fairstream-pipeline-")]
+    for container in containers():
+        assert container["command"] == ["fairstream"]
+        args = parse_cli(container["args"])
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for spec in pod_specs().values() for v in spec["volumes"]}
+        (pipeline_volume,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == pipeline_map["metadata"]["name"]]
+        directory, _, key = args.config.rpartition("/")
+        assert directory == mounts[pipeline_volume] and key in pipeline_map["data"], container["name"]
+        assert args.broker is None  # from $FAIRSTREAM_BROKER of the broker ConfigMap
+        assert next(e["configMapRef"]["name"] for e in container["envFrom"]).startswith("fairstream-broker-")
+
+
+def test_the_pipeline_configmap_is_the_pipeline_file(tmp_path):
+    (pipeline_map,) = [o for name, o in objects("ConfigMap").items() if name.startswith("fairstream-pipeline-")]
+    path = tmp_path / "pipeline.toml"
+    path.write_text(pipeline_map["data"]["pipeline.toml"])
+    assert PipelineConfig.from_toml(path) == PipelineConfig.from_toml(K8S / "base" / "pipeline.toml")
+    broker_url = next(iter(o for n, o in objects("ConfigMap").items() if n.startswith("fairstream-broker-")))
+    assert broker_url["data"]["FAIRSTREAM_BROKER"].startswith("kafka://")
+
+
+def test_everything_a_pod_refers_to_is_defined_but_the_hand_made_secret():
+    defined = {(o["kind"], o["metadata"]["name"]) for o in rendered()}
+    referred = set()
+    for spec in pod_specs().values():
+        for volume in spec["volumes"]:
+            if "configMap" in volume:
+                referred.add(("ConfigMap", volume["configMap"]["name"]))
+            if "secret" in volume:
+                referred.add(("Secret", volume["secret"]["secretName"]))
+            if "persistentVolumeClaim" in volume:
+                referred.add(("PersistentVolumeClaim", volume["persistentVolumeClaim"]["claimName"]))
+        for container in spec["containers"]:
+            referred |= {("ConfigMap", e["configMapRef"]["name"]) for e in container.get("envFrom", [])}
+            mounted = {m["name"] for m in container["volumeMounts"]}
+            assert mounted <= {v["name"] for v in spec["volumes"]}, container["name"]
+    assert referred - defined == {("Secret", WEBHOOK_SECRET)}
+    # ... which the docs and the kustomization tell how to create
+    create = f"create secret generic {WEBHOOK_SECRET} --from-literal=token="
+    assert create in (K8S / "base" / "kustomization.yaml").read_text()
+    assert create in (REPO / "docs" / "production.md").read_text()
+
+
+# --------------------------------------------------------------------------- the worker and the re-fit service
+
+
+def test_the_worker_stops_gracefully_within_its_grace_period():
+    (worker,) = objects("Deployment")["fairstream-worker"]["spec"]["template"]["spec"]["containers"]
+    spec = objects("Deployment")["fairstream-worker"]["spec"]["template"]["spec"]
+    pre_stop = worker["lifecycle"]["preStop"]["exec"]["command"]
+    assert pre_stop[0] == "sleep"
+    # The worker waits this long for the batch in flight before it leaves its group (consumer.py).
+    settle = int(re.search(r"wait_for\(self\._finished\.wait\(\), timeout=(\d+)\)",
+                           (REPO / "streams" / "worker" / "consumer.py").read_text()).group(1))
+    assert spec["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + settle + 10
+    strategy = objects("Deployment")["fairstream-worker"]["spec"]["strategy"]["rollingUpdate"]
+    assert strategy["maxUnavailable"] == 0
+
+
+def test_metrics_ports_agree_from_pipeline_to_scrape():
+    port = PipelineConfig.from_toml(K8S / "base" / "pipeline.toml").monitor.metrics_port
+    deployment = objects("Deployment")["fairstream-worker"]
+    (worker,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert parse_cli(worker["args"]).metrics_port == port
+    assert {"name": "metrics", "containerPort": port} in worker["ports"]
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port)
+    assert worker["readinessProbe"]["httpGet"] == {"path": annotations["prometheus.io/path"], "port": "metrics"}
+
+
+def test_services_select_their_pods_and_name_their_ports():
+    for name, svc in objects("Service").items():
+        deployment = objects("Deployment")[name]
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= labels.items(), name
+        ports = {p["name"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
+        assert {p["targetPort"] for p in svc["spec"]["ports"]} <= ports, name
+
+
+def test_the_refit_service_serves_the_webhook_with_the_secret_token():
+    deployment = objects("Deployment")["fairstream-refit"]
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    args = parse_cli(container["args"])
+    assert args.serve and args.webhook_port == 9095
+    (volume,) = [v for v in spec["volumes"] if "secret" in v]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert args.webhook_token_file == f"{mount['mountPath']}/token" and volume["secret"]["secretName"] == WEBHOOK_SECRET
+    assert {"name": "webhook", "containerPort": args.webhook_port} in container["ports"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "webhook"}
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_the_cronjob_is_suspended_while_the_service_answers_drift():
+    cronjob = objects("CronJob")["fairstream-refit"]["spec"]
+    assert cronjob["suspend"] is True and cronjob["concurrencyPolicy"] == "Forbid"
+
+
+# --------------------------------------------------------------------------- Prometheus Operator objects
+
+
+def test_the_servicemonitor_scrapes_the_worker_service_as_the_rules_job():
+    (monitor,) = objects("ServiceMonitor").values()
+    worker_service = objects("Service")["fairstream-worker"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= worker_service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in worker_service["spec"]["ports"]}
+    # The operator names the job after the Service; the alert rules select job="fairstream-worker".
+    assert worker_service["metadata"]["name"] == "fairstream-worker" and "jobLabel" not in monitor["spec"]
+    assert 'job="fairstream-worker"' in ALERTS_YML.read_text()
+
+
+def test_the_prometheusrule_is_the_rule_file_rendered_up_to_date():
+    (rule,) = objects("PrometheusRule").values()
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS_YML.read_text())["groups"]
+    rendered_now = subprocess.run([sys.executable, str(K8S / "render_prometheusrule.py"), str(ALERTS_YML)], check=False,
+                                  capture_output=True, text=True, timeout=60)
+    assert rendered_now.returncode == 0, rendered_now.stderr
+    assert rendered_now.stdout == (K8S / "monitoring" / "prometheusrule.yaml").read_text(), \
+        "deploy/k8s/monitoring/prometheusrule.yaml is out of date with deploy/prometheus/alerts.yml: run `make k8s-rules`"
+
+
+def test_the_alertmanagerconfig_is_the_route_of_alertmanager_yml_to_the_refit_service():
+    (config,) = objects("AlertmanagerConfig").values()
+    plain = yaml.safe_load(ALERTMANAGER_YML.read_text())
+    (route,) = [r for r in plain["route"]["routes"] if r["receiver"] == "fairstream-refit"]
+    spec_route = config["spec"]["route"]
+    assert [f'{m["name"]} {m["matchType"]} "{m["value"]}"' for m in spec_route["matchers"]] == route["matchers"]
+    assert (spec_route["groupBy"], spec_route["groupWait"], spec_route["groupInterval"], spec_route["repeatInterval"]) \
+        == (route["group_by"], route["group_wait"], route["group_interval"], route["repeat_interval"])
+    (receiver,) = config["spec"]["receivers"]
+    (hook,) = receiver["webhookConfigs"]
+    (plain_hook,) = next(r for r in plain["receivers"] if r["name"] == "fairstream-refit")["webhook_configs"]
+    assert hook["sendResolved"] == plain_hook["send_resolved"] and hook["maxAlerts"] == plain_hook["max_alerts"]
+    refit = objects("Service")["fairstream-refit"]
+    (port,) = refit["spec"]["ports"]
+    namespace = refit["metadata"]["namespace"]
+    assert hook["url"] == f"http://{refit['metadata']['name']}.{namespace}.svc:{port['port']}/alertmanager"
+    assert hook["httpConfig"]["authorization"] == {"type": "Bearer",
+                                                   "credentials": {"name": WEBHOOK_SECRET, "key": "token"}}
+
+
+def test_the_kubernetes_pipeline_is_valid_toml_with_the_k8s_paths():
+    data = tomllib.loads((K8S / "base" / "pipeline.toml").read_text())
+    mounts = {m["mountPath"] for c in containers() for m in c["volumeMounts"]}
+    assert data["pipeline"]["artifact_dir"] in mounts
