@@ -81,9 +81,9 @@ RecordChain = Annotated[Union[Literal[RECORD_KINDS], tuple[Literal[RECORD_KINDS]
     "expected": f"an artifact kind ({', '.join(map(repr, RECORD_KINDS))}) or a non-empty list of distinct kinds "
                 "with 'scorer' only last",
     "type": "string or list of strings"})]
-STATISTICS = ("dependence_e", "w1", "dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp")
+STATISTICS = ("dependence_e", "w1", "dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp", "otf")
 """Statistics the drift detector can watch (after the chain); each has an after/all/all/all gauge row."""
-SCORED_STATISTICS = ("dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp")  # need a scorer's decisions
+SCORED_STATISTICS = ("dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp", "otf")  # need a scorer
 Statistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
     "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a non-empty list of distinct ones",
     "type": "string or list of strings"})]
@@ -172,7 +172,8 @@ class MonitorConfig(_Section):
         default=10, metadata=_doc("windows slide by 1/buckets of their length; at most window_records"))
     statistic: Statistics = field(default="dependence_e", metadata=_doc(
         "the statistic(s) after the chain fed to drift detectors, one detector each; decision statistics "
-        "(dp_*, conditional_dp, eopp, mdp) need a scorer at the end of the chain, eopp needs labels"))
+        "(dp_*, conditional_dp, eopp, mdp, otf) need a scorer at the end of the chain (mdp: one that carries a "
+        "group map), eopp needs labels"))
     detector: Literal["adwin", "page_hinkley", "kswin"] = field(default="adwin", metadata=_doc("river drift detector"))
     threshold: Thresholds = field(default=0.1, metadata=_doc(
         "fairness gap above which a statistic counts as unfair (dp_ratio: 1 - ratio); the alert rules are "

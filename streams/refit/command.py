@@ -57,6 +57,7 @@ examples:
   fairstream refit --kind plan                         re-fit once on the last 10000 research records
   fairstream refit --kind flow --lam 0.5               re-fit the flow in front of the published scorer
   fairstream refit --kind embedding --source faces.npz re-fit the embedding module on labelled vectors
+  fairstream refit --kind scorer --method ftm          re-fit the scorer at the end of the chain (FTM)
   fairstream refit --source research.jsonl             re-fit once on a file (JSON lines or CSV)
   fairstream refit --every 6h                          re-fit every 6 hours until stopped
   fairstream refit --serve --min-interval 10m          answer the monitor's requests on refit.requests
@@ -119,8 +120,14 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
                        help="fairness notion the flow is trained and validated on (default: dp)")
     flows.add_argument("--steps", type=_positive_int_arg, default=200, metavar="N", help="Adam steps (default: 200)")
     flows.add_argument("--max-accuracy-drop", type=_non_negative_arg, default=0.02, metavar="POINTS",
-                       help="refuse a flow whose holdout accuracy is lower than the current one's by more "
+                       help="refuse a flow or scorer whose holdout accuracy is lower than the current one's by more "
                             "(default: 0.02)")
+    scorers = parser.add_argument_group("scorers (--kind scorer)")
+    scorers.add_argument("--method", choices=("ftm", "otf", "reg", "norm", "unconstrained", "logistic"), default="ftm",
+                         help="training method: FTM (matched DP), OTF (optimal-transport fairness), the Reg and "
+                              "norm-penalty baselines, or none (default: ftm)")
+    scorers.add_argument("--weight", type=_non_negative_arg, default=1.0, metavar="LAMBDA",
+                         help="the fairness term's weight (ftm, reg: lambda; otf, norm: alpha in [0, 1]) (default: 1)")
     add_webhook_arguments(parser)
     embeddings = parser.add_argument_group("embedding modules (--kind embedding)")
     embeddings.add_argument("--epochs", type=_positive_int_arg, default=20, metavar="N",
@@ -166,6 +173,8 @@ def trainer_params(kind: str, args: argparse.Namespace) -> dict:
         return dict(lam=args.lam, notion=args.notion, n_steps=args.steps, max_accuracy_drop=args.max_accuracy_drop)
     if kind == "embedding":
         return dict(epochs=args.epochs, far=args.far)
+    if kind == "scorer":
+        return dict(method=args.method, lam=args.weight, max_accuracy_drop=args.max_accuracy_drop)
     return {}
 
 

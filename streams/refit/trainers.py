@@ -199,6 +199,73 @@ class FlowTrainer(RecordTrainer):
         return None
 
 
+# =============================================================================== scorers
+
+
+class ScorerTrainer(RecordTrainer):
+    """Fair scorers (FTM: Kim et al.; OTF: Buyl and De Bie; the Reg and norm baselines) at the end of the chain.
+
+    The scorer is trained on what it will read: the window's features passed through the chain's
+    modules before it (a plan, a flow), as the workers serve them. ``method`` is one of
+    :data:`~fairstream.models.scorer_training.METHODS`; its fairness figure is MDP for ``ftm`` (with
+    one map for both sides, fitted on the holdout) and the DP gap otherwise. The candidate is refused
+    if that figure exceeds the current scorer's by more than ``tolerance`` (relative) plus 0.01, or
+    its accuracy is lower by more than ``max_accuracy_drop``. The first scorer is published as is.
+    """
+
+    kind = "scorer"
+    needs_labels = True
+
+    def __init__(self, config: "PipelineConfig", tolerance: float = 0.1, seed: int = 0, method: str = "ftm",
+                 lam: float = 1.0, max_accuracy_drop: float = 0.02, **scorer_params):
+        self.config, self.tolerance, self.seed, self.method = config, tolerance, seed, method
+        self.params = {"lam": lam, **scorer_params} if method != "logistic" else dict(scorer_params)
+        self.max_accuracy_drop = max_accuracy_drop
+        self._maps: dict = {}
+
+    def _upstream(self, window: "ResearchWindow", actives: Mapping) -> np.ndarray:
+        """The window's features as the scorer sees them: through the chain's earlier modules."""
+        from fairstream.repair.protocol import Batch, apply_chain
+
+        chain = [actives[kind].module for kind in self.config.records.chain[:-1] if kind in actives]
+        missing = [kind for kind in self.config.records.chain[:-1] if kind not in actives]
+        if missing:
+            raise TrainerError(f"the chain's {missing} must be published before a scorer is trained behind them")
+        if not chain:
+            return window.X
+        result = apply_chain(chain, Batch(X=window.X, keys=window.keys, s=window.s, u=window.u, y=window.y))
+        if not result.ok.all():
+            raise TrainerError(f"the chain refuses {int((~result.ok).sum())} research rows, e.g. "
+                               f"{next(r for r in result.reasons if r)}")
+        return result.X
+
+    def fit(self, window: "ResearchWindow", actives: Mapping):
+        """A scorer fitted on the window's chain output, warm-started from the active scorer."""
+        from fairstream.models.scorer_training import fit_scorer
+
+        current = actives.get("scorer")
+        warm = {} if self.method == "logistic" or current is None else {"warm_start": current.module}
+        return fit_scorer(self._upstream(window, actives), window.s, window.y, method=self.method,
+                          columns=list(self.config.features), groups=list(self.config.groups), seed=self.seed,
+                          **warm, **self.params)
+
+    def validate(self, scorer, held: "ResearchWindow", actives: Mapping) -> Validation:
+        """Accuracy, DP gap and MDP of ``scorer`` on the holdout's chain output (one MDP map per holdout)."""
+        from fairstream.models.scorer import validate_scorer
+        from fairstream.repair.group_maps import GroupTransportMap
+
+        X = self._upstream(held, actives)
+        key = id(held)
+        if key not in self._maps:  # the candidate and the current scorer are matched with the same map
+            self._maps = {key: GroupTransportMap(seed=self.seed).fit(X, held.s, columns=list(self.config.features))}
+        result = validate_scorer(scorer, X, held.s, held.y, group_map=self._maps[key], seed=self.seed)
+        name, value = ("MDP", result.mdp) if self.method == "ftm" else ("DP gap", result.dp_gap)
+        return Validation(name=name, value=float(value), metrics=result.as_metrics(),
+                          summary=f"{name} {format_value(value)}, accuracy {result.accuracy:.3f}")
+
+    refusal = FlowTrainer.refusal  # the same rule: a wider gap beyond tolerance, or a real accuracy loss
+
+
 # =============================================================================== embedding modules
 
 
@@ -287,7 +354,7 @@ def _identities(window: "ResearchWindow") -> np.ndarray:
     return window.identity
 
 
-TRAINERS = {trainer.kind: trainer for trainer in (PlanTrainer, FlowTrainer, EmbeddingTrainer)}
+TRAINERS = {trainer.kind: trainer for trainer in (PlanTrainer, FlowTrainer, ScorerTrainer, EmbeddingTrainer)}
 """Artifact kind -> its trainer class; ``fairstream refit --kind`` offers these."""
 
 

@@ -16,8 +16,13 @@ in use and per stratum, over a count window and a time window, it keeps:
   scorer, of its decisions on the original features (``before``: the classifier alone) and on the
   chain's output (``after``); ``eopp`` (equal opportunity: the DP gap among records with y = 1);
 - ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean
-  |f(x) - f(T(x))| of the scorer f with the plan's frozen monotone map T between groups, before
-  repair and after it (f(x') against f(R(T(x))), the repaired image of the matched counterpart);
+  |f(x) - f(T(x))| of the scorer f with the frozen transport map T its artifact carries (fitted
+  between the groups of its training data; with more than two groups every group is matched to a
+  reference group), per pair of groups, the worst pair overall, on the chain's output (``after``:
+  the features the scorer reads, the space its map was fitted in). A map that no longer carries
+  one group onto the other (drift) shows as MDP moving away from the groups' score W1;
+- ``otf`` (only when monitored: it solves a small OT problem per read): the OTF⁰ cost of the
+  scorer's scores after the chain (Chen et al.) on a uniform sample of the window;
 - ``out_of_range_rate`` of the repair stage (original values outside a plan's grid).
 
 Every update is a handful of vectorised calls per batch; reading a window merges its buckets.
@@ -43,13 +48,13 @@ from river import drift
 from fairstream.repair.measure.accumulators import (
     EncodedLabels,
     HistogramDependenceAccumulator,
-    MatchedGapAccumulator,
     PositiveRateAccumulator,
     RateAccumulator,
     WassersteinAccumulator,
 )
-from fairstream.repair.measure.matching import matched_counterparts
+from fairstream.repair.measure.mdp import MatchedDPAccumulator
 from fairstream.repair.measure.metrics import equal_width_edges
+from fairstream.repair.measure.otf import OTF0Accumulator
 from fairstream.repair.measure.windows import BatchWindow
 from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import MonitorConfig, PipelineConfig
@@ -66,6 +71,7 @@ DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
     "conditional_dp": (("dp", "after"), lambda r: r.conditional_difference),
     "eopp": (("eopp", "after"), lambda r: r.difference),
     "mdp": (("mdp", "after"), lambda r: r.overall),
+    "otf": (("otf", "after"), lambda r: np.nan if r is None else r.value),
 }
 """Statistic a detector can watch -> (the accumulator it reads, its scalar after the chain, all strata)."""
 
@@ -148,6 +154,31 @@ def make_detector(name: str):
 
 
 @dataclass
+class Matched:
+    """MDP's view of one stage: f(x) and f(T(x)) of every matched pair, the groups of both, and the row it is of."""
+
+    f: np.ndarray
+    f_matched: np.ndarray
+    s: np.ndarray
+    s_matched: np.ndarray
+    u: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, scorer, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray) -> "Matched":
+        """The pairs of ``X`` by the scorer's frozen map (one counterpart per row, more for the reference group)."""
+        pairs = scorer.matched_counterparts(X, s)
+        return cls(scores[pairs.rows], scorer.predict_proba(pairs.X), s[pairs.rows], pairs.s, u[pairs.rows],
+                   pairs.rows)
+
+    def take(self, rows: slice) -> "Matched":
+        """The pairs of the batch rows ``rows`` (a slice), renumbered from its start."""
+        keep = (self.rows >= rows.start) & (self.rows < rows.stop)
+        return Matched(self.f[keep], self.f_matched[keep], self.s[keep], self.s_matched[keep], self.u[keep],
+                       self.rows[keep] - rows.start)
+
+
+@dataclass
 class MonitoredBatch:
     """One batch as the monitor sees it: the repair stage's input and output, labels, and the scorer's view."""
 
@@ -159,35 +190,31 @@ class MonitoredBatch:
     out_of_range: np.ndarray
     decision_before: np.ndarray | None = None  # the scorer on the original features (the classifier alone)
     decision_after: np.ndarray | None = None  # the scorer on the chain's output (what the records carry)
-    f_before: np.ndarray | None = None  # MDP: f(x) and f(T(x)) before repair, f(R(x)) and f(R(T(x))) after
-    f_matched_before: np.ndarray | None = None
-    f_after: np.ndarray | None = None
-    f_matched_after: np.ndarray | None = None
+    score_after: np.ndarray | None = None
+    matched_after: Matched | None = None  # MDP's pairs on the chain's output
 
     def __len__(self) -> int:
         return len(self.s)
 
     def take(self, rows: slice) -> "MonitoredBatch":
         """The rows ``rows`` of every array (None stays None)."""
-        return MonitoredBatch(**{name: None if value is None else value[rows] for name, value in vars(self).items()})
+        return MonitoredBatch(**{name: None if value is None else value.take(rows) if isinstance(value, Matched)
+                                 else value[rows] for name, value in vars(self).items()})
 
 
-def monitored_batch(batch: RepairedBatch, chain: Chain, groups: tuple, out_of_range: np.ndarray) -> MonitoredBatch:
-    """Score a delivered batch: decisions before and after the chain, and MDP's matched scores when a plan allows it."""
+def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray) -> MonitoredBatch:
+    """Score a delivered batch: decisions before and after the chain, and MDP's pairs when the scorer carries a map."""
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
-    scorer, repair = chain.scorer, chain.repair
+    scorer = chain.scorer
     if scorer is None:
         return view
-    view.decision_before = scorer.decision(batch.before)
+    score_before = scorer.predict_proba(batch.before)
+    view.score_after = scorer.predict_proba(batch.after)
+    view.decision_before = (score_before >= 0.5).astype(np.int64)
     # The worker hands over the decisions the records carry; a reader of the topic recomputes them.
-    view.decision_after = batch.decision if batch.decision is not None else scorer.decision(batch.after)
-    if repair is not None and hasattr(repair, "transport_map"):
-        matched, matched_group = matched_counterparts(batch.before, batch.s, batch.u, groups, repair.transport_map)
-        view.f_before = scorer.predict_proba(batch.before)
-        view.f_matched_before = scorer.predict_proba(matched)
-        view.f_after = scorer.predict_proba(batch.after)
-        counterpart = repair.repair(matched, matched_group, batch.u, keys=batch.keys).values
-        view.f_matched_after = scorer.predict_proba(counterpart)
+    view.decision_after = batch.decision if batch.decision is not None else (view.score_after >= 0.5).astype(np.int64)
+    if getattr(scorer, "group_map_", None) is not None:
+        view.matched_after = Matched.of(scorer, batch.after, batch.s, batch.u, view.score_after)
     return view
 
 
@@ -202,7 +229,10 @@ class BatchStatistics:
                                                                                     ("after", first.after))
                  for bins in (E_BINS, W1_BINS)}
         scored = chain.scorer is not None
-        matched = scored and chain.repair is not None and hasattr(chain.repair, "transport_map")
+        matched = scored and getattr(chain.scorer, "group_map_", None) is not None
+        if "mdp" in config.monitor.statistics and not matched:
+            log.warning("monitor.statistic 'mdp' is configured but the scorer carries no group map: no MDP")
+        otf = scored and "otf" in config.monitor.statistics
         self.factories = {
             **{("dependence_e", st): functools.partial(HistogramDependenceAccumulator, edges[st, E_BINS], groups, strata)
                for st in stages},
@@ -210,7 +240,9 @@ class BatchStatistics:
             **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
             **{(name, st): (lambda: PositiveRateAccumulator(groups, strata)) for st in (stages if scored else ())
                for name in ("dp", *(("eopp",) if config.label else ()))},
-            **{("mdp", st): (lambda: MatchedGapAccumulator(strata)) for st in (stages if matched else ())},
+            **({("mdp", "after"): lambda: MatchedDPAccumulator(groups, strata)} if matched else {}),
+            # a uniform sample of the window: OTF0 is not a sum over records
+            **({("otf", "after"): lambda: OTF0Accumulator(groups, eps=1e-2, max_rows=256)} if otf else {}),
             ("out_of_range_rate", "before"): lambda: RateAccumulator(strata),
         }
         # Fresh copies of one prototype share its settings (edges, labels), so merging them skips
@@ -235,9 +267,11 @@ class BatchStatistics:
                 new["dp", "label"].update(batch.y, s, u)
             else:
                 del new["dp", "label"]
-        if ("mdp", "before") in new:
-            new["mdp", "before"].update(batch.f_before, batch.f_matched_before, u)
-            new["mdp", "after"].update(batch.f_after, batch.f_matched_after, u)
+        if ("mdp", "after") in new:
+            pairs = batch.matched_after
+            new["mdp", "after"].update(pairs.f, pairs.f_matched, pairs.s, pairs.s_matched, pairs.u)
+        if ("otf", "after") in new:
+            new["otf", "after"].update(batch.score_after, batch.after, batch.s)
         new["out_of_range_rate", "before"].update(batch.out_of_range, u)
         return new
 
@@ -289,7 +323,7 @@ class StatisticWindows:
     def _row_makers(self):
         return [(("dependence_e",), self._e_rows), (("w1",), self._w1_rows),
                 (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("eopp",), self._eopp_rows),
-                (("mdp",), self._mdp_rows), (("out_of_range_rate",), self._oor_rows)]
+                (("mdp",), self._mdp_rows), (("otf",), self._otf_rows), (("out_of_range_rate",), self._oor_rows)]
 
     def _e_rows(self, stages=None):
         for stage, r in self._values("dependence_e", stages).items():
@@ -319,7 +353,13 @@ class StatisticWindows:
     def _mdp_rows(self, stages=None):
         for stage, r in self._values("mdp", stages).items():
             yield from (("mdp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
+            yield from (("mdp", stage, "all", "all", f"{a}-{b}", v) for (a, b), v in zip(r.pairs, r.pair_values))
             yield "mdp", stage, "all", "all", "all", r.overall
+
+    def _otf_rows(self, stages=None):
+        for stage, r in self._values("otf", stages).items():
+            if r is not None:
+                yield "otf", stage, "all", "all", "all", r.value
 
     def _oor_rows(self, stages=None):
         for _, r in self._values("out_of_range_rate", stages).items():
@@ -442,7 +482,7 @@ class FairnessMonitor:
         if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
             self._start(chain, batch)
         out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
-        view = monitored_batch(batch, chain, tuple(self.config.groups), out_of_range)
+        view = monitored_batch(batch, chain, out_of_range)
         ts = float(np.max(batch.ts))
         for piece in self.chunker.pieces(len(view)):
             part = view.take(piece)

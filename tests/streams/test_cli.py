@@ -78,7 +78,7 @@ BAD_CONFIGS = {
                             "agents.records.batch_within must be a number > 0 and <= 60, got 1e+308"),
     "unknown statistic": (lambda text: text.replace('statistic = ["dependence_e"', 'statistic = ["dependence_E"'),
                           "monitor.statistic must be a statistic ('dependence_e', 'w1', 'dp_difference', 'dp_ratio', "
-                          "'conditional_dp', 'eopp', 'mdp') or a non-empty list of distinct ones, got "
+                          "'conditional_dp', 'eopp', 'mdp', 'otf') or a non-empty list of distinct ones, got "
                           "['dependence_E', 'dp_difference', 'mdp']"),
 }
 CONFIG_COMMANDS = [["worker"], ["replay"], ["artifacts", "list"], ["artifacts", "rollback", "plan"], ["refit"],

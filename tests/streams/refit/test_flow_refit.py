@@ -144,3 +144,34 @@ def test_a_flow_is_refused_for_a_wider_gap_or_a_real_accuracy_loss(candidate, cu
     as_validation = lambda gap, acc: Validation("DP gap", gap, "", metrics={"accuracy": acc})  # noqa: E731
     reason = trainer.refusal(as_validation(*candidate), as_validation(*current))
     assert reason == refused if refused is None else reason.startswith(refused)
+
+
+# --------------------------------------------------------------------------- scorers at the end of the chain
+
+
+def test_a_scorer_refit_trains_on_the_chain_output_and_publishes_a_scorer_with_its_group_map(broker, adult, tmp_path):
+    from fairstream.models.scorer import Scorer
+    from fairstream.repair.distributional import DistributionalRepair
+
+    research, _ = adult
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts"), records=AgentConfig(artifact=("plan", "scorer")),
+                          monitor=MonitorConfig(statistic="mdp")).with_topics(prefix=f"sc-{uuid.uuid4().hex[:8]}")
+    ensure_topics(broker.bootstrap, config.topics)
+    control = ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    plan = DistributionalRepair(n_q=50, columns=list(config.features)).fit(research.X, research.s, research.u)
+    control.publish_sync(plan.to_artifact())
+    window = ResearchWindow.of(research.X, research.s, research.u, y=research.y)
+
+    outcome = RefitJob(config, broker.bootstrap, kind="scorer", method="ftm", lam=1.0, n_epochs=3).run_once(window)
+
+    assert outcome.published and outcome.version == 1 and outcome.statistic == "MDP", outcome.reason
+    assert {"accuracy", "dp_gap", "mdp", "auc"} <= set(outcome.metrics)
+    scorer = Scorer.from_artifact(control.store.get(outcome.sha256))
+    assert scorer.group_map_ is not None and scorer.columns_ == list(config.features)
+    # It was fitted on what it will read, the plan's output: Adult's ages and hours are whole numbers, the
+    # repaired ones mostly are not, and the map's fitted points are rows of the repaired window.
+    points = scorer.group_map_.source_
+    assert not np.allclose(points, np.round(points)) and np.allclose(research.X, np.round(research.X))
+
+    again = RefitJob(config, broker.bootstrap, kind="scorer", method="ftm", lam=1.0, n_epochs=3).run_once(window)
+    assert again.current_version == 1 and ("replaces v1" in again.reason or "not publishing" in again.reason)
