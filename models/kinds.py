@@ -24,9 +24,9 @@ from fairstream.repair.protocol import FrozenModule, PipelineSchema
 
 from .embedding import FairnessModule
 from .flow import FlowPreprocessor
-from .scorer import LogisticScorer
+from .scorer import Scorer
 
-MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, LogisticScorer, FairnessModule,
+MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, Scorer, FairnessModule,
                                                            FlowPreprocessor)}
 """Artifact kind -> the class that loads, checks and applies it."""
 

@@ -1,10 +1,22 @@
-"""A plain logistic-regression scorer, fitted with Newton's method (IRLS), frozen as an artifact.
+"""Scorers: the frozen classifier at the end of a record chain (artifact kind ``scorer``), applied with numpy.
 
-The stream serves a frozen scorer per record (as in Kim et al., Fairness Through Matching (2024): no OT at inference); this is
-the numpy-only baseline one, so the repair layer can score, threshold and monitor decisions (DP,
-MDP) without torch. Features are standardised with the training mean and standard deviation; the
-model is ``p(y=1 | x) = sigmoid(z @ coef_ + intercept_)`` with ``z = (x - mean_) / scale_``, fitted
-by minimising the mean log-loss plus ``l2 / 2 * ||coef_||^2`` (the intercept is not penalised).
+The stream serves a frozen scorer per record (as in Kim et al., Fairness Through Matching (2024):
+no OT at inference). One class, :class:`Scorer`, serves the kind: features standardised with the
+training mean and scale, then a ReLU network with any number of hidden layers (none: logistic
+regression) to one logit, ``p(y=1 | x) = sigmoid(logit)``. The weights are plain arrays; the forward
+pass is numpy, so applying a scorer never imports torch. Fair scorers are trained in torch by
+:mod:`fairstream.models.scorer_training` (FTM, Reg, OTF, the norm penalty) and frozen into a Scorer.
+
+:class:`LogisticScorer` is the special case fitted by Newton's method (IRLS, numpy only): the
+minimiser of the mean log-loss plus ``l2 / 2 * ||coef_||^2`` (the intercept is not penalised). Its
+artifacts keep their original layout, so earlier versions still load; :meth:`Scorer.from_artifact`
+reads both layouts.
+
+A scorer may carry its frozen :class:`~fairstream.repair.group_maps.GroupTransportMap` (``group_map_``,
+None when absent), fitted on its training data: the map the monitor measures matched demographic
+parity with (:meth:`Scorer.matched_counterparts`). :func:`validate_scorer` scores a scorer on a
+labelled holdout (accuracy, AUC, DP, MDP, equalized odds, ...): a re-fit job compares a candidate
+with the active scorer through it.
 
 >>> import numpy as np
 >>> rng = np.random.default_rng(0)
@@ -19,24 +31,250 @@ True
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import expit
+from scipy.stats import wasserstein_distance
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError, as_2d, check_finite, column_names
+from fairstream.repair._validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    normalise_labels,
+)
+from fairstream.repair.group_maps import Counterparts, GroupTransportMap
 from fairstream.repair.logistic import fit_logistic
-from fairstream.repair.measure.metrics import as_binary
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
+from fairstream.repair.measure.mdp import fair_matching_cost, matched_dp
+from fairstream.repair.measure.metrics import as_binary, demographic_parity
+from fairstream.repair.measure.otf import correlation_violation, one_hot
+from fairstream.repair.posterior import _auc
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
 
-__all__ = ["LogisticScorer"]
+__all__ = ["LogisticScorer", "Scorer", "ScorerValidation", "validate_scorer"]
 
 ARTIFACT_KIND = "scorer"
+_MAP_PREFIX = "group_map."
 
 
-class LogisticScorer:
-    """Binary logistic regression on standardised features, fitted by Newton/IRLS.
+class Scorer:
+    """A frozen scorer: standardise, ReLU hidden layers (maybe none), one logit. Built by a trainer.
+
+    Learned state: ``mean_``, ``scale_`` (standardisation), ``weights_`` (one (in, out) array per
+    layer), ``biases_``, ``columns_``, ``group_map_`` and ``training_`` (provenance: method and
+    parameters). A network without hidden layers also exposes ``coef_`` and ``intercept_``.
+
+    >>> import numpy as np
+    >>> scorer = Scorer.from_weights([np.eye(2), np.array([[1.0], [-1.0]])], [np.zeros(2), np.zeros(1)],
+    ...                              mean=np.zeros(2), scale=np.ones(2), columns=["a", "b"])
+    >>> scorer.hidden_, scorer.decision_function([[2.0, 1.0], [-1.0, 3.0]]).tolist()
+    ((2,), [1.0, -3.0])
+    """
+
+    kind = ARTIFACT_KIND
+    seed = ""  # no random draws
+
+    @classmethod
+    def from_weights(cls, weights: Sequence, biases: Sequence, mean, scale, columns: Sequence[str] | None = None,
+                     group_map: GroupTransportMap | None = None, training: dict | None = None) -> Scorer:
+        """A scorer from its layers' weights (in, out) and biases, and the features' standardisation."""
+        scorer = cls.__new__(cls)
+        mean, scale = np.asarray(mean, dtype=np.float64), np.asarray(scale, dtype=np.float64)
+        scorer.weights_ = tuple(np.ascontiguousarray(w, dtype=np.float64) for w in weights)
+        scorer.biases_ = tuple(np.asarray(b, dtype=np.float64).reshape(-1) for b in biases)
+        scorer.mean_, scorer.scale_ = mean, scale
+        scorer.n_features_in_ = mean.shape[0]
+        scorer.columns_ = column_names(scorer.n_features_in_, columns)
+        scorer.training_ = dict(training or {})
+        scorer.group_map_ = None
+        _check_layers(scorer)
+        return scorer.attach_group_map(group_map)
+
+    # ------------------------------------------------------------------ the forward pass
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "weights_"):
+            raise RepairInputError(f"this {type(self).__name__} is not fitted yet; call fit(X, y) first")
+
+    @property
+    def hidden_(self) -> tuple[int, ...]:
+        """Widths of the hidden layers (empty for logistic regression)."""
+        self._check_fitted()
+        return tuple(int(w.shape[1]) for w in self.weights_[:-1])
+
+    @property
+    def coef_(self) -> np.ndarray:
+        """The coefficients on the standardised features (networks without hidden layers only)."""
+        self._check_linear("coef_")
+        return self.weights_[0][:, 0]
+
+    @property
+    def intercept_(self) -> float:
+        """The intercept (networks without hidden layers only)."""
+        self._check_linear("intercept_")
+        return float(self.biases_[0][0])
+
+    def _check_linear(self, name: str) -> None:
+        if not hasattr(self, "weights_") or len(self.weights_) != 1:
+            raise AttributeError(f"{name} exists for a fitted scorer without hidden layers only")
+
+    def decision_function(self, X) -> np.ndarray:
+        """The logit of each row, shape (n,)."""
+        self._check_fitted()
+        X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
+        check_finite(X, self.columns_)
+        z = (X - self.mean_) / self.scale_
+        if len(self.weights_) == 1:  # logistic regression: one matrix-vector product
+            return z @ self.weights_[0][:, 0] + self.biases_[0][0]
+        for w, b in zip(self.weights_[:-1], self.biases_[:-1]):
+            z = z @ w
+            z += b
+            np.maximum(z, 0.0, out=z)
+        return z @ self.weights_[-1][:, 0] + self.biases_[-1][0]
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Pr[y = 1 | x] of each row, shape (n,); a 1-D ``X`` of length d is one row."""
+        return expit(self.decision_function(X))
+
+    def decision(self, X, threshold: float = 0.5) -> np.ndarray:
+        """0/1 decisions (int64): 1 where ``predict_proba(X) >= threshold``."""
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= threshold <= 1.0:
+            raise RepairInputError(f"threshold must be a number in [0, 1], got {threshold!r}")
+        return (self.predict_proba(X) >= threshold).astype(np.int64)
+
+    # ------------------------------------------------------------------ the frozen group map (MDP)
+
+    def attach_group_map(self, group_map: GroupTransportMap | None) -> Scorer:
+        """Carry ``group_map`` (fitted on this scorer's features) in the scorer and its artifact. Returns self."""
+        self._check_fitted()
+        if group_map is not None:
+            group_map._check_fitted()
+            if group_map.n_features_in_ != self.n_features_in_:
+                raise RepairInputError(f"the group map takes {group_map.n_features_in_} features, "
+                                       f"the scorer {self.n_features_in_}")
+        self.group_map_ = group_map
+        return self
+
+    def matched_counterparts(self, X, s, y=None) -> Counterparts:
+        """Each row's counterpart(s) in the other group(s) by the scorer's frozen map (for MDP).
+
+        Returns ``(X, s, rows)``: counterparts, their groups and the input row each belongs to
+        (see :meth:`~fairstream.repair.group_maps.GroupTransportMap.counterparts`).
+        """
+        self._check_fitted()
+        if self.group_map_ is None:
+            raise RepairInputError("this scorer carries no group map; fit one (GroupTransportMap) and attach it")
+        return self.group_map_.counterparts(X, s, y)
+
+    # ------------------------------------------------------------------ module protocol
+
+    def check_compatible(self, schema: PipelineSchema) -> None:
+        """Refuse a scorer fitted on another number of features, or whose group map lacks a pipeline group."""
+        self._check_fitted()
+        if schema.features and self.n_features_in_ != len(schema.features):
+            raise IncompatibleArtifact(f"the scorer takes {self.n_features_in_} features, "
+                                       f"the pipeline has {len(schema.features)} {list(schema.features)}")
+        if self.group_map_ is not None:
+            check_labels_cover("scorer's group map", "groups", self.group_map_.groups_.tolist(), schema.groups)
+
+    def apply(self, batch: Batch) -> Applied:
+        """The module protocol: the batch's values unchanged, plus columns ``score`` and ``decision``."""
+        score = self.predict_proba(batch.X)
+        return Applied.all_ok(batch, batch.X, score=score, decision=(score >= 0.5).astype(np.int64))
+
+    # ------------------------------------------------------------------ artifacts
+
+    def to_artifact(self, version: int = 1, metrics: dict | None = None,
+                    data_fingerprint: str | None = None) -> artifacts.Artifact:
+        """Freeze the scorer (and its group map) into an artifact of kind ``scorer``: arrays only.
+
+        >>> import numpy as np
+        >>> scorer = Scorer.from_weights([np.ones((1, 3)), np.ones((3, 1))], [np.zeros(3), [0.5]], [0.0], [1.0])
+        >>> copy = Scorer.from_artifact(scorer.to_artifact(version=2))
+        >>> type(copy).__name__, copy.hidden_, copy.predict_proba([[1.0]]).tolist() == scorer.predict_proba([[1.0]]).tolist()
+        ('Scorer', (3,), True)
+        """
+        self._check_fitted()
+        arrays = {"mean": self.mean_, "scale": self.scale_,
+                  **{f"weight_{k}": w for k, w in enumerate(self.weights_)},
+                  **{f"bias_{k}": b for k, b in enumerate(self.biases_)}}
+        parameters = {"layout": "network", "hidden": list(self.hidden_), "activation": "relu",
+                      "columns": list(self.columns_), "training": self.training_}
+        return self._pack(arrays, parameters, version, metrics, data_fingerprint)
+
+    def _pack(self, arrays: dict, parameters: dict, version: int, metrics, data_fingerprint) -> artifacts.Artifact:
+        if self.group_map_ is not None:
+            arrays = {**arrays, **self.group_map_.to_arrays(_MAP_PREFIX)}
+            parameters = {**parameters, "group_map": self.group_map_.get_params()}
+        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {},
+                              data_fingerprint=data_fingerprint, version=version)
+
+    @classmethod
+    def from_artifact(cls, artifact: artifacts.Artifact) -> Scorer:
+        """Rebuild the scorer of a ``scorer`` artifact, in either layout (a logistic one is a LogisticScorer)."""
+        _check_kind(artifact)
+        if "coef" in artifact.arrays:
+            return LogisticScorer.from_artifact(artifact)
+        params = dict(artifact.parameters)
+        if params.get("layout") != "network":
+            raise artifacts.ArtifactError(f"unknown scorer layout {params.get('layout')!r}")
+        a = artifact.arrays
+        n_layers = len(params["hidden"]) + 1
+        missing = [name for k in range(n_layers) for name in (f"weight_{k}", f"bias_{k}") if name not in a]
+        if missing:
+            raise artifacts.ArtifactError(f"the scorer artifact lacks the arrays {missing}")
+        try:
+            scorer = Scorer.from_weights([a[f"weight_{k}"] for k in range(n_layers)],
+                                         [a[f"bias_{k}"] for k in range(n_layers)], a["mean"], a["scale"],
+                                         columns=params["columns"], training=params.get("training"))
+        except RepairInputError as err:
+            raise artifacts.ArtifactError(f"mis-shaped scorer artifact: {err}") from None
+        return scorer.attach_group_map(_map_of(artifact, scorer.columns_))
+
+
+def _check_kind(artifact: artifacts.Artifact) -> None:
+    if artifact.kind != ARTIFACT_KIND:
+        raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
+
+
+def _map_of(artifact: artifacts.Artifact, columns) -> GroupTransportMap | None:
+    params = artifact.parameters.get("group_map")
+    if params is None:
+        return None
+    try:
+        return GroupTransportMap.from_arrays(artifact.arrays, params, columns, prefix=_MAP_PREFIX)
+    except (KeyError, TypeError, RepairInputError) as err:
+        raise artifacts.ArtifactError(f"the scorer's group map is malformed: {err}") from None
+
+
+def _check_layers(scorer: Scorer) -> None:
+    """Layers that chain: (d, h1), (h1, h2), ..., (h_k, 1), each with a bias of its width; all finite."""
+    d = scorer.n_features_in_
+    if scorer.mean_.shape != (d,) or scorer.scale_.shape != (d,) or not np.all(scorer.scale_ > 0):
+        raise RepairInputError(f"mean and scale must be {d} numbers (scale > 0), got shapes "
+                               f"{scorer.mean_.shape} and {scorer.scale_.shape}")
+    if not scorer.weights_ or len(scorer.weights_) != len(scorer.biases_):
+        raise RepairInputError(f"a scorer needs one bias per layer, got {len(scorer.weights_)} weights and "
+                               f"{len(scorer.biases_)} biases")
+    width = d
+    for k, (w, b) in enumerate(zip(scorer.weights_, scorer.biases_)):
+        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+            raise RepairInputError(f"layer {k} has weights {w.shape} and bias {b.shape}; it must take {width} inputs")
+        width = w.shape[1]
+    if width != 1:
+        raise RepairInputError(f"the last layer must output one logit, it outputs {width}")
+    arrays = [scorer.mean_, scorer.scale_, *scorer.weights_, *scorer.biases_]
+    if not all(np.all(np.isfinite(a)) for a in arrays):
+        raise RepairInputError("a scorer's weights must be finite")
+
+
+class LogisticScorer(Scorer):
+    """Binary logistic regression on standardised features, fitted by Newton/IRLS (no torch).
 
     Parameters
     ----------
@@ -64,7 +302,7 @@ class LogisticScorer:
                 or not np.isfinite(self.tol) or self.tol <= 0:
             raise RepairInputError(f"tol must be a positive finite number, got {self.tol!r}")
 
-    def fit(self, X, y, columns: Sequence[str] | None = None) -> "LogisticScorer":
+    def fit(self, X, y, columns: Sequence[str] | None = None) -> LogisticScorer:
         """Fit on features ``X`` (n, d) and binary labels ``y``; ``columns`` name the features in errors."""
         self._check_params()
         X = as_2d(X, columns=columns)
@@ -83,50 +321,11 @@ class LogisticScorer:
         self.columns_ = names
         self.n_features_in_ = X.shape[1]
         self.mean_, self.scale_ = mean, scale
-        self.intercept_, self.coef_ = float(theta[0]), theta[1:]
+        self.weights_, self.biases_ = (np.ascontiguousarray(theta[1:, None]),), (theta[:1].copy(),)
         self.n_iter_, self.converged_ = n_iter, converged
+        self.training_ = {"method": "logistic", **self.get_params()}
+        self.group_map_ = None
         return self
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "coef_"):
-            raise RepairInputError("this LogisticScorer is not fitted yet; call fit(X, y) first")
-
-    def decision_function(self, X) -> np.ndarray:
-        """The log-odds ``z @ coef_ + intercept_`` of each row, shape (n,)."""
-        self._check_fitted()
-        X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
-        check_finite(X, self.columns_)
-        return ((X - self.mean_) / self.scale_) @ self.coef_ + self.intercept_
-
-    def predict_proba(self, X) -> np.ndarray:
-        """Pr[y = 1 | x] of each row, shape (n,); a 1-D ``X`` of length d is one row."""
-        return expit(self.decision_function(X))
-
-    def decision(self, X, threshold: float = 0.5) -> np.ndarray:
-        """0/1 decisions (int64): 1 where ``predict_proba(X) >= threshold``."""
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
-                or not 0.0 <= threshold <= 1.0:
-            raise RepairInputError(f"threshold must be a number in [0, 1], got {threshold!r}")
-        return (self.predict_proba(X) >= threshold).astype(np.int64)
-
-    # ------------------------------------------------------------------ module protocol
-
-    kind = ARTIFACT_KIND
-    seed = ""  # no random draws
-
-    def check_compatible(self, schema: PipelineSchema) -> None:
-        """Refuse a scorer fitted on a different number of features than the pipeline's."""
-        self._check_fitted()
-        if schema.features and self.n_features_in_ != len(schema.features):
-            raise IncompatibleArtifact(f"the scorer takes {self.n_features_in_} features, "
-                                       f"the pipeline has {len(schema.features)} {list(schema.features)}")
-
-    def apply(self, batch: Batch) -> Applied:
-        """The module protocol: the batch's values unchanged, plus columns ``score`` and ``decision``."""
-        score = self.predict_proba(batch.X)
-        return Applied.all_ok(batch, batch.X, score=score, decision=(score >= 0.5).astype(np.int64))
-
-    # ------------------------------------------------------------------ artifacts
 
     def get_params(self) -> dict:
         """The constructor parameters, JSON-ready (sealed into the artifact)."""
@@ -147,21 +346,113 @@ class LogisticScorer:
                   "intercept": np.array(self.intercept_), "n_iter": np.array(self.n_iter_),
                   "converged": np.array(self.converged_)}
         parameters = {**self.get_params(), "columns": list(self.columns_)}
-        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {},
-                              data_fingerprint=data_fingerprint, version=version)
+        return self._pack(arrays, parameters, version, metrics, data_fingerprint)
 
     @classmethod
-    def from_artifact(cls, artifact: artifacts.Artifact) -> "LogisticScorer":
+    def from_artifact(cls, artifact: artifacts.Artifact) -> LogisticScorer:
         """Rebuild the fitted scorer (bit-exact: the same arrays, the same probabilities)."""
-        if artifact.kind != ARTIFACT_KIND:
-            raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
+        _check_kind(artifact)
+        if "coef" not in artifact.arrays:
+            raise artifacts.ArtifactError("this scorer artifact holds a network, not a logistic regression; "
+                                          "load it with Scorer.from_artifact")
         params = dict(artifact.parameters)
         columns = params.pop("columns")
+        params.pop("group_map", None)
         scorer = cls(**params)
         a = artifact.arrays
-        scorer.mean_, scorer.scale_, scorer.coef_ = (np.array(a[name]) for name in ("mean", "scale", "coef"))
-        scorer.intercept_ = float(a["intercept"])
+        scorer.mean_, scorer.scale_ = np.array(a["mean"]), np.array(a["scale"])
+        coef = np.array(a["coef"])
+        scorer.weights_, scorer.biases_ = (np.ascontiguousarray(coef[:, None]),), (np.array([float(a["intercept"])]),)
         scorer.n_iter_, scorer.converged_ = int(a["n_iter"]), bool(a["converged"])
-        scorer.n_features_in_ = scorer.coef_.shape[0]
+        scorer.n_features_in_ = coef.shape[0]
         scorer.columns_ = column_names(scorer.n_features_in_, columns)
-        return scorer
+        scorer.training_ = {"method": "logistic", **scorer.get_params()}
+        scorer.group_map_ = None
+        try:
+            _check_layers(scorer)
+        except RepairInputError as err:
+            raise artifacts.ArtifactError(f"mis-shaped scorer artifact: {err}") from None
+        return scorer.attach_group_map(_map_of(artifact, scorer.columns_))
+
+
+# ---------------------------------------------------------------------------------------------
+# validation on a labelled holdout
+
+
+@dataclass(frozen=True)
+class ScorerValidation:
+    """A scorer's accuracy and fairness on a labelled holdout (decisions ``1[score >= threshold]``).
+
+    Gaps are spreads (max - min) across groups: ``dp_gap`` of positive decisions, ``mean_dp_gap`` of
+    mean scores, ``tpr_gap`` (equal opportunity) among ``y = 1``, ``fpr_gap`` among ``y = 0``,
+    ``eo_gap`` their maximum (as :func:`~fairstream.models.flow.validate_flow`) and ``eo_mean_gap``
+    their mean (Kim et al.'s Table 2 ΔEO). ``wdp``: the largest W1 between two groups' scores;
+    ``mdp``: matched demographic parity with the group map (worst pair); ``matching_cost``: the
+    transport cost of the scorer's fair matching function (scaled features, worst pair);
+    ``pdp``/``peo``: the largest |Pearson correlation| of score and group membership, overall and
+    within a label (Buyl and De Bie's violations).
+    """
+
+    accuracy: float
+    auc: float
+    dp_gap: float
+    mean_dp_gap: float
+    wdp: float
+    mdp: float
+    matching_cost: float
+    tpr_gap: float
+    fpr_gap: float
+    eo_gap: float
+    eo_mean_gap: float
+    pdp: float
+    peo: float
+    positive_rates: dict
+    n_rows: int
+
+    def as_metrics(self) -> dict:
+        """JSON-ready metrics for an artifact manifest (gaps that could not be measured are left out)."""
+        values = {k: v for k, v in self.__dict__.items() if k != "positive_rates"}
+        return {k: v for k, v in values.items() if not (isinstance(v, float) and np.isnan(v))}
+
+
+def validate_scorer(scorer: Scorer, X, s, y, group_map: GroupTransportMap | None = None, threshold: float = 0.5,
+                    seed: int = 0) -> ScorerValidation:
+    """Accuracy, AUC and fairness (DP, MDP, EO, ...) of ``scorer`` on a labelled holdout ``(X, s, y)``.
+
+    MDP uses ``group_map``, else the scorer's own map, else a marginal map fitted on the holdout:
+    to compare a candidate with the active scorer, pass both the same map.
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.normal(size=(400, 2)); s = (X[:, 1] > 0).astype(int); y = (X[:, 0] > 0).astype(int)
+    >>> result = validate_scorer(LogisticScorer().fit(X, y), X, s, y)
+    >>> result.accuracy > 0.95, result.dp_gap < 0.15, result.auc > 0.99
+    (True, True, True)
+    """
+    X = as_2d(X, n_features=scorer.n_features_in_, columns=scorer.columns_)
+    n = len(X)
+    s = normalise_labels(as_labels(s, n, "s"))
+    y = as_binary(y, n)
+    score = scorer.predict_proba(X)
+    decision = (score >= threshold).astype(np.int64)
+    dp = demographic_parity(decision, s)
+    tpr, fpr = (demographic_parity(decision[y == label], s[y == label]).difference if (y == label).any() else np.nan
+                for label in (1, 0))
+    gmap = group_map or scorer.group_map_ or GroupTransportMap(seed=seed).fit(X, s, columns=scorer.columns_)
+    matched = gmap.counterparts(X, s)
+    mdp = matched_dp(score[matched.rows], scorer.predict_proba(matched.X), s[matched.rows], matched.s).overall
+    cost = fair_matching_cost(gmap.scaled(X), score, s, reference=gmap.reference_group, n_batches=10, seed=seed).cost
+    S, groups = one_hot(s)
+    means = [score[s == g].mean() for g in groups]
+    return ScorerValidation(
+        accuracy=float(np.mean(decision == y)), auc=_auc(score, y == 1), dp_gap=dp.difference,
+        mean_dp_gap=float(max(means) - min(means)), wdp=_max_w1(score, s, groups), mdp=mdp,
+        matching_cost=float(cost.max()) if cost.size else float("nan"),
+        tpr_gap=float(tpr), fpr_gap=float(fpr), eo_gap=float(max(tpr, fpr)), eo_mean_gap=float((tpr + fpr) / 2),
+        pdp=correlation_violation(score, S), peo=correlation_violation(score, S, y),
+        positive_rates={g.item(): float(r) for g, r in zip(dp.groups, dp.rates)}, n_rows=n)
+
+
+def _max_w1(score: np.ndarray, s: np.ndarray, groups: np.ndarray) -> float:
+    samples = [score[s == g] for g in groups]
+    return float(max((wasserstein_distance(a, b) for i, a in enumerate(samples) for b in samples[i + 1:]), default=0.0))

@@ -1,13 +1,17 @@
-"""Matched demographic parity: each record's counterpart in another group, by a frozen transport map.
+"""Legacy MDP counterparts: a plan's per-feature map, each record matched to the next group cyclically.
+
+**Superseded** by the scorer's frozen multivariate OT map:
+:meth:`fairstream.models.scorer.Scorer.matched_counterparts` (a
+:class:`~fairstream.repair.group_maps.GroupTransportMap`: every group matched to one reference group)
+with :class:`~fairstream.repair.measure.mdp.MatchedDPAccumulator`. Kept unchanged until the stream
+monitor switches to them.
 
 MDP compares a score on a record with the score on its counterpart: the record carried into
 another protected group by a transport map between the groups' distributions (within its stratum).
-This module builds the counterparts from plain arrays and a map callable, so the stream monitor
-and a notebook compute the same thing; the accumulators in
-:mod:`fairstream.repair.measure.accumulators` then average ``|f(x) - f(T(x))|``.
-
-For more than two groups each record is matched to the *next* group in the listed order
-(cyclically), so every group is both a source and a target once.
+This module builds the counterparts from plain arrays and a map callable (here a repair plan's
+per-feature quantile map); :class:`~fairstream.repair.measure.accumulators.MatchedGapAccumulator`
+then averages ``|f(x) - f(T(x))|``. For more than two groups each record is matched to the *next*
+group in the listed order (cyclically), so every group is both a source and a target once.
 
 >>> import numpy as np
 >>> X = np.array([[1.0], [2.0], [10.0]])
@@ -20,7 +24,7 @@ For more than two groups each record is matched to the *next* group in the liste
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -1,14 +1,18 @@
-"""Tests of the Newton/IRLS logistic scorer and its artifact round trip."""
+"""Tests of the scorers (network and Newton/IRLS logistic), their artifacts, the carried map, validation."""
 
 import doctest
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from fairstream.models import scorer
-from fairstream.models.scorer import LogisticScorer
+from fairstream.models.kinds import MODULE_KINDS, load_module
+from fairstream.models.scorer import LogisticScorer, Scorer, validate_scorer
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.group_maps import GroupTransportMap
+from fairstream.repair.protocol import Batch, IncompatibleArtifact, PipelineSchema
 
 
 def simulate_logistic(n, coef, intercept, seed):
@@ -153,3 +157,111 @@ def test_errors_for_labels_parameters_and_unfitted_use():
     plan = artifacts.pack("plan", {"q": np.arange(3)}, {})
     with pytest.raises(artifacts.ArtifactError, match="kind 'scorer'"):
         LogisticScorer.from_artifact(plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# the network layout, the registry, the carried group map, validation
+
+
+def random_network(d=3, hidden=(5, 4), seed=0, columns=None, group_map=None):
+    rng = np.random.default_rng(seed)
+    sizes = [d, *hidden, 1]
+    return Scorer.from_weights([rng.normal(size=(a, b)) for a, b in pairwise(sizes)],
+                               [rng.normal(size=b) for b in sizes[1:]], mean=rng.normal(size=d),
+                               scale=rng.uniform(0.5, 2.0, d), columns=columns, group_map=group_map,
+                               training={"method": "ftm", "lam": 1.0})
+
+
+def test_the_network_forward_pass_by_hand():
+    scorer = random_network()
+    X = np.random.default_rng(1).normal(size=(6, 3))
+    h = (X - scorer.mean_) / scorer.scale_
+    for w, b in zip(scorer.weights_[:-1], scorer.biases_[:-1]):
+        h = np.maximum(h @ w + b, 0.0)
+    np.testing.assert_allclose(scorer.decision_function(X), (h @ scorer.weights_[-1] + scorer.biases_[-1])[:, 0])
+    assert scorer.hidden_ == (5, 4) and not hasattr(scorer, "coef_")  # coefficients exist for linear scorers only
+    applied = scorer.apply(Batch(X=X, keys=np.arange(6).astype(str)))
+    assert applied.ok.all() and np.array_equal(applied.X, X)
+    np.testing.assert_array_equal(applied.columns["score"], scorer.predict_proba(X))
+    np.testing.assert_array_equal(applied.columns["decision"], scorer.decision(X))
+
+
+def fitted_map(d=3, seed=0, columns=None):
+    rng = np.random.default_rng(seed)
+    return GroupTransportMap(n_points=20).fit(rng.normal(size=(60, d)), rng.choice(["f", "m"], 60), columns=columns)
+
+
+@pytest.mark.parametrize("with_map", [False, True])
+def test_network_artifact_round_trip_is_bit_exact(with_map, tmp_path):
+    scorer = random_network(columns=["a", "b", "c"], group_map=fitted_map(columns=["a", "b", "c"]) if with_map else None)
+    art = scorer.to_artifact(version=2, metrics={"mdp": 0.1})
+    assert art.parameters["hidden"] == [5, 4] and art.parameters["training"] == {"method": "ftm", "lam": 1.0}
+    assert ("group_map" in art.parameters) == with_map and ("group_map.source" in art.arrays) == with_map
+    X = np.random.default_rng(2).normal(size=(9, 3))
+    for loaded in (artifacts.decode(artifacts.encode(art), kind="scorer"),
+                   artifacts.load(artifacts.save(art, tmp_path), kind="scorer")):
+        copy = Scorer.from_artifact(loaded)
+        assert type(copy) is Scorer and copy.predict_proba(X).tobytes() == scorer.predict_proba(X).tobytes()
+        assert copy.to_artifact(version=2, metrics={"mdp": 0.1}).sha256 == art.sha256
+        if with_map:
+            for a, b in zip(copy.matched_counterparts(X, ["f"] * 9), scorer.matched_counterparts(X, ["f"] * 9)):
+                assert np.array_equal(a, b)
+        else:
+            assert copy.group_map_ is None
+
+
+def test_one_class_serves_the_kind_and_reads_both_layouts():
+    assert MODULE_KINDS["scorer"] is Scorer
+    X, y = simulate_logistic(300, np.array([1.0, -0.5, 2.0]), -0.3, seed=3)
+    logistic = LogisticScorer().fit(X, y).attach_group_map(fitted_map())
+    for fitted in (logistic, random_network()):
+        module = load_module(fitted.to_artifact(), PipelineSchema(features=("a", "b", "c"), groups=("f", "m")))
+        assert type(module) is type(fitted) and module.predict_proba(X).tobytes() == fitted.predict_proba(X).tobytes()
+    copy = LogisticScorer.from_artifact(logistic.to_artifact())
+    assert copy.group_map_.reference_group == logistic.group_map_.reference_group
+    with pytest.raises(artifacts.ArtifactError, match="holds a network"):
+        LogisticScorer.from_artifact(random_network().to_artifact())
+
+
+def test_a_mis_shaped_scorer_is_refused_at_load_time():
+    scorer = random_network(group_map=fitted_map())
+    with pytest.raises(IncompatibleArtifact, match="takes 3 features, the pipeline has 2"):
+        load_module(scorer.to_artifact(), PipelineSchema(features=("a", "b")))
+    with pytest.raises(IncompatibleArtifact, match=r"group map was fitted without the pipeline's groups \['x'\]"):
+        load_module(scorer.to_artifact(), PipelineSchema(features=("a", "b", "c"), groups=("f", "m", "x")))
+    art = scorer.to_artifact()
+    arrays = {name: np.array(a) for name, a in art.arrays.items() if name != "__parameters__"}
+    for name, bad in (("weight_1", np.zeros((3, 4))), ("bias_0", np.zeros(2)), ("weight_2", np.zeros((4, 2))),
+                      ("scale", np.zeros(3))):
+        broken = artifacts.pack("scorer", {**arrays, name: bad}, parameters=dict(art.parameters))
+        with pytest.raises(artifacts.ArtifactError, match="mis-shaped scorer"):
+            Scorer.from_artifact(broken)
+    missing = artifacts.pack("scorer", {k: v for k, v in arrays.items() if k != "bias_2"}, dict(art.parameters))
+    with pytest.raises(artifacts.ArtifactError, match=r"lacks the arrays \['bias_2'\]"):
+        Scorer.from_artifact(missing)
+    no_source = artifacts.pack("scorer", {k: v for k, v in arrays.items() if k != "group_map.source"},
+                               dict(art.parameters))
+    with pytest.raises(artifacts.ArtifactError, match="group map is malformed"):
+        Scorer.from_artifact(no_source)
+    with pytest.raises(RepairInputError, match="the group map takes 2 features, the scorer 3"):
+        random_network().attach_group_map(fitted_map(d=2))
+    with pytest.raises(RepairInputError, match="carries no group map"):
+        random_network().matched_counterparts(np.zeros((1, 3)), ["f"])
+
+
+def test_validate_scorer_by_hand():
+    # A linear scorer on one feature: score = sigmoid(4 x); decisions 1 for x >= 0.
+    scorer = Scorer.from_weights([np.array([[4.0]])], [np.array([0.0])], mean=[0.0], scale=[1.0])
+    X = np.array([[1.0], [1.0], [-1.0], [1.0], [-1.0], [-1.0]])
+    s, y = np.array([0, 0, 0, 1, 1, 1]), np.array([1, 0, 0, 1, 1, 0])
+    result = validate_scorer(scorer, X, s, y)
+    assert result.accuracy == pytest.approx(4 / 6) and result.dp_gap == pytest.approx(1 / 3)
+    assert result.positive_rates == {0: pytest.approx(2 / 3), 1: pytest.approx(1 / 3)}
+    assert result.tpr_gap == pytest.approx(0.5) and result.fpr_gap == pytest.approx(0.5)  # TPR 1 vs 1/2, FPR 1/2 vs 0
+    assert result.eo_gap == pytest.approx(0.5) and result.eo_mean_gap == pytest.approx(0.5)
+    high, low = 1 / (1 + np.exp(-4.0)), 1 / (1 + np.exp(4.0))
+    assert result.mean_dp_gap == pytest.approx((high - low) / 3) and result.wdp == pytest.approx((high - low) / 3)
+    assert result.mdp >= result.wdp - 1e-12  # in-sample equal-size map: a transport map (Theorem 3.7)
+    # AUC over the 9 (positive, negative) pairs: high-high ties 2 x 0.5, high-low wins 2 x 2, low-low ties 2 x 0.5.
+    assert result.auc == pytest.approx(6 / 9)
+    assert set(result.as_metrics()) >= {"accuracy", "auc", "dp_gap", "mdp", "eo_gap", "pdp", "peo"}

@@ -1,0 +1,157 @@
+"""Tests of matched demographic parity: a hand-computed case, the paper's bounds, streaming = batch, fair matching."""
+
+import doctest
+from itertools import permutations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.stats import wasserstein_distance
+
+from fairstream.repair._validation import RepairInputError
+from fairstream.repair.group_maps import GroupTransportMap
+from fairstream.repair.measure import mdp
+from fairstream.repair.measure.accumulators import MatchedGapAccumulator
+from fairstream.repair.measure.mdp import MatchedDPAccumulator, fair_matching, fair_matching_cost, matched_dp
+from fairstream.repair.measure.windows import BatchWindow
+
+PROPERTY = settings(max_examples=50, deadline=None)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(mdp)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_mdp_of_a_hand_computed_case():
+    # Three women (s=0) matched by a map to three men (s=1) and back; scores by hand:
+    #   f(x):       0.9  0.4  0.1 | 0.7  0.3  0.2
+    #   f(T(x)):    0.7  0.3  0.2 | 0.9  0.4  0.1   (a bijection: each man is one woman's counterpart)
+    # |gaps| = 0.2, 0.1, 0.1 both ways -> MDP = 0.4 / 3; strata u = (a, a, b | a, b, b):
+    # stratum a gaps 0.2, 0.1, 0.2 -> 0.5 / 3, stratum b gaps 0.1, 0.1, 0.1 -> 0.1.
+    f = np.array([0.9, 0.4, 0.1, 0.7, 0.3, 0.2])
+    f_matched = np.array([0.7, 0.3, 0.2, 0.9, 0.4, 0.1])
+    s, s_matched = np.array([0, 0, 0, 1, 1, 1]), np.array([1, 1, 1, 0, 0, 0])
+    result = matched_dp(f, f_matched, s, s_matched, u=["a", "a", "b", "a", "b", "b"])
+    assert result.overall == pytest.approx(0.4 / 3) and result.pairs == [(0, 1)]
+    np.testing.assert_allclose(result.per_stratum, [0.5 / 3, 0.1])
+    assert result.n_rows.tolist() == [[3], [3]] and result.weights.tolist() == [0.5, 0.5]
+    # The mean-score DP gap |0.4667 - 0.4| = 0.0667 and W1 = 0.1333 are below it (Theorem 3.7).
+    assert abs(f[:3].mean() - f[3:].mean()) <= wasserstein_distance(f[:3], f[3:]) <= result.overall + 1e-12
+
+
+@st.composite
+def matched_sample(draw):
+    """Scores of two equal-size groups and a random bijection between them."""
+    n = draw(st.integers(1, 30))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    f0, f1 = rng.uniform(size=n), rng.uniform(size=n) ** draw(st.floats(0.2, 5.0))
+    return f0, f1, rng.permutation(n)
+
+
+@PROPERTY
+@given(matched_sample())
+def test_any_bijection_bounds_w1_and_the_mean_score_gap_and_rank_matching_attains_w1(sample):
+    # Theorem 3.7 in-sample: a bijection is a transport map between the two empirical distributions.
+    f0, f1, perm = sample
+    value = matched_dp(np.r_[f0, f1[perm]], np.r_[f1[perm], f0], np.r_[np.zeros(len(f0)), np.ones(len(f0))],
+                       np.r_[np.ones(len(f0)), np.zeros(len(f0))]).overall
+    w1 = wasserstein_distance(f0, f1)
+    assert abs(f0.mean() - f1.mean()) <= w1 + 1e-12 and w1 <= value + 1e-12
+    i, j = fair_matching(f0, f1)  # Proposition 3.5: the fair matching function's MDP is W1
+    assert np.mean(np.abs(f0[i] - f1[j])) == pytest.approx(w1, rel=1e-9, abs=1e-12)
+
+
+def test_rank_matching_is_the_best_matching_by_brute_force():
+    rng = np.random.default_rng(0)
+    f0, f1 = rng.uniform(size=6), rng.uniform(size=6)
+    i, j = fair_matching(f0, f1)
+    best = min(np.abs(f0 - f1[list(p)]).sum() for p in permutations(range(6)))
+    assert np.abs(f0[i] - f1[j]).sum() == pytest.approx(best)
+
+
+@st.composite
+def stream(draw):
+    """Matched rows of up to 4 groups (partner group different), strata, and two cut points."""
+    n, k = draw(st.integers(1, 60)), draw(st.integers(2, 4))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    s = rng.integers(0, k, n)
+    s_matched = (s + rng.integers(1, k, n)) % k
+    cuts = sorted(draw(st.lists(st.integers(0, n), min_size=2, max_size=2)))
+    return rng.uniform(size=n), rng.uniform(size=n), s, s_matched, rng.integers(0, 3, n), k, cuts
+
+
+@PROPERTY
+@given(stream())
+def test_merged_accumulators_equal_the_batch_metric_and_the_direct_means(data):
+    f, g, s, t, u, k, (a, b) = data
+    parts = [MatchedDPAccumulator(range(k), [0, 1, 2]).update(f[i:j], g[i:j], s[i:j], t[i:j], u[i:j])
+             for i, j in ((0, a), (a, b), (b, None))]
+    merged = parts[0].merge(parts[1]).merge(parts[2]).value()
+    batch = matched_dp(f, g, s, t, u, groups=range(k))
+    for p, (x, z) in enumerate(merged.pairs):
+        rows = ((s == x) & (t == z)) | ((s == z) & (t == x))
+        expected = np.abs(f - g)[rows].mean() if rows.any() else np.nan
+        np.testing.assert_allclose(merged.pair_values[p], expected, rtol=1e-12)
+        np.testing.assert_allclose(batch.pair_values[p], expected, rtol=1e-12)
+    assert merged.overall == pytest.approx(np.nanmax(merged.pair_values))
+    np.testing.assert_array_equal(merged.n_rows.sum(), len(f))
+
+
+def test_one_pair_without_groups_matches_the_superseded_accumulator():
+    rng = np.random.default_rng(1)
+    f, g, u = rng.uniform(size=20), rng.uniform(size=20), rng.integers(0, 2, 20)
+    new = MatchedDPAccumulator(strata=[0, 1]).update(f, g, u=u).value()
+    old = MatchedGapAccumulator(strata=[0, 1]).update(f, g, u).value()
+    np.testing.assert_allclose(new.per_stratum, old.per_stratum)
+    assert new.overall == pytest.approx(old.overall) and new.pairs == [("all", "all")]
+    assert MatchedDPAccumulator().value().overall == 0.0
+
+
+def test_a_batch_window_of_accumulators_measures_its_last_batches():
+    window, rng = BatchWindow(records=20, buckets=2), np.random.default_rng(2)
+    batches = [(rng.uniform(size=10), rng.uniform(size=10)) for _ in range(5)]
+    for f, g in batches:
+        window.add(MatchedDPAccumulator(groups=[0, 1]).update(f, g, [0] * 10, [1] * 10), n_records=10)
+    f, g = (np.concatenate(part) for part in zip(*batches[-2:]))
+    assert window.n_records == 20 and window.value().overall == pytest.approx(np.abs(f - g).mean())
+
+
+def test_scores_of_a_frozen_map_end_to_end():
+    rng = np.random.default_rng(3)
+    X, s = rng.normal(size=(200, 2)), np.repeat([0, 1], 100)
+    gmap = GroupTransportMap().fit(X, s)
+    score = (lambda Z: 1 / (1 + np.exp(-Z[:, 0])))
+    matched = gmap.counterparts(X, s)
+    result = matched_dp(score(X)[matched.rows], score(matched.X), s[matched.rows], matched.s)
+    gaps = np.abs(score(X) - score(matched.X))
+    assert result.overall == pytest.approx(gaps.mean())
+
+
+def test_fair_matching_cost_is_the_mean_squared_distance_of_rank_matched_pairs():
+    X = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [0.0, 1.0], [1.0, 2.0], [3.0, 1.0]])
+    s = np.array([0, 0, 0, 1, 1, 1])
+    scores = np.array([0.1, 0.5, 0.9, 0.2, 0.4, 0.8])  # ranks pair 0-3, 1-4, 2-5: squared gaps 1, 4, 1
+    result = fair_matching_cost(X, scores, s, n_batches=3)
+    assert result.cost.tolist() == pytest.approx([2.0]) and result.cost_sd.tolist() == [0.0]
+    assert result.mdp.tolist() == pytest.approx([0.1]) and result.pairs == [(1, 0)]  # a tie: group 0 is the reference
+    three = fair_matching_cost(np.zeros((7, 1)), np.linspace(0, 1, 7), [0, 1, 1, 1, 2, 2, 1], n_batches=2)
+    assert three.pairs == [(0, 1), (2, 1)] and three.batch_size.tolist() == [1, 2]
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(RepairInputError, match="row 1 is matched within its own group 'b'"):
+        MatchedDPAccumulator(groups=["a", "b"]).update([0.1, 0.2], [0.3, 0.4], ["a", "b"], ["b", "b"])
+    with pytest.raises(RepairInputError, match="built without groups"):
+        MatchedDPAccumulator().update([0.1], [0.2], s=[0])
+    with pytest.raises(RepairInputError, match="s_matched has an unknown value 'z'"):
+        MatchedDPAccumulator(groups=["a", "b"]).update([0.1], [0.2], ["a"], ["z"])
+    with pytest.raises(RepairInputError, match="two or more groups"):
+        MatchedDPAccumulator(groups=["a"])
+    with pytest.raises(RepairInputError, match="'matched_scores' has a non-finite value"):
+        matched_dp([0.1, 0.2], [0.3, np.nan])
+    with pytest.raises(RepairInputError, match="equal-size"):
+        fair_matching([0.1, 0.2], [0.3])
+    with pytest.raises(RepairInputError, match="different settings"):
+        MatchedDPAccumulator(groups=[0, 1]).merge(MatchedDPAccumulator(groups=[0, 2]))
