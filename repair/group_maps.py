@@ -89,6 +89,71 @@ def squared_distances(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.maximum(D, 0.0, out=D)
 
 
+_TREE_NEIGHBOURS = 8  # candidates a k-d tree returns per row; rows whose 8 are all tied get every distance
+
+
+def _nearest_by_tree(Z: np.ndarray, tree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The nearest fitted point of each row by a k-d tree (O(log m) per row, not m distances), the rows with
+    ties, and their tied points.
+
+    The tree gives each row its nearest ``_TREE_NEIGHBOURS`` points; ties are those within the same
+    relative tolerance of the nearest squared distance as the dense path. A row tied with all of
+    them may tie with more, so its distances to every point are taken the dense way.
+    """
+    P = tree.data
+    k = min(_TREE_NEIGHBOURS, len(P))
+    distance, index = tree.query(Z, k=k)
+    distance, index = distance.reshape(len(Z), k), index.reshape(len(Z), k)
+    squared = distance ** 2
+    low = squared[:, 0]
+    near = squared <= (low + 1e-12 * (1.0 + low))[:, None]
+    best = index[:, 0].copy()
+    tied = np.flatnonzero(near.sum(axis=1) > 1)
+    ties = np.zeros((len(tied), len(P)), dtype=bool)
+    np.put_along_axis(ties, index[tied], near[tied], axis=1)
+    full = np.flatnonzero(near[tied].all(axis=1)) if k < len(P) else np.empty(0, dtype=np.intp)
+    if full.size:
+        D = squared_distances(Z[tied[full]], P)
+        floor = D.min(axis=1)
+        best[tied[full]] = np.argmin(D, axis=1)
+        ties[full] = D <= (floor + 1e-12 * (1.0 + floor))[:, None]
+    return best, tied, ties
+
+
+def _unique_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``A`` and each row's index among them (exact: a lexicographic sort, not a hash).
+
+    ``np.unique(axis=0)`` does the same through a structured view, many times slower on small batches.
+    """
+    if len(A) == 0:
+        return A, np.empty(0, dtype=np.intp)
+    order = np.lexsort(A.T[::-1])
+    ordered = A[order]
+    new = np.ones(len(A), dtype=bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    group = np.cumsum(new) - 1
+    inverse = np.empty(len(A), dtype=np.intp)
+    inverse[order] = group
+    return ordered[new], inverse
+
+
+def _round_robin(ties: np.ndarray, distinct_of_row: np.ndarray) -> np.ndarray:
+    """For rows in order, each tied between the fitted points ``ties[distinct_of_row[i]]``: the k-th row with a
+    given set of tied points takes the k-th of them (cyclically)."""
+    packed = np.packbits(ties, axis=1)  # 1024 booleans -> 128 bytes per row, compared exactly
+    _, set_of_distinct = _unique_rows(packed)
+    sets = ties[np.unique(set_of_distinct, return_index=True)[1]]
+    set_of_row = set_of_distinct[distinct_of_row]
+    order = np.argsort(set_of_row, kind="stable")  # rows grouped by tie set, in row order within a set
+    first = np.searchsorted(set_of_row[order], set_of_row[order], side="left")
+    turn = np.empty(len(order), dtype=np.int64)
+    turn[order] = np.arange(len(order)) - first
+    counts = sets.sum(axis=1)
+    members = np.flatnonzero(sets.ravel()) % sets.shape[1]  # each set's tied points, in index order
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return members[offsets[set_of_row] + turn % counts[set_of_row]]
+
+
 def exact_matching(A, B, y_a=None, y_b=None, alpha: float = 0.0) -> np.ndarray:
     """The optimal assignment between equal-size samples: ``A[i]`` is matched with ``B[perm[i]]``.
 
@@ -274,7 +339,7 @@ class GroupTransportMap:
                 rows = np.flatnonzero(valid & (codes == from_group))
                 if rows.size == 0:
                     continue
-                nearest = self._nearest(Z[rows], fitted, fitted_y, None if y is None else y[rows])
+                nearest = self._nearest(Z[rows], fitted, fitted_y, None if y is None else y[rows], (k, from_group))
                 moved = partner[nearest] if self.extension == "nearest" else X[rows] + (partner - fitted)[nearest]
                 out_X.append(moved)
                 out_s.append(np.full(rows.size, to_group))
@@ -296,31 +361,57 @@ class GroupTransportMap:
         pos = np.clip(np.searchsorted(keys[order], probe), 0, len(keys) - 1)
         return np.where(keys[order][pos] == probe, order[pos], -1)
 
-    def _nearest(self, Z: np.ndarray, fitted: np.ndarray, fitted_y, y) -> np.ndarray:
-        """Index of the nearest fitted point (scaled space) for each row of ``Z``, in chunks of rows.
+    def _nearest(self, Z: np.ndarray, fitted: np.ndarray, fitted_y, y, direction=None) -> np.ndarray:
+        """Index of the nearest fitted point (scaled space) for each row of ``Z``.
 
         Exact ties (duplicate records, frequent with one-hot features) are broken round-robin: the
         k-th row tied between the same fitted points takes the k-th of them, so duplicates of fitted
         points are carried to distinct partners and the map stays one-to-one on its own points.
+        Distances are taken once per *distinct* row (integer and one-hot data repeat a lot), through
+        a k-d tree built once per ``direction`` (pair and side) when no labels are involved.
         """
-        P = self._unit(fitted)
-        out = np.empty(len(Z), dtype=np.int64)
-        turns: dict[bytes, int] = {}
+        keys = Z if y is None else np.column_stack([Z, y])
+        distinct, inverse = _unique_rows(keys)
+        if y is None:
+            best, tied, ties = _nearest_by_tree(distinct, self._tree(direction, fitted))
+        else:  # the label penalty needs every distance
+            best, tied, ties = self._nearest_distinct(distinct[:, :Z.shape[1]], self._unit(fitted), fitted_y,
+                                                      distinct[:, -1])
+        out = best[inverse]
+        position = np.full(len(distinct), -1)
+        position[tied] = np.arange(len(tied))
+        rows = np.flatnonzero(position[inverse] >= 0)
+        if rows.size:
+            out[rows] = _round_robin(ties, position[inverse[rows]])
+        return out
+
+    def _tree(self, direction, fitted: np.ndarray):
+        """The k-d tree of one side's fitted points (scaled), built on first use; the map is frozen."""
+        from scipy.spatial import cKDTree
+
+        trees = self.__dict__.setdefault("_trees", {})
+        if direction is None or direction not in trees:
+            tree = cKDTree(self._unit(fitted))
+            if direction is None:
+                return tree
+            trees[direction] = tree
+        return trees[direction]
+
+    @staticmethod
+    def _nearest_distinct(Z: np.ndarray, P: np.ndarray, fitted_y, y) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The nearest fitted point of each distinct row, the rows with ties and their tied points, in chunks."""
+        best = np.empty(len(Z), dtype=np.int64)
+        ties = np.zeros((len(Z), len(P)), dtype=bool)
         for start in range(0, len(Z), _CHUNK_ROWS):
             block = slice(start, start + _CHUNK_ROWS)
             D = squared_distances(Z[block], P)
             if y is not None:
                 D += _LABEL_PENALTY * (y[block][:, None] != fitted_y[None, :])
-            best = np.argmin(D, axis=1)
-            low = D[np.arange(len(D)), best]
-            ties = D <= (low + 1e-12 * (1.0 + low))[:, None]
-            for row in np.flatnonzero(ties.sum(axis=1) > 1):
-                candidates = np.flatnonzero(ties[row])
-                key = candidates.tobytes()
-                turn = turns.get(key, 0)
-                best[row], turns[key] = candidates[turn % len(candidates)], turn + 1
-            out[block] = best
-        return out
+            best[block] = np.argmin(D, axis=1)
+            low = D[np.arange(len(D)), best[block]]
+            ties[block] = D <= (low + 1e-12 * (1.0 + low))[:, None]
+        tied = np.flatnonzero(ties.sum(axis=1) > 1)
+        return best, tied, ties[tied]
 
     # ------------------------------------------------------------------ arrays (embedded in artifacts)
 

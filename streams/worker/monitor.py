@@ -250,13 +250,14 @@ class BatchStatistics:
         prototypes = {key: factory() for key, factory in self.factories.items()}
         self.factories = {key: prototype.fresh for key, prototype in prototypes.items()}
 
-    def of(self, batch: MonitoredBatch) -> dict:
-        """The batch's accumulators (labels encoded once, not once per accumulator)."""
+    def of(self, batch: MonitoredBatch, keys=None) -> dict:
+        """The batch's accumulators, or only those of ``keys`` (labels encoded once, not once per accumulator)."""
         s, u = EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
-        new = {key: factory() for key, factory in self.factories.items()}
+        new = {key: factory() for key, factory in self.factories.items() if keys is None or key in keys}
         for stage, X in (("before", batch.before), ("after", batch.after)):
-            new["dependence_e", stage].update(X, s, u)
-            new["w1", stage].update(X, s, u)
+            for name in ("dependence_e", "w1"):
+                if (name, stage) in new:
+                    new[name, stage].update(X, s, u)
         for stage, decisions in (("before", batch.decision_before), ("after", batch.decision_after)):
             if ("dp", stage) in new:
                 new["dp", stage].update(decisions, s, u)
@@ -272,7 +273,8 @@ class BatchStatistics:
             new["mdp", "after"].update(pairs.f, pairs.f_matched, pairs.s, pairs.s_matched, pairs.u)
         if ("otf", "after") in new:
             new["otf", "after"].update(batch.score_after, batch.after, batch.s)
-        new["out_of_range_rate", "before"].update(batch.out_of_range, u)
+        if ("out_of_range_rate", "before") in new:
+            new["out_of_range_rate", "before"].update(batch.out_of_range, u)
         return new
 
     @staticmethod
@@ -464,6 +466,7 @@ class FairnessMonitor:
         }
         self.chunker = Chunker(m.window_records)
         self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics]
+        self.detected = {DETECTED[name][0] for name in m.statistics}  # the accumulators the detectors read
         log.info("monitoring %s", ", ".join(f"{kind} v{version}" for kind, version in chain.key))
 
     def observe(self, values: list[bytes], *actives) -> list[DriftEvent]:
@@ -483,13 +486,15 @@ class FairnessMonitor:
             self._start(chain, batch)
         out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
         view = monitored_batch(batch, chain, out_of_range)
-        ts = float(np.max(batch.ts))
-        for piece in self.chunker.pieces(len(view)):
-            part = view.take(piece)
-            accumulators = self.statistics.of(part)
-            for windows in self.windows.values():
-                windows.add(accumulators, len(part), ts=ts)
-            chunk = self.chunker.add(accumulators, len(part))
+        accumulators = self.statistics.of(view)
+        for windows in self.windows.values():
+            windows.add(accumulators, len(view), ts=float(np.max(batch.ts)))
+        pieces = list(self.chunker.pieces(len(view)))
+        for piece in pieces:
+            # A batch inside one chunk reuses its accumulators; one that spans chunk boundaries is cut, and
+            # only the monitored statistics are counted again per piece.
+            part = accumulators if len(pieces) == 1 else self.statistics.of(view.take(piece), self.detected)
+            chunk = self.chunker.add(part, piece.stop - piece.start)
             if chunk is not None:
                 for tracker in self.trackers:
                     tracker.feed_chunk(chunk)

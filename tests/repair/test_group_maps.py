@@ -171,3 +171,37 @@ def test_errors_name_the_problem():
         exact_matching(np.zeros((2, 1)), np.zeros((3, 1)))
     with pytest.raises(RepairInputError, match="3 feature columns"):
         GroupTransportMap().fit(X, s).counterparts(np.zeros((1, 3)), [0])
+
+
+# --------------------------------------------------------------------------- the vectorised round-robin
+
+
+def _round_robin_loop(ties, distinct_of_row):
+    """The definition, one row at a time: the k-th row with a given tie set takes its k-th point."""
+    turns, out = {}, []
+    for d in distinct_of_row:
+        candidates = np.flatnonzero(ties[d])
+        key = candidates.tobytes()
+        turn = turns.get(key, 0)
+        out.append(candidates[turn % len(candidates)])
+        turns[key] = turn + 1
+    return np.array(out)
+
+
+@settings(max_examples=60)
+@given(st.integers(1, 6), st.integers(2, 9), st.integers(0, 10_000))
+def test_the_vectorised_round_robin_equals_the_row_by_row_definition(n_distinct, n_points, seed):
+    from fairstream.repair.group_maps import _round_robin, _unique_rows
+
+    rng = np.random.default_rng(seed)
+    ties = rng.random((n_distinct, n_points)) < 0.5
+    ties[np.arange(n_distinct), rng.integers(0, n_points, n_distinct)] = True  # every row ties with something
+    ties = np.vstack([ties, ties[:1]])  # two distinct rows may share a tie set
+    rows = rng.integers(0, len(ties), 40)
+    rows = rows[ties[rows].sum(axis=1) > 1]
+    if len(rows):
+        np.testing.assert_array_equal(_round_robin(ties, rows), _round_robin_loop(ties, rows))
+    A = rng.integers(0, 3, (50, 2)).astype(float)
+    distinct, inverse = _unique_rows(A)
+    np.testing.assert_array_equal(distinct[inverse], A)
+    assert len(distinct) == len(np.unique(A, axis=0))
