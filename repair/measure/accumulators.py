@@ -54,8 +54,6 @@ from .metrics import (
 __all__ = [
     "DamageAccumulator",
     "HistogramDependenceAccumulator",
-    "MatchedGapAccumulator",
-    "MatchedGapResult",
     "PositiveRateAccumulator",
     "EncodedLabels",
     "RateAccumulator",
@@ -417,59 +415,6 @@ def _scores(values, name: str, n_rows: int | None = None) -> np.ndarray:
     column = as_2d(arr, columns=[name])
     check_finite(column, [name])
     return column[:, 0]
-
-
-@dataclass(frozen=True, eq=False)
-class MatchedGapResult:
-    """Mean |f(x) - f(T(x))| per stratum (NaN where empty) and Pr[u]-weighted (``overall``)."""
-
-    per_stratum: np.ndarray
-    overall: float
-    weights: np.ndarray
-    n_rows: np.ndarray
-    strata: np.ndarray
-
-
-class MatchedGapAccumulator(_Mergeable):
-    """Sums of |f(x) - f(T(x))| and counts per stratum, for matched demographic parity.
-
-    MDP(f, T) = E |f(x) - f(T(x))| (Kim et al., Fairness Through Matching (2024), Definition 3.2): the caller scores the records
-    ``x`` of the source group and their transport images ``T(x)`` (both vectorised) and passes the
-    two score arrays. The sums are floats, so a merge equals one pass up to rounding.
-
-    >>> acc = MatchedGapAccumulator(strata=["lo", "hi"])
-    >>> result = acc.update([0.9, 0.2, 0.5], [0.6, 0.2, 0.4], u=["lo", "lo", "hi"]).value()
-    >>> result.per_stratum.round(3).tolist(), round(result.overall, 3)
-    ([0.1, 0.15], 0.133)
-    """
-
-    _counts = ("abs_sums_", "totals_")
-
-    def __init__(self, strata=None):
-        self.strata = configured_labels(strata, "strata")
-        self._has_strata = strata is not None
-        self.abs_sums_ = np.zeros(len(self.strata))
-        self.totals_ = np.zeros(len(self.strata), dtype=np.int64)
-
-    def _settings(self) -> tuple:
-        return (self.strata, self._has_strata)
-
-    def update(self, scores, matched_scores, u=None) -> "MatchedGapAccumulator":
-        """Add f(x) (``scores``) and f(T(x)) (``matched_scores``) of a batch with strata ``u``."""
-        scores = _scores(scores, "scores")
-        matched = _scores(matched_scores, "matched_scores", n_rows=scores.shape[0])
-        u_codes = label_codes(u, self.strata, scores.shape[0], "u", configured=self._has_strata)
-        n_strata = len(self.strata)
-        self.abs_sums_ = self.abs_sums_ + np.bincount(u_codes, weights=np.abs(scores - matched), minlength=n_strata)
-        self.totals_ = self.totals_ + np.bincount(u_codes, minlength=n_strata)
-        return self
-
-    def value(self) -> MatchedGapResult:
-        """MDP per stratum and its Pr[u]-weighted mean, from the sums so far (0 overall before any record)."""
-        weights = _stratum_weights(self.totals_)
-        return MatchedGapResult(per_stratum=_safe_ratio(self.abs_sums_, self.totals_, empty=np.nan),
-                                overall=float(_safe_ratio(self.abs_sums_.sum(), self.totals_.sum(), empty=0.0)),
-                                weights=weights, n_rows=self.totals_.copy(), strata=self.strata)
 
 
 @dataclass(frozen=True, eq=False)

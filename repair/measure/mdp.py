@@ -76,8 +76,7 @@ class MatchedDPAccumulator(_Mergeable):
     The window protocol of :mod:`fairstream.repair.measure.accumulators` (``update`` returns self,
     ``merge``, ``fresh``, ``reset``, ``value``), so a :class:`~fairstream.repair.measure.windows.BatchWindow`
     holds one per batch. Built without ``groups`` it pools every matched row in one pair (the
-    single-pair MDP); with ``groups`` each row's pair is {s, s_matched}. It supersedes
-    :class:`~fairstream.repair.measure.accumulators.MatchedGapAccumulator`, which equals it without groups.
+    single-pair MDP); with ``groups`` each row's pair is {s, s_matched}.
 
     Pairs no row was matched across read NaN (with a reference group "a", pair ("b", "c") never is):
 

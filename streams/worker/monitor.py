@@ -425,13 +425,15 @@ class Chunker:
         self.size = max(50, window_records // 16)
         self.filled, self.chunk = 0, None
 
-    def pieces(self, n: int) -> Iterable[slice]:
+    def pieces(self, n: int) -> list[slice]:
         """The slices of a batch of ``n`` rows, each ending at a chunk boundary or at the batch's end."""
-        start = 0
+        out, start, filled = [], 0, self.filled
         while start < n:
-            stop = start + min(self.size - self.filled, n - start)
-            yield slice(start, stop)
+            stop = start + min(self.size - filled, n - start)
+            out.append(slice(start, stop))
+            filled = (filled + stop - start) % self.size
             start = stop
+        return out
 
     def add(self, accumulators: dict, n_records: int) -> dict | None:
         """Merge one piece; returns the chunk's accumulators when it is full."""
@@ -489,7 +491,7 @@ class FairnessMonitor:
         accumulators = self.statistics.of(view)
         for windows in self.windows.values():
             windows.add(accumulators, len(view), ts=float(np.max(batch.ts)))
-        pieces = list(self.chunker.pieces(len(view)))
+        pieces = self.chunker.pieces(len(view))
         for piece in pieces:
             # A batch inside one chunk reuses its accumulators; one that spans chunk boundaries is cut, and
             # only the monitored statistics are counted again per piece.

@@ -17,7 +17,6 @@ from fairstream.repair.embedding_datasets import (
 from fairstream.repair.measure.verification import same_group_pair_scores
 
 
-
 def small_split(seed=0):
     return simulate_train_test(train_identities=(20, 30), train_images=6, test_identities=(15, 15), test_images=4,
                                concentration=(0.3, 0.6), noise=(0.5, 0.9), dimension=16, seed=seed)

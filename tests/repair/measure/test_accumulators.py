@@ -13,7 +13,6 @@ from fairstream.repair.measure import accumulators as streaming
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,
     HistogramDependenceAccumulator,
-    MatchedGapAccumulator,
     PositiveRateAccumulator,
     RateAccumulator,
     WassersteinAccumulator,
@@ -352,54 +351,6 @@ def test_wasserstein_accumulator_empty_reset_and_errors():
     with pytest.raises(RepairInputError, match="different settings"):
         acc.merge(WassersteinAccumulator([[0.0, 1.0, 3.0]], groups=[0, 1]))
     assert acc.counts_[0].sum() == 0
-
-
-# ---------------------------------------------------------------------------------------------
-# MatchedGapAccumulator
-# ---------------------------------------------------------------------------------------------
-
-
-@PROPERTY
-@given(stream_data())
-def test_matched_gap_equals_the_mean_absolute_score_gap(data):
-    X, _, u, _, (i, j) = data
-    f, f_matched = np.tanh(X[:, 0]), np.tanh(X[:, -1] + 0.5)
-    strata = np.unique(u)
-    parts = [MatchedGapAccumulator(strata).update(f[a:b], f_matched[a:b], u[a:b]) for a, b in [(0, i), (i, j), (j, None)]]
-    merged = parts[0].merge(parts[1]).merge(parts[2]).value()
-    gap = np.abs(f - f_matched)
-    np.testing.assert_allclose(merged.per_stratum, [gap[u == v].mean() for v in strata], rtol=1e-12)
-    assert merged.overall == pytest.approx(gap.mean(), rel=1e-12)
-    np.testing.assert_allclose(merged.overall, merged.weights @ merged.per_stratum, rtol=1e-12)
-    np.testing.assert_array_equal(merged.n_rows, [np.sum(u == v) for v in strata])
-
-
-def test_matched_gap_of_an_identity_matching_is_zero_and_empty_strata_are_nan():
-    acc = MatchedGapAccumulator(strata=["lo", "mid", "hi"])
-    result = acc.update([0.2, 0.7, 0.4], [0.2, 0.7, 0.4], u=["lo", "hi", "hi"]).value()
-    assert result.strata.tolist() == ["hi", "lo", "mid"]  # sorted, as every accumulator keeps them
-    assert result.overall == 0.0 and result.per_stratum[:2].tolist() == [0.0, 0.0]
-    assert np.isnan(result.per_stratum[2]) and result.weights.tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])
-    one = MatchedGapAccumulator().update(0.9, 0.1).value()  # one record, scalar scores, no strata
-    assert one.overall == pytest.approx(0.8) and one.n_rows.tolist() == [1]
-    assert MatchedGapAccumulator().value().overall == 0.0
-
-
-def test_matched_gap_rejects_bad_scores_naming_them():
-    acc = MatchedGapAccumulator(strata=[0, 1])
-    with pytest.raises(RepairInputError, match="'matched_scores' has a non-finite value"):
-        acc.update([0.1, 0.2], [0.1, np.nan], u=[0, 1])
-    with pytest.raises(RepairInputError, match="'scores' has a non-numeric value .*high"):
-        acc.update(["0.1", "high"], [0.1, 0.2], u=[0, 1])
-    with pytest.raises(RepairInputError, match=r"matched_scores must be one value per row \(2\)"):
-        acc.update([0.1, 0.2], [0.1], u=[0, 1])
-    with pytest.raises(RepairInputError, match="scores must be a 1-D array"):
-        acc.update([[0.1, 0.2]], [0.1, 0.2], u=[0, 1])
-    with pytest.raises(RepairInputError, match="u is required"):
-        acc.update([0.1], [0.2])
-    with pytest.raises(RepairInputError, match="different settings"):
-        acc.merge(MatchedGapAccumulator())
-    assert acc.totals_.sum() == 0 and acc.reset().abs_sums_.sum() == 0.0
 
 
 # ---------------------------------------------------------------------------------------------

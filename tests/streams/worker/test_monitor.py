@@ -185,3 +185,19 @@ def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adul
     new_scorer = Active("scorer", 2, "d" * 64, None, scorer.module)
     monitor.observe(chain_values(archive.subset(slice(4000, 4600)), (flow, new_scorer), "g", config), flow, new_scorer)
     assert monitor.chain_key == (("flow", 1), ("scorer", 2)) and monitor.windows["count"].n_records == 600
+
+
+@pytest.mark.parametrize("sizes", [[1000, 1000], [997, 1000, 3, 500, 1], [499, 2, 1500]])
+def test_batches_are_cut_only_at_chunk_boundaries(sizes):
+    from fairstream.streams.worker.monitor import Chunker
+
+    chunker, filled, seen = Chunker(8000), 0, []
+    for n in sizes:
+        pieces = chunker.pieces(n)
+        assert pieces[0].start == 0 and pieces[-1].stop == n and len(pieces) <= 2 + n // chunker.size
+        for piece in pieces:
+            full = chunker.add({}, piece.stop - piece.start)
+            filled += piece.stop - piece.start
+            seen.append(full is not None)
+            assert (full is not None) == (filled % chunker.size == 0)
+    assert sum(seen) == sum(sizes) // chunker.size
