@@ -33,8 +33,8 @@ minute, p99 latency per minute, and consumer lag at the end.
 from __future__ import annotations
 
 import argparse
-import base64
 import asyncio
+import base64
 import json
 import os
 import re
@@ -53,6 +53,7 @@ from fairstream.models.flow_training import refit_flow
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
+from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
@@ -531,7 +532,11 @@ def monitor_share(before: list[dict], after: list[dict]) -> float:
 async def run(args, run_dir: Path, bootstrap: str) -> None:
     research, archive = datasets.load("adult").split(10_000, seed=0)
     plan = DistributionalRepair(n_q=250, out_of_range="reject").fit(research.X, research.s, research.u)
-    scorer = LogisticScorer().fit(research.X, research.y, columns=["age", "hours-per-week"])
+    # A scorer as `fairstream refit --kind scorer` publishes it: carrying its frozen group map, so the monitor
+    # also measures MDP (fitted on the repaired research data: what the scorer reads behind the plan).
+    repaired = plan.transform(research.X, research.s, research.u, keys=[str(i) for i in range(len(research))])
+    scorer = LogisticScorer().fit(research.X, research.y, columns=["age", "hours-per-week"]).attach_group_map(
+        GroupTransportMap(seed=0).fit(repaired, research.s, columns=["age", "hours-per-week"]))
     # The paper's flow architecture (10 blocks of (20, 20) couplings): applying it costs the same
     # whatever the training, so a short fit will do for a throughput run.
     flow = refit_flow(research.X, research.s, research.y, scorer, columns=["age", "hours-per-week"], n_steps=20)

@@ -464,15 +464,15 @@ def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: s
     """Heritage Health Prize claims, one row per member and year (171,067 rows, 59,997 in Y1).
 
     A member appears in up to three years, so rows are not independent; pass ``year`` ("Y1",
-    "Y2" or "Y3") for one row per member. ``s`` is sex (1 = male, 0 = female). ``u`` is age 65 or
-    over (the file's 65, 75 and 85 age bands), the usual boundary for US Medicare. Default
+    "Y2" or "Y3") for one row per member. ``s`` is sex (1 = male, 0 = female). ``u`` is age 60 or
+    over (the file's bands named ``age_65``, ``age_75`` and ``age_85`` hold ages 60-69, 70-79 and 80+). Default
     features are the numbers of claims and of providers; ``y`` is ``Charlson>0``, a positive
     Charlson comorbidity index. The ``CharlsonIndexI_*`` columns define ``y`` and would leak it.
     """
     if year is not None and year not in _HEALTH_YEARS:
         raise RepairInputError(f"year must be one of {_HEALTH_YEARS} or None, got {year!r}")
     features = _feature_list(features)
-    elderly = ["age_65", "age_75", "age_85"]
+    elderly = list(HEALTH_AGE_60_PLUS)
     table = _read(_FILES["health"], [*features, "YEAR_t", "sexMALE", *elderly, "Charlson>0"])
     if year is not None:
         table = table.rows_where(table.columns["YEAR_t"] == year)
@@ -484,8 +484,8 @@ def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: s
         s_name="sex",
         s_labels={0: "female", 1: "male"},
         u=table.any_flag(elderly),
-        u_name="age 65+",
-        u_labels={0: "under 65", 1: "65 or over"},
+        u_name="age 60+",
+        u_labels={0: "under 60", 1: "60 or over"},
         y=table.flag("Charlson>0"),
         y_name="Charlson>0",
     )
