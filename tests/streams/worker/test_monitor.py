@@ -201,3 +201,20 @@ def test_batches_are_cut_only_at_chunk_boundaries(sizes):
             seen.append(full is not None)
             assert (full is not None) == (filled % chunker.size == 0)
     assert sum(seen) == sum(sizes) // chunker.size
+
+
+def test_otf0_is_an_optional_statistic_of_the_window(adult):
+    research, archive, _, _ = adult
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(statistic=("otf", "dp_difference"),
+                                                                                min_records=200)
+    fair = Active("scorer", 1, "e" * 64, None, balanced_scorer(research, list(config.features)))
+    monitor = FairnessMonitor(config)
+    for batch in in_batches(chain_values(archive.subset(slice(0, 2000)), (fair,), "o", config)):
+        monitor.observe(batch, fair)
+    value = monitor.statistic("count", "otf")
+    rows = {r[:5]: r[5] for r in monitor.rows()}
+    assert value is not None and value > 0 and rows["otf", "after", "all", "all", "all"] == value
+    # Without it configured, nothing solves OTF0: it is not a free statistic.
+    plain = FairnessMonitor(adult_config(records=AgentConfig(artifact="scorer")).with_monitor(statistic="dp_difference"))
+    plain.observe(chain_values(archive.subset(slice(0, 600)), (fair,), "p", config)[:600], fair)
+    assert ("otf", "after") not in plain.statistics.factories
