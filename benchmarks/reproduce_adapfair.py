@@ -40,6 +40,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from plotting import save_tradeoff_plot  # noqa: E402
 
 from fairstream.models.flow import FlowPreprocessor, validate_flow  # noqa: E402
 from fairstream.models.flow_training import AdapFair, FlowBank, refit_flow, train_classifier  # noqa: E402
@@ -160,13 +161,7 @@ def plot(path: Path, title: str, summary: list[dict]) -> None:
     ax.set_xlabel("DP gap (test)")
     ax.set_ylabel("accuracy (test)")
     ax.set_title(title + " (labels: lambda)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"  plot: {path}")
+    save_tradeoff_plot(fig, ax, path)
 
 
 def drift_target(rows: list[dict], aware: str = "aware") -> None:

@@ -46,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from plotting import save_tradeoff_plot
 
 from fairstream.models.scorer import validate_scorer
 from fairstream.models.scorer_training import fit_scorer
@@ -193,13 +194,7 @@ def plot(path: Path, name: str, summary: list[dict], y_metric: str, y_label: str
     ax.set_xlabel("DP gap (test)")
     ax.set_ylabel(y_label)
     ax.set_title(f"{name}: FTM vs Reg (labels: lambda; mean +- sd, 5 splits)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"  plot: {path}")
+    save_tradeoff_plot(fig, ax, path)
 
 
 def main() -> None:

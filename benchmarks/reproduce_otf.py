@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from plotting import save_tradeoff_plot
 
 from fairstream.models.scorer import validate_scorer
 from fairstream.models.scorer_training import fit_scorer
@@ -166,13 +167,7 @@ def plot(path: Path, summary: list[dict], attribute: str) -> None:
     ax.set_xlabel(f"PEO violation, {attribute} (max |Pearson| within label, test)")
     ax.set_ylabel("AUC (test)")
     ax.set_title("Adult, PEO on sex + race: OTF vs Norm (labels: alpha; mean +- s.e.)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"  plot: {path}")
+    save_tradeoff_plot(fig, ax, path)
 
 
 def main() -> None:

@@ -107,23 +107,25 @@ class ClientSecurity:
             raise KafkaSecurityError("kafka.ssl_certfile and kafka.ssl_keyfile go together (a client certificate "
                                      "and its key)")
 
-    def kafka_python_options(self) -> dict:
-        """Keyword arguments for kafka-python's KafkaProducer, KafkaConsumer and KafkaAdminClient."""
+    def _protocol_options(self) -> dict:
+        """The options both clients name alike: the protocol and SASL credentials."""
         options: dict = {"security_protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
         if self.sasl:
             options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
                            sasl_plain_password=self.password)
+        return options
+
+    def kafka_python_options(self) -> dict:
+        """Keyword arguments for kafka-python's KafkaProducer, KafkaConsumer and KafkaAdminClient."""
+        options = self._protocol_options()
         if self.tls:
             options.update({f"ssl_{name}": getattr(self, name) for name in ("cafile", "certfile", "keyfile")
                             if getattr(self, name)})
         return options
 
     def aiokafka_options(self) -> dict:
-        """Keyword arguments for aiokafka's producer, consumer and admin client."""
-        options: dict = {"security_protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
-        if self.sasl:
-            options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
-                           sasl_plain_password=self.password)
+        """Keyword arguments for aiokafka's producer, consumer and admin client (TLS as an SSL context)."""
+        options = self._protocol_options()
         if self.tls:
             from aiokafka.helpers import create_ssl_context
 

@@ -85,6 +85,26 @@ def _cell_size(window: "ResearchWindow", rows: np.ndarray, u_value, s_value) -> 
     return int(np.sum((window.u[rows] == u_value) & (window.s[rows] == s_value)))
 
 
+def worse_by(candidate: Validation, current: Validation, tolerance: float, slack: float = 0.0) -> str | None:
+    """Why the candidate's compared figure is worse than the current one's beyond ``tolerance`` (+ ``slack``)."""
+    if candidate.value <= current.value * (1.0 + tolerance) + slack:
+        return None
+    plus = f" + {slack:g}" if slack else ""
+    return (f"candidate {candidate.name} {format_value(candidate.value)} > current {format_value(current.value)} "
+            f"x {1.0 + tolerance:.2f}{plus}")
+
+
+def cost_by(candidate: Validation, current: Validation, metric: str, label: str, sign: float, allowed: float,
+            fmt: str) -> str | None:
+    """Why a side metric got worse by more than ``allowed`` (``sign`` +1: higher is worse, -1: lower is worse)."""
+    change = sign * (candidate.metrics[metric] - current.metrics[metric])
+    if change <= allowed:
+        return None
+    side = "above" if sign > 0 else "below"
+    return (f"candidate {label} {candidate.metrics[metric]:{fmt}} is {change:{fmt}} {side} the current "
+            f"{current.metrics[metric]:{fmt}} (at most {allowed} allowed)")
+
+
 # =============================================================================== plans
 
 
@@ -189,14 +209,8 @@ class FlowTrainer(RecordTrainer):
 
     def refusal(self, candidate: Validation, current: Validation) -> str | None:
         """Refuse a wider gap (beyond tolerance) or an accuracy loss beyond ``max_accuracy_drop``."""
-        if candidate.value > current.value * (1.0 + self.tolerance) + 0.01:
-            return (f"candidate {candidate.name} {format_value(candidate.value)} > current "
-                    f"{format_value(current.value)} x {1.0 + self.tolerance:.2f} + 0.01")
-        drop = current.metrics["accuracy"] - candidate.metrics["accuracy"]
-        if drop > self.max_accuracy_drop:
-            return (f"candidate accuracy {candidate.metrics['accuracy']:.3f} is {drop:.3f} below the current "
-                    f"{current.metrics['accuracy']:.3f} (at most {self.max_accuracy_drop} allowed)")
-        return None
+        return worse_by(candidate, current, self.tolerance, slack=0.01) or \
+            cost_by(candidate, current, "accuracy", "accuracy", -1.0, self.max_accuracy_drop, ".3f")
 
 
 # =============================================================================== scorers
@@ -338,14 +352,8 @@ class EmbeddingTrainer:
 
     def refusal(self, candidate: Validation, current: Validation) -> str | None:
         """Refuse a higher BFAR (beyond tolerance) or an FNMR more than ``max_fnmr_increase`` worse."""
-        if candidate.value > current.value * (1.0 + self.tolerance):
-            return (f"candidate {candidate.name} {format_value(candidate.value)} > current "
-                    f"{format_value(current.value)} x {1.0 + self.tolerance:.2f}")
-        worse = candidate.metrics["fnmr"] - current.metrics["fnmr"]
-        if worse > self.max_fnmr_increase:
-            return (f"candidate FNMR {candidate.metrics['fnmr']:.4f} is {worse:.4f} above the current "
-                    f"{current.metrics['fnmr']:.4f} (at most {self.max_fnmr_increase} allowed)")
-        return None
+        return worse_by(candidate, current, self.tolerance) or \
+            cost_by(candidate, current, "fnmr", "FNMR", 1.0, self.max_fnmr_increase, ".4f")
 
 
 def _identities(window: "ResearchWindow") -> np.ndarray:
