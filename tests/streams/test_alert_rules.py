@@ -15,7 +15,6 @@ from fairstream.streams.ops.alert_rules import render_threshold_rules, with_thre
 from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, REPO, binary
 from fairstream.streams.worker import metrics
 
-
 DEFAULT_CONFIG = REPO / "deploy" / "pipeline.adult.toml"
 
 

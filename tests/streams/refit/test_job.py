@@ -29,7 +29,6 @@ from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.refit import job, requests, schedule, service, sources
 from fairstream.streams.refit.command import add_refit_parser
 from fairstream.streams.refit.job import RefitJob, stratified_split
-from fairstream.streams.refit.trainers import format_value
 from fairstream.streams.refit.requests import request_refit
 from fairstream.streams.refit.schedule import parse_duration, run_every
 from fairstream.streams.refit.service import RefitService
@@ -40,6 +39,7 @@ from fairstream.streams.refit.sources import (
     read_research_file,
     read_research_topic,
 )
+from fairstream.streams.refit.trainers import format_value
 from fairstream.streams.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
