@@ -130,8 +130,7 @@ class AgentConfig(_Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.section == AgentConfig.section:  # the embedding agent applies one module, checked by its Literal
-            object.__setattr__(self, "artifact", _check_chain(self.artifact, f"{self.section}.artifact"))
+        object.__setattr__(self, "artifact", _check_chain(self.artifact, f"{self.section}.artifact"))
 
     @property
     def chain(self) -> tuple[str, ...]:
@@ -154,6 +153,9 @@ class EmbeddingConfig(AgentConfig):
         "labelled vectors kept per group, each new labelled vector is paired with these for FAR/FNMR"))
     bfar_threshold: Annotated[float, Meta(ge=1, le=1e6)] = field(default=2.0, metadata=_doc(
         "BFAR (max over geometric mean of the groups' FARs) above which the embeddings count as unfair (alert)"))
+
+    def __post_init__(self) -> None:
+        _Section.__post_init__(self)  # one module, checked by its Literal: no chain to check
 
 
 @dataclass(frozen=True)

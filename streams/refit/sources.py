@@ -199,8 +199,8 @@ def _csv_values(text: str, config: "PipelineConfig", path: Path) -> list[bytes]:
             "u": strata.get(row[u_column], row[u_column]),
         }
         if row.get("y") not in (None, ""):
-            record["y"] = _number_or_text(row["y"])
-            record["y"] = int(record["y"]) if isinstance(record["y"], float) and record["y"].is_integer() else record["y"]
+            y = _number_or_text(row["y"])  # "1" and "1.0" are the label 1; anything else the codec refuses
+            record["y"] = int(y) if isinstance(y, float) and y.is_integer() else y
         values.append(json.dumps(record).encode("utf-8"))
     return values
 

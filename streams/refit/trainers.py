@@ -235,7 +235,7 @@ class ScorerTrainer(RecordTrainer):
         self.config, self.tolerance, self.seed, self.method = config, tolerance, seed, method
         self.params = {"lam": lam, **scorer_params} if method != "logistic" else dict(scorer_params)
         self.max_accuracy_drop = max_accuracy_drop
-        self._maps: dict = {}
+        self._holdout: tuple | None = None  # (holdout window, its chain output, the MDP map fitted on it)
 
     def _upstream(self, window: "ResearchWindow", actives: Mapping) -> np.ndarray:
         """The window's features as the scorer sees them: through the chain's earlier modules."""
@@ -268,11 +268,13 @@ class ScorerTrainer(RecordTrainer):
         from fairstream.models.scorer import validate_scorer
         from fairstream.repair.group_maps import GroupTransportMap
 
-        X = self._upstream(held, actives)
-        key = id(held)
-        if key not in self._maps:  # the candidate and the current scorer are matched with the same map
-            self._maps = {key: GroupTransportMap(seed=self.seed).fit(X, held.s, columns=list(self.config.features))}
-        result = validate_scorer(scorer, X, held.s, held.y, group_map=self._maps[key], seed=self.seed)
+        # The candidate and the current scorer are scored on one chain output with one map: computed once.
+        if self._holdout is None or self._holdout[0] is not held:
+            X = self._upstream(held, actives)
+            self._holdout = (held, X, GroupTransportMap(seed=self.seed).fit(X, held.s,
+                                                                           columns=list(self.config.features)))
+        _, X, group_map = self._holdout
+        result = validate_scorer(scorer, X, held.s, held.y, group_map=group_map, seed=self.seed)
         name, value = ("MDP", result.mdp) if self.method == "ftm" else ("DP gap", result.dp_gap)
         return Validation(name=name, value=float(value), metrics=result.as_metrics(),
                           summary=f"{name} {format_value(value)}, accuracy {result.accuracy:.3f}")
