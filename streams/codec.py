@@ -153,13 +153,32 @@ def _number(value, what: str) -> float:
     return number
 
 
+MAX_ID_CHARS = 1024
+"""Characters of an id's text (its record key), at most. The keys of a batch are one fixed-width array that
+the repair hashes character by character: one id of 500,000 characters would make a batch of 1,000 records
+cost 6 GB and seconds, and its escaped text alone could exceed the output limit."""
+
+
 def _key(obj: dict) -> str:
     rid = obj["id"]
     if isinstance(rid, bool) or not isinstance(rid, (str, int)) or rid == "":
         raise Invalid(f"id must be a non-empty string or an integer, got {rid!r}")
-    if isinstance(rid, str) and "\x00" in rid:  # NUL would be lost in the fixed-width key arrays
+    text = str(rid)
+    if len(text) > MAX_ID_CHARS:
+        raise Invalid(f"id must be at most {MAX_ID_CHARS} characters long, got {len(text)}")
+    if "\x00" in text:  # NUL would be lost in the fixed-width key arrays
         raise Invalid(f"id must not contain NUL characters, got {rid!r}")
-    return str(rid)
+    if not _is_unicode(text):  # json.loads keeps "\ud800", whose key has no UTF-8 bytes
+        raise Invalid(f"id must be Unicode text without lone surrogates, got {rid!r}")
+    return text
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _label(value, configured: frozenset, name: str, listed: tuple) -> None:
@@ -300,10 +319,7 @@ class _FastRecords:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):  # ValueError: bad UTF-8
             return None
         rid = record.id
-        if isinstance(rid, str):
-            if not rid or "\x00" in rid:
-                return None
-        elif rid.bit_length() > _MAX_ID_BITS:  # json.loads refuses integers of more than 4300 digits
+        if not _plain_id(rid):
             return None
         if (record.s not in self.groups and not (record.s is None and self.imputes_s)) or record.u not in self.strata:
             return None
@@ -326,7 +342,14 @@ def _finite(number) -> bool:
         return False
 
 
-_MAX_ID_BITS = 14_000  # below Python's 4300-digit limit on int parsing (4300 digits are > 14,000 bits)
+def _plain_id(rid: int | str) -> bool:
+    """An id the fast paths accept as it is (msgspec refuses lone surrogates); others go the reference path."""
+    if isinstance(rid, str):
+        return bool(rid) and len(rid) <= MAX_ID_CHARS and "\x00" not in rid
+    return rid.bit_length() <= _MAX_ID_BITS
+
+
+_MAX_ID_BITS = 3_300  # fewer than 1,000 digits: within MAX_ID_CHARS (and Python's 4,300-digit limit on int parsing)
 
 
 def labels_array(values: list) -> np.ndarray:
@@ -381,7 +404,7 @@ def _fast_embedding(value: bytes | None, dimension: int, limit: int):
     except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
         return None
     rid = record.id
-    if isinstance(rid, str) and (not rid or "\x00" in rid) or isinstance(rid, int) and rid.bit_length() > _MAX_ID_BITS:
+    if not _plain_id(rid):
         return None
     return record if len(record.vector) == dimension else None
 
@@ -542,22 +565,89 @@ def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> Repaired
     )
 
 
+# --------------------------------------------------------------------------- the output budget
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+"""The producer's limit on one output record (its ``max_request_size``, and Apache Kafka's default message
+limit): every output, repaired record or dead letter, fits under it with its Kafka key and the record overhead."""
+
+RECORD_OVERHEAD_BYTES = 128
+"""An upper bound on what the producer adds to a record's key and value when it checks the limit: the record
+batch header (61 bytes), the record's own fields (at most 21) and the varint lengths of key, value and headers."""
+
 MAX_DEAD_LETTER_ORIGINAL = 512 * 1024
-"""Bytes of an original message a dead letter keeps: base64 makes them 683 KiB, so the envelope stays
-under Kafka's default 1 MiB message limit whatever arrived (a 3 MB message is dead-lettered too)."""
+"""Bytes of an original message a dead letter keeps (base64: 683 KiB): every message up to the largest
+``max_message_bytes`` is kept whole; of a larger one (a 3 MB message is dead-lettered too) the first 512 KiB."""
+
+MAX_DEAD_LETTER_KEY = 64 * 1024
+"""Bytes of an original Kafka key a dead letter keeps (as its own key and in ``key_b64``)."""
+
+MAX_REASON_CHARS = 2000
+"""Characters of a dead-letter reason (a reason quotes the offending value, which may be long)."""
+
+_MAX_TOPIC_CHARS = 249  # Kafka's limit on a topic name
+
+
+def output_bytes(key: bytes | None, value: bytes) -> int:
+    """What one output counts against :data:`MAX_OUTPUT_BYTES`: its key, its value and the record overhead."""
+    return len(key or b"") + len(value) + RECORD_OVERHEAD_BYTES
+
+
+def oversized(outputs: Sequence[tuple[bytes | None, bytes]]) -> list[tuple[int, str]]:
+    """(position, reason) of every (key, value) output that would not fit under :data:`MAX_OUTPUT_BYTES`.
+
+    A repaired output is sent whole or not at all: the input of one that does not fit (a valid record with a
+    900 KB Kafka key, a vector whose group is 100,000 emoji) is dead-lettered with this reason, and its dead
+    letter fits by construction.
+    """
+    room = MAX_OUTPUT_BYTES - RECORD_OVERHEAD_BYTES  # output_bytes, unrolled: this runs on every output
+    return [(i, f"the repaired output would be {output_bytes(key, value)} bytes (a Kafka key of {len(key or b'')} "
+                f"bytes, a value of {len(value)} bytes and the record overhead), over the producer's limit of "
+                f"{MAX_OUTPUT_BYTES} bytes")
+            for i, (key, value) in enumerate(outputs) if len(value) + (len(key) if key else 0) > room]
+
+
+def dead_letter_key(key: bytes | None) -> bytes | None:
+    """A dead letter's Kafka key: its input's, cut to its first :data:`MAX_DEAD_LETTER_KEY` bytes (as ``key_b64``)."""
+    return None if key is None else key[:MAX_DEAD_LETTER_KEY]
 
 
 def dead_letter(value: bytes | None, reason: str, topic: str, partition: int, offset: int, agent: str,
                 key: bytes | None = None) -> bytes:
-    """The dead-letter envelope: the original bytes (base64; the first 512 KiB of larger ones), why, and whence."""
+    """The dead-letter envelope: the original bytes and key (base64), why, and whence; it fits by construction.
+
+    With its Kafka key (:func:`dead_letter_key`) the envelope fits under :data:`MAX_OUTPUT_BYTES` whatever
+    arrived: the reason is cut to :data:`MAX_REASON_CHARS` characters, the key to :data:`MAX_DEAD_LETTER_KEY`
+    bytes, and the original to :data:`MAX_DEAD_LETTER_ORIGINAL` bytes (or to the room left, which no reason
+    and topic name come near). Whatever was cut is named by its full size and sha256 (``original_size``,
+    ``original_sha256``, ``original_truncated``; ``key_size``, ``key_sha256``, ``key_truncated``).
+    """
     original = value or b""
-    kept = original[:MAX_DEAD_LETTER_ORIGINAL]
-    letter = DeadLetter(reason=reason, agent=agent, topic=topic, partition=partition, offset=offset,
-                        key_b64=base64.b64encode(key[:MAX_DEAD_LETTER_ORIGINAL]).decode() if key else None,
-                        original_b64=base64.b64encode(kept).decode(), original_size=len(original),
-                        original_sha256=hashlib.sha256(original).hexdigest(),
-                        original_truncated=len(kept) < len(original), input_digest=input_digest(value))
-    return json.dumps(letter.asdict(), separators=(",", ":")).encode()
+    kept_key = dead_letter_key(key)
+    fields = dict(reason=_clip(reason, MAX_REASON_CHARS), agent=agent, topic=topic[:_MAX_TOPIC_CHARS],
+                  partition=partition, offset=offset, original_size=len(original),
+                  original_sha256=hashlib.sha256(original).hexdigest(), input_digest=input_digest(value),
+                  **_key_fields(key, kept_key))
+
+    def envelope(kept: bytes, truncated: bool) -> bytes:
+        letter = DeadLetter(**fields, original_b64=base64.b64encode(kept).decode(), original_truncated=truncated)
+        return json.dumps(letter.asdict(), separators=(",", ":")).encode()
+
+    # "false" is the longer flag: the room is measured with it, so the final envelope is never larger.
+    room = MAX_OUTPUT_BYTES - RECORD_OVERHEAD_BYTES - len(kept_key or b"") - len(envelope(b"", False))
+    kept = original[:max(0, min(MAX_DEAD_LETTER_ORIGINAL, room // 4 * 3))]  # base64: 4 bytes per 3
+    return envelope(kept, len(kept) < len(original))
+
+
+def _key_fields(key: bytes | None, kept: bytes | None) -> dict:
+    if not key:
+        return {}
+    return dict(key_b64=base64.b64encode(kept).decode(), key_size=len(key), key_sha256=hashlib.sha256(key).hexdigest(),
+                key_truncated=len(kept) < len(key))
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def original_bytes(letter: dict) -> bytes:

@@ -146,9 +146,9 @@ class EmbeddingConfig(AgentConfig):
     artifact: Literal["identity", "embedding"] = field(
         default="identity", metadata=_doc("the identity (L2 normalisation) or the published embedding module"))
     dimension: Annotated[int, Meta(ge=1, le=65_536)] = field(default=8, metadata=_doc("length of every vector"))
-    match_threshold: Annotated[float, Meta(ge=-1, le=1)] = field(default=0.5, metadata=_doc(
-        "cosine score at or above which two vectors count as the same identity (the verification monitor's "
-        "operating point)"))
+    far: Annotated[float, Meta(gt=0, lt=1)] = field(default=1e-3, metadata=_doc(
+        "false accept rate at which the verification monitor sets each embedding module version's threshold, "
+        "on the pooled impostor pairs of its window (FNMR, BFAR and BFRR are reported there)"))
     reference_vectors: Annotated[int, Meta(ge=1, le=100_000)] = field(default=200, metadata=_doc(
         "labelled vectors kept per group, each new labelled vector is paired with these for FAR/FNMR"))
     bfar_threshold: Annotated[float, Meta(ge=1, le=1e6)] = field(default=2.0, metadata=_doc(
@@ -185,6 +185,10 @@ class MonitorConfig(_Section):
     min_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(
         default=500, metadata=_doc("no statistic is reported before the window holds this many records; "
                                    "at most window_records"))
+    max_event_time_skew: Annotated[float, Meta(gt=0, le=604_800)] = field(default=60.0, metadata=_doc(
+        "seconds a record's ts may be from the worker's clock (either way); the time window files a record with a "
+        "ts further off at its arrival time (Kafka timestamp, else now) and counts it "
+        "(fairstream_records_event_time_skewed_total); at most window_seconds"))
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, tuple):  # the stored form (a copy made by replace) reads back
@@ -195,6 +199,10 @@ class MonitorConfig(_Section):
             if getattr(self, key) > self.window_records:
                 raise ConfigError(f"monitor.{key} must be at most monitor.window_records ({self.window_records}), "
                                   f"got {getattr(self, key)!r}")
+        # A believed ts further ahead than the window would leave every batch after it out of the window.
+        if self.max_event_time_skew > self.window_seconds:
+            raise ConfigError(f"monitor.max_event_time_skew must be at most monitor.window_seconds "
+                              f"({self.window_seconds!r}), got {self.max_event_time_skew!r}")
         statistics = self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
         if not statistics or len(set(statistics)) != len(statistics):
             raise ConfigError(f"monitor.statistic must be {_expected(_hints(MonitorConfig)['statistic'])}, "

@@ -70,10 +70,13 @@ class EmbeddingRecord(_Schema):
 
 
 class DeadLetter(_Schema):
-    """A message on ``dlq``: the original bytes, why it was refused, and where it came from.
+    """A message on ``dlq``: the original bytes and key, why it was refused, and where it came from.
 
-    An original too large to fit in a dead letter under the output's message limit is kept as its
-    first bytes (``original_truncated``); its full length and sha256 identify it.
+    A dead letter fits under the producer's message limit whatever arrived (see ``codec.dead_letter``):
+    an original of more than 512 KiB is kept as its first 512 KiB (``original_truncated``), a Kafka key
+    of more than 64 KiB as its first 64 KiB (``key_truncated``; the dead letter's own Kafka key is the
+    same prefix), and a reason as its first 2,000 characters; the full size and sha256 of the original
+    and of the key identify what was cut.
     """
 
     reason: str
@@ -86,7 +89,10 @@ class DeadLetter(_Schema):
     original_sha256: str
     input_digest: str  # original_sha256's first 32 hex digits: the same digest a repaired record carries
     original_truncated: bool = False
-    key_b64: Optional[str] = None
+    key_b64: Optional[str] = None  # null: the message had no key
+    key_size: Optional[int] = None
+    key_sha256: Optional[str] = None
+    key_truncated: bool = False
 
 
 class ControlRecord(_Schema):

@@ -2,14 +2,16 @@
 
 Keeping this apart from the agents means the exact code path of the stream can be called on a
 list of messages in a test or a benchmark, and the agents stay a few lines of I/O. Every input
-message produces exactly one output: a repaired record or a dead letter with its reason.
+message produces exactly one output: a repaired record or a dead letter with its reason, and every
+output fits under the producer's limit (:data:`~fairstream.streams.codec.MAX_OUTPUT_BYTES`): a repaired
+output that would not is dead-lettered instead, and dead letters fit by construction.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -18,17 +20,25 @@ from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec import (
     RepairedBatch,
     dead_letter,
+    dead_letter_key,
     decode_embeddings,
     decode_records,
     encode_embeddings,
     encode_repaired,
+    oversized,
     provenance,
 )
 from fairstream.streams.config import PipelineConfig
 
+from .metrics import EVENT_TIME_SKEWED
+
 
 class MessageLike(Protocol):
-    """The parts of a Kafka message the processing needs (Faust's ``Message`` has them)."""
+    """The parts of a Kafka message the processing needs (aiokafka's ``ConsumerRecord`` has them).
+
+    A ``timestamp`` (Kafka's, in milliseconds since the epoch) is read where a message has one: it is the
+    record's arrival time when its own ``ts`` is implausible.
+    """
 
     key: bytes | None
     value: bytes | None
@@ -45,6 +55,7 @@ class SimpleMessage:
     topic: str = ""
     partition: int = 0
     offset: int = 0
+    timestamp: int | None = None  # Kafka's timestamp, milliseconds since the epoch
 
 
 @dataclass
@@ -56,19 +67,28 @@ class BatchOutcome:
     version: int | None = None
     out_of_range: int = 0  # records with a value outside the plan's range (clamped or refused)
     imputed: int = 0  # repaired records whose missing s was imputed
+    skewed: int = 0  # repaired records whose ts was implausible (the monitor filed them at their arrival time)
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
     monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
     labelled: tuple | None = None  # embeddings: (vectors, identities, groups, ids) of records with an identity
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
-    return [(messages[i].key, dead_letter(messages[i].value, reason, messages[i].topic, messages[i].partition,
-                                          messages[i].offset, agent, messages[i].key))
-            for i, reason in failures]
+    return [(dead_letter_key(m.key), dead_letter(m.value, reason, m.topic, m.partition, m.offset, agent, m.key))
+            for m, reason in ((messages[i], reason) for i, reason in failures)]
 
 
 def _output_key(message: MessageLike, record_id) -> bytes:
     return message.key if message.key is not None else str(record_id).encode()
+
+
+def _fitting(outputs: list, failures: list, positions: Sequence[int]) -> np.ndarray:
+    """Which ``outputs`` fit under the producer's limit; the inputs (``positions``) of the others join ``failures``."""
+    fits = np.ones(len(outputs), dtype=bool)
+    for j, reason in oversized(outputs):
+        fits[j] = False
+        failures.append((int(positions[j]), reason))
+    return fits
 
 
 def _provenance(chain: Sequence) -> dict:
@@ -107,22 +127,59 @@ class RecordRepairer:
                                      scored)
             outcome.repaired = [(_output_key(messages[decoded.index[i]], rid), v)
                                 for i, rid, v in zip(ok, fields.ids, values)]
+            fits = _fitting(outcome.repaired, failures, decoded.index[ok])
+            if not fits.all():  # rare: only then are the rows copied
+                ok, fields = ok[fits], fields.take(np.flatnonzero(fits))
+                imputed = imputed[fits] if imputed is not None else None
+                outcome.repaired = [pair for pair, fit in zip(outcome.repaired, fits.tolist()) if fit]
             outcome.out_of_range = int(result.out_of_range.sum())
             outcome.event_times = [ts for ts in fields.ts if ts is not None]
             outcome.imputed = 0 if imputed is None else int(imputed.sum())
+            sent = decoded.index[ok]
+            times, outcome.skewed = monitor_times(fields.ts, lambda rows: [_arrival(messages[i]) for i in sent[rows]],
+                                                  self.config.monitor.max_event_time_skew, time.time())
+            EVENT_TIME_SKEWED.labels(self.agent).inc(outcome.skewed)
             # Fairness is measured on records with their true s: imputed ones are only counted.
-            measured = ok if imputed is None else ok[~imputed]
-            times = [fields.ts[i] for i in (np.arange(len(ok)) if imputed is None else np.flatnonzero(~imputed))]
+            mine = slice(None) if imputed is None else ~imputed
+            measured = ok[mine]
             outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
-                                                   result.out_of_range[measured], [ts for ts in times if ts is not None],
+                                                   result.out_of_range[measured], times[mine],
                                                    result.columns.get("decision"), measured)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
 
-def _monitor_batch(batch: Batch, repaired, out_of_range, event_times, decision, rows) -> RepairedBatch:
-    n = len(batch)
-    ts = np.array(event_times, dtype=np.float64) if len(event_times) == n else np.full(n, time.time())
+def monitor_times(event_times: Sequence, arrivals: Callable[[np.ndarray], Sequence], max_skew: float,
+                  now: float) -> tuple[np.ndarray, int]:
+    """The time the monitor files each record under, and how many event times it did not believe.
+
+    A record's ``ts`` within ``max_skew`` seconds of ``now`` (either way) is its time. A missing ``ts``, or an
+    implausible one (counted: ``ts = 1e15`` would move the time window 30 million years ahead and freeze it),
+    gives way to the record's arrival: its Kafka timestamp when that is plausible, else ``now``.
+    ``arrivals(rows)`` gives the Kafka timestamps (seconds, None where unknown) of those rows only. The output
+    record keeps its ``ts`` as sent: only the monitor's filing changes.
+
+    >>> monitor_times([100.0, 1e15, None], lambda rows: [[99.0, 98.0, None][i] for i in rows], 60, now=110.0)
+    (array([100.,  98., 110.]), 1)
+    """
+    ts = np.array(event_times, dtype=np.float64)  # None: NaN, never believed
+    believed = np.abs(ts - now) <= max_skew
+    if believed.all():
+        return ts, 0
+    skewed = int(np.count_nonzero(~(believed | np.isnan(ts))))
+    rows = np.flatnonzero(~believed)
+    arrival = np.array(arrivals(rows), dtype=np.float64)
+    ts[rows] = np.where(np.abs(arrival - now) <= max_skew, arrival, now)
+    return ts, skewed
+
+
+def _arrival(message: MessageLike) -> float | None:
+    """When the message reached Kafka (its timestamp, seconds), if it says; -1 (none) is implausible anyway."""
+    timestamp = getattr(message, "timestamp", None)
+    return None if timestamp is None else timestamp / 1000
+
+
+def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, decision, rows) -> RepairedBatch:
     return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
                          out_of_range=out_of_range, decision=None if decision is None else decision[rows])
 
@@ -143,10 +200,13 @@ class EmbeddingRepairer:
         else:
             vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance([active])
         values = encode_embeddings(decoded.records, vectors, prov, decoded.digests)
-        labelled = [k for k, r in enumerate(decoded.records) if r.get("identity") is not None]
+        repaired = [(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)]
+        failures = list(decoded.errors)
+        fits = _fitting(repaired, failures, decoded.index).tolist()
+        labelled = [k for k, r in enumerate(decoded.records) if fits[k] and r.get("identity") is not None]
         return BatchOutcome(
-            repaired=[(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)],
-            dead=_dead_letters(messages, decoded.errors, self.agent),
+            repaired=[pair for pair, fit in zip(repaired, fits) if fit],
+            dead=_dead_letters(messages, failures, self.agent),
             version=prov["version"],
             labelled=(vectors[labelled], *zip(*[(decoded.records[k]["identity"], decoded.records[k].get("group"),
                                                  decoded.records[k]["id"]) for k in labelled])) if labelled else None,

@@ -23,15 +23,20 @@ from hypothesis.extra.numpy import arrays
 
 from fairstream.streams import codec
 from fairstream.streams.codec import (
+    MAX_DEAD_LETTER_KEY,
     MAX_DEAD_LETTER_ORIGINAL,
+    MAX_OUTPUT_BYTES,
+    MAX_REASON_CHARS,
     RecordFields,
     dead_letter,
+    dead_letter_key,
     decode_embeddings,
     decode_records,
     encode_embeddings,
     encode_repaired,
     input_digest,
     original_bytes,
+    output_bytes,
     provenance,
 )
 from fairstream.streams.config import AgentConfig, EmbeddingConfig, adult_config
@@ -458,6 +463,32 @@ def test_oversized_garbage_is_refused_as_oversized_before_parsing():
                                 f"{ADULT.max_message_bytes} bytes")
 
 
+def both_inputs() -> list:
+    """(config, decoder, record maker) of records.in and of embeddings.in."""
+    return [(ADULT, decode_records, record), (EMB, decode_embeddings, emb)]
+
+
+@pytest.mark.parametrize("longest, too_long", [
+    ("\U0001f600" * codec.MAX_ID_CHARS, "x" * (codec.MAX_ID_CHARS + 1)),
+    (10 ** (codec.MAX_ID_CHARS - 1), -(10 ** codec.MAX_ID_CHARS)),
+    (2**3300, 10**codec.MAX_ID_CHARS),  # the fast path's longest integer, and the reference path's first refusal
+], ids=["text", "integer", "fast path's last integer"])
+def test_an_id_is_a_record_key_of_at_most_max_id_chars_characters_on_both_inputs(longest, too_long):
+    for config, decode, make in both_inputs():
+        assert decode([raw(make(id=longest))], config).keys.tolist() == [str(longest)]
+        assert one_error(raw(make(id=too_long)), config, decode) == (
+            f"id must be at most {codec.MAX_ID_CHARS} characters long, got {len(str(too_long))}")
+
+
+def test_an_id_with_a_lone_surrogate_is_refused_and_an_escaped_pair_is_one_character():
+    # json.loads keeps a lone surrogate, which has no UTF-8 bytes: the output key of a keyless message crashed.
+    for config, decode, make in both_inputs():
+        assert one_error(raw(make(id="\ud800x")), config, decode) == (
+            "id must be Unicode text without lone surrogates, got '\\ud800x'")
+    pair = raw(record(id="x")).replace(b'"x"', b'"\\ud83d\\ude00"')
+    assert accepted(pair).keys.tolist() == ["\U0001f600"]
+
+
 # Inputs on which Python's json.loads raises something other than JSONDecodeError, or which it turns
 # into values the validation then fails on with an exception rather than Invalid. Each must be
 # dead-lettered with a reason (naming the field where there is one) and never raise.
@@ -872,9 +903,9 @@ def test_decode_then_encode_embeddings():
 
 
 @PROPERTY
-@given(value=st.none() | st.binary(max_size=300), reason=st.text(), topic=st.text(min_size=1),
-       partition=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1), agent=st.sampled_from(["records", "embeddings"]),
-       key=st.none() | st.binary(min_size=1, max_size=40))
+@given(value=st.none() | st.binary(max_size=300), reason=st.text(max_size=MAX_REASON_CHARS),
+       topic=st.text(min_size=1, max_size=249), partition=st.integers(0, 2**31 - 1), offset=st.integers(0, 2**63 - 1),
+       agent=st.sampled_from(["records", "embeddings"]), key=st.none() | st.binary(min_size=1, max_size=40))
 def test_dead_letter_keeps_the_exact_original_bytes(value, reason, topic, partition, offset, agent, key):
     envelope = dead_letter(value, reason, topic, partition, offset, agent, key=key)
     assert isinstance(envelope, bytes)
@@ -884,8 +915,9 @@ def test_dead_letter_keeps_the_exact_original_bytes(value, reason, topic, partit
         reason, agent, topic, partition, offset)
     assert original_bytes(letter) == (value or b"")
     assert letter["key_b64"] == (base64.b64encode(key).decode() if key else None)
-    if key:
-        assert base64.b64decode(letter["key_b64"]) == key
+    assert (letter["key_size"], letter["key_sha256"], letter["key_truncated"]) == (
+        (len(key), hashlib.sha256(key).hexdigest(), False) if key else (None, None, False))
+    assert dead_letter_key(key) == key  # a key that fits is the dead letter's own key, unchanged
 
 
 @pytest.mark.parametrize("value", [b"", None, b"\xff\xfe\x00", b"\x00", GOOD, b"[" * 1000, bytes(range(256))])
@@ -964,6 +996,56 @@ def test_repaired_output_matches_its_schema():
 def test_docstring_example():
     result = doctest.testmod(codec, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 2 and result.failed == 0
+
+
+# A character of each JSON escape length (1, 2, 6, 12 bytes), so reasons quoting them grow the most.
+ESCAPED = ["a", '"', "\x01", "\u20ac", "\U0001f600"]
+
+
+def producer_bytes(key: bytes | None, value: bytes) -> int:
+    """What the worker's producer (aiokafka) counts against its max_request_size for one record."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    return DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, [])
+
+
+@settings(max_examples=40, deadline=None)
+@given(key_size=st.sampled_from([0, 1, MAX_DEAD_LETTER_KEY, MAX_DEAD_LETTER_KEY + 1, 460_000, MAX_OUTPUT_BYTES])
+       | st.integers(0, MAX_OUTPUT_BYTES + 100),
+       value_size=st.sampled_from([0, MAX_DEAD_LETTER_ORIGINAL, MAX_DEAD_LETTER_ORIGINAL + 1, 3_000_000])
+       | st.integers(0, 2 * MAX_OUTPUT_BYTES),
+       reason_char=st.sampled_from(ESCAPED), reason_length=st.integers(0, 3 * MAX_REASON_CHARS))
+def test_a_dead_letter_with_its_key_fits_under_the_producer_limit_whatever_arrived(key_size, value_size, reason_char,
+                                                                                  reason_length):
+    key = (bytes(range(256)) * (key_size // 256 + 1))[:key_size] or None
+    value = (b"v" * value_size) or None
+    reason = "feature 'age' has a non-numeric value " + reason_char * reason_length
+    letter_bytes = dead_letter(value, reason, "p" * 200 + ".records.in", 2**31 - 1, 2**63 - 1, "embeddings", key=key)
+    kafka_key = dead_letter_key(key)
+    assert output_bytes(kafka_key, letter_bytes) <= MAX_OUTPUT_BYTES
+    assert producer_bytes(kafka_key, letter_bytes) <= MAX_OUTPUT_BYTES
+    letter = strict_loads(letter_bytes)
+    # What was cut is named by its full size and sha256; what was kept is the start of it.
+    assert original_bytes(letter) == (value or b"")[:MAX_DEAD_LETTER_ORIGINAL]
+    assert letter["original_truncated"] == (value_size > MAX_DEAD_LETTER_ORIGINAL)
+    assert letter["original_size"] == value_size
+    assert letter["original_sha256"] == hashlib.sha256(value or b"").hexdigest()
+    if key:
+        assert base64.b64decode(letter["key_b64"]) == kafka_key == key[:MAX_DEAD_LETTER_KEY]
+        assert (letter["key_size"], letter["key_sha256"]) == (key_size, hashlib.sha256(key).hexdigest())
+        assert letter["key_truncated"] == (key_size > MAX_DEAD_LETTER_KEY)
+    else:
+        assert letter["key_b64"] is None and kafka_key is None
+    assert len(letter["reason"]) == min(len(reason), MAX_REASON_CHARS) and letter["reason"][:30] == reason[:30]
+
+
+def test_the_460_kb_key_of_the_issue_gives_a_dead_letter_under_the_limit():
+    key = b"k" * 460_000  # with its base64 copy, the dead letter was 1,073,799 bytes
+    letter_bytes = dead_letter(b'{"id": "x"}', "missing field(s) ['features']", "fairstream.records.in", 0, 7,
+                               "records", key=key)
+    assert producer_bytes(dead_letter_key(key), letter_bytes) <= MAX_OUTPUT_BYTES
+    letter = json.loads(letter_bytes)
+    assert letter["key_truncated"] and letter["key_size"] == 460_000 and not letter["original_truncated"]
 
 
 @pytest.mark.parametrize("size", [500_000, 800_000, 1_500_000, 3_000_000])

@@ -329,6 +329,8 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("monitor", "statistic", "e", "a statistic ('dependence_e', 'w1',"),
     ("monitor", "statistic", ["w1", "w1"], "a non-empty list of distinct ones"),
     ("pipeline", "max_message_bytes", 2**30, "an integer >= 64 and <= 524288"),
+    ("monitor", "max_event_time_skew", 0, "a number > 0 and <= 604800"),
+    ("monitor", "max_event_time_skew", float("inf"), "a number > 0 and <= 604800"),
     ("pipeline", "name", "my pipeline", "a name of letters, digits, '_', '-' and inner dots (at most 200 characters)"),
     ("pipeline", "label", "yes", "true or false"),
 ], ids=lambda v: str(v)[:20])
@@ -346,6 +348,16 @@ def test_monitor_settings_that_would_silence_the_monitor_are_refused(key):
     data["monitor"].update(window_records=100, min_records=50, buckets=10)
     data["monitor"][key] = 101
     assert config_error(data) == f"monitor.{key} must be at most monitor.window_records (100), got 101"
+
+
+def test_an_event_time_skew_wider_than_the_time_window_is_refused():
+    # A believed ts further ahead than the window would leave every batch after it out of the time window.
+    data = adult_data()
+    data["monitor"].update(window_seconds=30, max_event_time_skew=31)
+    assert config_error(data) == "monitor.max_event_time_skew must be at most monitor.window_seconds (30.0), got 31.0"
+    data["monitor"]["max_event_time_skew"] = 30
+    assert PipelineConfig.from_dict(data).monitor.max_event_time_skew == 30.0
+    assert adult_config().monitor.max_event_time_skew == 60.0
 
 
 @pytest.mark.parametrize("port", [0, 9464, "off"])

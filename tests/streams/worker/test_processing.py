@@ -1,9 +1,11 @@
-"""The worker's batch logic without a broker: records through the module protocol, imputed s."""
+"""The worker's batch logic without a broker: records through the module protocol, imputed s, event times."""
 
 import json
+import time
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
@@ -84,3 +86,34 @@ def test_a_plan_without_a_posterior_cannot_serve_an_imputing_pipeline(adult):
 def test_missing_s_must_name_a_known_policy():
     with pytest.raises(ConfigError, match="missing_s must be 'dead_letter' or 'impute', got 'guess'"):
         AgentConfig(artifact="plan", missing_s="guess")
+
+
+def with_ts(message: SimpleMessage, ts, timestamp_ms=None) -> SimpleMessage:
+    """The message with its record's ts replaced (None: no ts) and a Kafka timestamp."""
+    record = {k: v for k, v in json.loads(message.value).items() if k != "ts"}
+    return SimpleMessage(json.dumps(record if ts is None else {**record, "ts": ts}).encode(), message.key,
+                         timestamp=timestamp_ms)
+
+
+def skewed_count() -> float:
+    return REGISTRY.get_sample_value("fairstream_records_event_time_skewed_total", {"agent": "records"}) or 0.0
+
+
+def test_an_implausible_event_time_is_counted_and_the_monitor_files_the_record_at_its_arrival(adult):
+    data, plan = adult
+    config = adult_config()  # max_event_time_skew = 60 s
+    now = time.time()
+    sent = messages(data.subset(slice(0, 4)), config)
+    batch = [with_ts(sent[0], now - 30),  # plausible: believed
+             with_ts(sent[1], 1e15, timestamp_ms=int((now - 5) * 1000)),  # 30 million years ahead: its arrival
+             with_ts(sent[2], -1e15, timestamp_ms=-1),  # long before the epoch, and no Kafka timestamp: now
+             with_ts(sent[3], None, timestamp_ms=int((now - 3) * 1000))]  # no ts: its arrival, not counted
+    before = skewed_count()
+    outcome = RecordRepairer(config).process(batch, plan)
+    assert len(outcome.repaired) == 4 and outcome.skewed == 2 and skewed_count() == before + 2
+    ts = outcome.monitor_batch.ts
+    assert ts[0] == now - 30 and ts[1] == pytest.approx(now - 5, abs=0.01) and ts[3] == pytest.approx(now - 3, abs=0.01)
+    assert now <= ts[2] <= time.time()
+    # The records themselves keep the ts they were sent with: it is the user's data.
+    assert [json.loads(v).get("ts") for _, v in outcome.repaired] == [now - 30, 1e15, -1e15, None]
+    assert outcome.event_times == [now - 30, 1e15, -1e15]  # the latency histogram skips the implausible itself

@@ -55,3 +55,14 @@ def test_a_conflicting_id_is_told_apart_from_a_replay_by_the_input_digest(clampi
     letter = json.loads(repairer.process([message("dup", 1e308, 40)], clamping_plan).dead[0][1])
     assert letter["input_digest"] == input_digest(message("dup", 1e308, 40).value)
     assert np.unique([o["input_digest"] for o in out] + [letter["input_digest"]]).size == 3
+
+
+def test_a_keyless_record_whose_id_has_no_utf8_text_is_dead_lettered_not_a_crash(clamping_plan):
+    # json.loads keeps the lone surrogate; the output key of a keyless message (the id's UTF-8 text) raised,
+    # and the batch, and every replay of it, failed.
+    value = b'{"id": "\\ud800x", "features": {"age": 30, "hours-per-week": 40}, "s": 0, "u": 1}'
+    outcome = RecordRepairer(CONFIG).process([SimpleMessage(value, key=None), message("after", 30, 40)],
+                                             clamping_plan)
+    assert [key for key, _ in outcome.repaired] == [b"after"]
+    ((key, letter),) = outcome.dead
+    assert key is None and json.loads(letter)["reason"].startswith("id must be Unicode text without lone surrogates")
