@@ -162,6 +162,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     datadir = Path(args.run_dir) / "faust-data"
     datadir.mkdir(parents=True, exist_ok=True)  # a fresh --run-dir is created, not a FileNotFoundError
     with _broker(args) as broker:
+        if args.supervise:  # the broker is resolved here, so every restarted worker talks to the same one
+            from fairstream.streams.ops.supervise import Supervisor, worker_argv
+
+            return Supervisor(worker_argv(args.config, broker.url, args.run_dir, args.app_id, args.metrics_port,
+                                          args.loglevel, args.debug), max_restarts=args.max_restarts).run()
         ensure_topics(broker.bootstrap, config.topics)
         app = create_app(config, broker.bootstrap, app_id=args.app_id, datadir=str(datadir))
         run_worker(app, loglevel=args.loglevel)
@@ -217,9 +222,12 @@ def _control(config, bootstrap: str):
 
 def _cmd_artifacts(args: argparse.Namespace) -> int:
     from fairstream.repair import artifacts
+    from fairstream.streams.control.client import check_fits
 
     config = _config(args)  # before the broker: a bad config stops the command before anything starts
     artifact = artifacts.load(args.file) if args.action == "publish" else None
+    if artifact is not None and not args.force:  # what every worker would refuse at load is refused here
+        check_fits(artifact, config.schema(), f"{config.name!r} ({args.config or 'the built-in Adult pipeline'})")
     with _broker(args) as broker:
         control = _control(config, broker.bootstrap)
         if args.action == "publish":
@@ -227,18 +235,44 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
             print(f"published {record.kind} version {record.version} (sha256 {record.sha256[:12]}, "
                   f"{'inline' if record.blob_b64 else 'by path'}) to {control.topic}")
         elif args.action == "rollback":
-            record = control.rollback_sync(args.kind)
+            record = control.rollback_sync(args.kind, args.to)
             print(f"rolled {record.kind} back to version {record.version} (sha256 {record.sha256[:12]})")
         else:
-            rows = control.listing_sync()
-            print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}active")
-            for row in rows:
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["published_at"])) if row["published_at"] else "-"
-                print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
-                      f"{when:<22}{'*' if row['active'] else ''}")
-            if not rows:
-                print(f"(no artifacts published on {control.topic})")
+            _print_listing(control)
     return 0
+
+
+def _print_listing(control) -> None:
+    """Every record with its verdict, the workers serving each version beside it, then every announced worker."""
+    rows, workers, now = control.listing_sync(), control.workers_sync(), time.time()
+    print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}{'active':<8}served by")
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["published_at"])) if row["published_at"] else "-"
+        mark = "refused" if row["refused"] else "*" if row["active"] else "-"
+        beside = f"ignored by every worker: {row['refused']}" if row["refused"] else ", ".join(
+            f"{w['worker']} ({_ago(w['age'])}{', stale' if w['stale'] else ''})" for w in row["served_by"])
+        print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
+              f"{when:<22}{mark:<8}{beside}".rstrip())
+    if not rows:
+        print(f"(no artifacts published on {control.topic})")
+    if workers:
+        print(f"\nworkers (latest announcement on {control.topic}; a running worker announces every "
+              f"{_ago(workers[0].every, '')}):")
+    for worker in workers:
+        serving = ", ".join(f"{kind} v{version}" for kind, version, _ in worker.serving) or "nothing yet"
+        state = "stopped" if worker.state == "stopped" else f"serves {serving}"
+        missing = [kind for kind in worker.kinds if kind not in {k for k, _, _ in worker.serving}]
+        held = f"; holding input: no {', '.join(missing)} loaded" if missing and worker.state != "stopped" else ""
+        stale = "; stale: no announcement since, the worker is probably gone" if worker.is_stale(now) else ""
+        print(f"  {worker.worker}  {state}{held}  (announced {_ago(now - worker.at)}{stale})")
+
+
+def _ago(seconds: float, suffix: str = " ago") -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}{suffix}"
+    return f"{seconds:.0f}s{suffix}"
 
 
 def _cmd_alerts(args: argparse.Namespace) -> int:
@@ -321,6 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="this worker's /metrics port, overriding [monitor] metrics_port: 0 = any free port "
                           "(logged), off = no endpoint")
     wrk.add_argument("--loglevel", default="info")
+    wrk.add_argument("--supervise", action="store_true",
+                     help="run the worker as a child process and start it again whenever it exits non-zero "
+                          "(back-off doubling from 1 s to 60 s); SIGTERM is passed on, a clean stop exits 0")
+    wrk.add_argument("--max-restarts", type=int, default=10, metavar="N",
+                     help="with --supervise: give up after N restarts within 10 minutes (default: 10)")
     wrk.set_defaults(func=_cmd_worker)
 
     rpl = sub.add_parser("replay", help="send a data set to records.in as JSON records (with a progress bar)")
@@ -344,9 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
     art_sub = art.add_subparsers(dest="action", required=True, metavar="ACTION")
     publish = art_sub.add_parser("publish", help="publish a saved artifact (its manifest .json or .npz path) as the next version")
     publish.add_argument("file")
-    art_sub.add_parser("list", help="every version published, and which one is active")
+    publish.add_argument("--force", action="store_true",
+                         help="publish even if the artifact does not fit the pipeline config (every worker refuses it)")
+    art_sub.add_parser("list", help="every version published, which one is active and which workers serve it")
     rollback = art_sub.add_parser("rollback", help="re-activate the version that was active before the current one")
     rollback.add_argument("kind", help="artifact kind, e.g. plan")
+    rollback.add_argument("--to", type=int, metavar="VERSION", help="re-activate this published version instead")
     for p in (publish, art_sub.choices["list"], rollback):
         _add_common(p)
         p.set_defaults(func=_cmd_artifacts)

@@ -1,7 +1,11 @@
 """The publisher's client of the control topic: publish, roll back and list artifact versions.
 
 Every record is sent under its own :func:`~fairstream.streams.control.records.control_key`, so the
-history survives compaction and rollback can always go back.
+history survives compaction and rollback can always go back. Versions follow the one rule of
+:class:`~fairstream.streams.control.records.VersionLedger`, which the workers' registries apply
+too: :meth:`ControlClient.publish` proposes the highest version claimed so far plus one, writes,
+reads the log back to its own record and, if an earlier record took that version (another
+publisher at the same moment), withdraws its record and publishes again under the next version.
 """
 
 from __future__ import annotations
@@ -9,19 +13,33 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import time
+from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from fairstream.models.kinds import load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact, ArtifactError
+from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
-from .records import ControlError, control_key, encode_control, is_stale, parse_control, parse_event
+from .records import (
+    ControlError,
+    VersionLedger,
+    WorkerStatus,
+    control_key,
+    encode_control,
+    notice,
+    parse_announcement,
+    parse_control,
+    parse_event,
+)
 from .registry import control_consumer, message_limit, open_at_beginning
 from .store import ArtifactStore
 
@@ -29,10 +47,65 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INLINE_LIMIT = 512 * 1024
 """Encoded artifacts up to this many bytes travel inside the control message (base64 adds 1/3)."""
-# Kafka clients default to 1 MiB per request/fetch; an inline blob near the limit plus base64 and
-# JSON overhead must still fit, so the limits follow inline_limit.
-_MIN_MESSAGE_BYTES = 1024 * 1024
-_MESSAGE_OVERHEAD = 64 * 1024
+PUBLISH_ATTEMPTS = 8
+"""How many versions one publish tries before giving up (each loss means another publisher took one)."""
+
+
+# --------------------------------------------------------------------------- the log as every reader resolves it
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One artifact record of the control topic, and why the version rule ignores it (None: it takes effect)."""
+
+    offset: int
+    record: ControlRecord
+    refusal: str | None
+
+
+@dataclass
+class ControlLog:
+    """The control topic read in log order through one :class:`VersionLedger`, as a worker's registry reads it.
+
+    ``entries`` are the artifact records (refused ones included, with the reason), ``workers`` the
+    latest announcement of each worker, ``events`` the events de-duplicated by key.
+    """
+
+    ledger: VersionLedger = field(default_factory=VersionLedger)
+    entries: list[Entry] = field(default_factory=list)
+    workers: dict[str, WorkerStatus] = field(default_factory=dict)
+    events: dict[bytes, dict] = field(default_factory=dict)
+
+    def add(self, message) -> None:
+        """Read one message (in log order)."""
+        kind = notice(message.value)
+        if kind == "announcement":
+            status = parse_announcement(message.value)
+            if status is not None:
+                self.workers[status.worker] = status
+        elif kind == "event":
+            self.events.setdefault(message.key, parse_event(message.value))
+        elif kind is None:
+            try:
+                record = parse_control(message.value)
+            except ControlError as exc:
+                log.warning("skipping unreadable control record at offset %d: %s", message.offset, exc)
+                return
+            self.entries.append(Entry(message.offset, record, self.ledger.admit(record)))
+
+    def history(self) -> list[ControlRecord]:
+        """The records that take effect, in log order."""
+        return [entry.record for entry in self.entries if entry.refusal is None]
+
+    def at(self, offset: int) -> Entry | None:
+        """The artifact record at ``offset``, if one was read there."""
+        return next((entry for entry in reversed(self.entries) if entry.offset == offset), None)
+
+    def published(self, kind: str, version: int) -> ControlRecord | None:
+        """The publish that claimed ``version`` of ``kind``, or None if none did."""
+        return next((e.record for e in self.entries if e.refusal is None and e.record.action == "publish"
+                     and (e.record.kind, e.record.version) == (kind, version)), None)
+
 
 # --------------------------------------------------------------------------- the publisher's client
 
@@ -68,80 +141,97 @@ class ControlClient:
 
     # ------------------------------------------------------------------ async API
 
-    async def _messages(self) -> list:
-        """Every message on the control topic, in log order, up to its current end."""
-        await self._ensure_topic()
-        consumer = control_consumer(self.bootstrap, message_limit(self.inline_limit) * 16)
-        await consumer.start()
-        try:
-            return await self._read_to_end(consumer)
-        finally:
-            await consumer.stop()
+    async def read(self) -> ControlLog:
+        """The control topic from its beginning to its current end, resolved by the version rule."""
+        control = ControlLog()
+        async with self._reader() as reader:
+            await reader.read_to_end(control)
+        return control
 
     async def history(self) -> list[ControlRecord]:
-        """Every readable record on the control topic, in log order, up to its current end."""
-        return _parse_history(await self._messages())
+        """Every record that takes effect (collisions and other refusals left out), in log order."""
+        return (await self.read()).history()
 
     async def events(self) -> list[dict]:
         """Every event on the control topic (e.g. re-embed notices), in log order, de-duplicated by key."""
-        seen: dict[bytes, dict] = {}
-        for message in await self._messages():
-            event = parse_event(message.value)
-            if event is not None:
-                seen.setdefault(message.key, event)
-        return list(seen.values())
+        return list((await self.read()).events.values())
+
+    async def workers(self) -> list[WorkerStatus]:
+        """The latest announcement of every worker that announced on the control topic, in log order."""
+        return list((await self.read()).workers.values())
 
     async def publish(self, artifact: Artifact) -> ControlRecord:
-        """Publish ``artifact`` as the next version of its kind; returns the delivered record."""
-        history = await self.history()
-        version = 1 + max((r.version for r in history if r.kind == artifact.kind), default=0)
-        artifact = artifacts.with_version(artifact, version)
-        path = self.store.put(artifact)
-        blob = artifacts.encode(artifact)
-        inline = len(blob) <= self.inline_limit
-        record = ControlRecord(
-            kind=artifact.kind,
-            version=version,
-            sha256=artifact.sha256,
-            action="publish",
-            blob_b64=base64.b64encode(blob).decode("ascii") if inline else None,
-            path=None if inline else str(path.resolve()),
-            published_at=time.time(),
-        )
-        await self._send(record)
-        log.info("published %s version %d (sha256 %s, %s)", record.kind, version, record.sha256[:12],
-                 "inline" if inline else f"by path {record.path}")
-        return record
+        """Publish ``artifact`` as the next version of its kind; returns the delivered record.
 
-    async def rollback(self, kind: str) -> ControlRecord:
-        """Re-activate the version ``kind`` served before the active one; returns the delivered record."""
-        stacks = _activation_stacks(await self.history())
+        Compare-and-set through the log order: propose the next version, write, read back to the
+        written record; if an earlier record took the version, withdraw ours (a tombstone under its
+        key, so compaction removes it) and try the next one.
+        """
+        async with self._reader() as reader, self._producer() as producer:
+            control = ControlLog()
+            await reader.read_to_end(control)
+            for _ in range(PUBLISH_ATTEMPTS):
+                record = self._publish_record(artifact, control.ledger.next_version(artifact.kind))
+                key, value = self._encoded(record)
+                offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
+                await reader.read_through(control, offset)
+                mine = control.at(offset)
+                if mine is not None and mine.refusal is None:
+                    log.info("published %s version %d (sha256 %s, %s)", record.kind, record.version,
+                             record.sha256[:12], "inline" if record.blob_b64 else f"by path {record.path}")
+                    return record
+                await producer.send_and_wait(self.topic, None, key=key, partition=0)  # withdraw the loser
+                same = control.published(record.kind, record.version)
+                if same is not None and same.sha256 == record.sha256:  # a twin publish of this very artifact won
+                    return same
+                log.warning("%s version %d was taken by another publish at the same moment; trying the next version",
+                            record.kind, record.version)
+        raise ControlError(f"could not publish {artifact.kind}: {PUBLISH_ATTEMPTS} versions in a row were taken by "
+                           f"other publishers on {self.topic}")
+
+    async def rollback(self, kind: str, version: int | None = None) -> ControlRecord:
+        """Re-activate ``version`` of ``kind`` (default: the one active before the current one); returns the record.
+
+        Only a version in the history can be named; anything the workers' version rule would
+        refuse is refused here, before anything is written.
+        """
+        control = await self.read()
+        stacks = _activation_stacks(control.history())
         if kind not in stacks:
             known = ", ".join(sorted(stacks)) or "none"
             raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
         stack = stacks[kind]
-        if len(stack) < 2:
-            raise ControlError(f"nothing to roll back to: no {kind} version was active before version {stack[-1].version}")
-        target = stack[-2]
+        target = self._rollback_target(control, stack, kind, version)
         self._check_loadable(target)
-        record = ControlRecord(
-            kind=kind,
-            version=target.version,
-            sha256=target.sha256,
-            action="rollback",
-            blob_b64=target.blob_b64,
-            path=target.path,
-            published_at=time.time(),
-        )
+        record = ControlRecord(kind=kind, version=target.version, sha256=target.sha256, action="rollback",
+                               blob_b64=target.blob_b64, path=target.path, published_at=time.time())
+        refusal = control.ledger.admit(record)  # the workers' rule, applied before writing
+        if refusal is not None:
+            raise ControlError(f"refusing to roll back: {refusal}")
         await self._send(record)
         log.info("rolled %s back from version %d to %d", kind, stack[-1].version, target.version)
         return record
 
     async def listing(self) -> list[dict]:
-        """One row per control record (log order), for ``fairstream artifacts list``."""
-        history = await self.history()
+        """One row per artifact record (log order) with its verdict, for ``fairstream artifacts list``.
+
+        ``active``: the version the rule makes current; ``refused``: why every worker ignores the
+        record (None if it takes effect); ``served_by``: the workers that announced they serve
+        this version, on the last record that activated it.
+        """
+        control = await self.read()
+        history = control.history()
         active = {id(stack[-1]) for stack in _activation_stacks(history).values()}
-        return [_row(record, id(record) in active) for record in history]
+        last_of_version = {(r.kind, r.version): id(r) for r in history}
+        now = time.time()
+        rows = []
+        for entry in control.entries:
+            record = entry.record
+            shows_workers = entry.refusal is None and last_of_version[(record.kind, record.version)] == id(record)
+            workers = [w for w in control.workers.values() if shows_workers
+                       and w.serves(record.kind, record.version, record.sha256)]
+            rows.append(_row(entry, id(record) in active, workers, now))
+        return rows
 
     # ------------------------------------------------------------------ sync twins for the CLI
 
@@ -153,13 +243,17 @@ class ControlClient:
         """Blocking :meth:`events`."""
         return asyncio.run(self.events())
 
+    def workers_sync(self) -> list[WorkerStatus]:
+        """Blocking :meth:`workers`."""
+        return asyncio.run(self.workers())
+
     def publish_sync(self, artifact: Artifact) -> ControlRecord:
         """Blocking :meth:`publish`."""
         return asyncio.run(self.publish(artifact))
 
-    def rollback_sync(self, kind: str) -> ControlRecord:
+    def rollback_sync(self, kind: str, version: int | None = None) -> ControlRecord:
         """Blocking :meth:`rollback`."""
-        return asyncio.run(self.rollback(kind))
+        return asyncio.run(self.rollback(kind, version))
 
     def listing_sync(self) -> list[dict]:
         """Blocking :meth:`listing`."""
@@ -183,20 +277,20 @@ class ControlClient:
             await ensure_topics_async(self.bootstrap, self.topics, self.timeout)
         self._topic_checked = True
 
-    async def _read_to_end(self, consumer: AIOKafkaConsumer) -> list:
-        partition, end = await open_at_beginning(consumer, self.topic)
-        deadline = time.monotonic() + self.timeout
-        messages = []
-        while await consumer.position(partition) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self.topic} up to offset {end} within {self.timeout:.0f}s")
-            batch = await consumer.getmany(partition, timeout_ms=200)
-            messages.extend(batch.get(partition, []))
-        return messages
-
-    async def _send(self, record: ControlRecord) -> None:
+    @contextlib.asynccontextmanager
+    async def _reader(self):
         await self._ensure_topic()
-        value = encode_control(record)
+        consumer = control_consumer(self.bootstrap, message_limit(self.inline_limit) * 16)
+        await consumer.start()
+        try:
+            partition, end = await open_at_beginning(consumer, self.topic)
+            yield _Reader(consumer, partition, end, self.timeout, self.topic)
+        finally:
+            await consumer.stop()
+
+    @contextlib.asynccontextmanager
+    async def _producer(self):
+        await self._ensure_topic()
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap,
             **aiokafka_options(),
@@ -206,9 +300,50 @@ class ControlClient:
         )
         await producer.start()
         try:
-            await producer.send_and_wait(self.topic, value, key=control_key(record, value), partition=0)
+            yield producer
         finally:
             await producer.stop()
+
+    @staticmethod
+    def _encoded(record: ControlRecord) -> tuple[bytes, bytes]:
+        value = encode_control(record)
+        return control_key(record, value), value
+
+    async def _send(self, record: ControlRecord) -> None:
+        key, value = self._encoded(record)
+        async with self._producer() as producer:
+            await producer.send_and_wait(self.topic, value, key=key, partition=0)
+
+    def _publish_record(self, artifact: Artifact, version: int) -> ControlRecord:
+        artifact = artifacts.with_version(artifact, version)
+        path = self.store.put(artifact)
+        blob = artifacts.encode(artifact)
+        inline = len(blob) <= self.inline_limit
+        return ControlRecord(
+            kind=artifact.kind,
+            version=version,
+            sha256=artifact.sha256,
+            action="publish",
+            blob_b64=base64.b64encode(blob).decode("ascii") if inline else None,
+            path=None if inline else str(path.resolve()),
+            published_at=time.time(),
+        )
+
+    def _rollback_target(self, control: ControlLog, stack: list[ControlRecord], kind: str,
+                         version: int | None) -> ControlRecord:
+        if version is None:
+            if len(stack) < 2:
+                raise ControlError(f"nothing to roll back to: no {kind} version was active before version "
+                                   f"{stack[-1].version}")
+            return stack[-2]
+        target = control.published(kind, version)
+        if target is None:
+            published = ", ".join(str(r.version) for r in control.history() if r.kind == kind and r.action == "publish")
+            raise ControlError(f"{kind} version {version} was never published on {self.topic} (published: "
+                               f"{published or 'none'}); a rollback names a version in the history")
+        if stack[-1].version == version:
+            raise ControlError(f"{kind} version {version} is already active; nothing to roll back")
+        return target
 
     def _check_loadable(self, record: ControlRecord) -> None:
         """Refuse to send a rollback every worker would refuse (blob or store file damaged)."""
@@ -225,39 +360,68 @@ class ControlClient:
             )
 
 
-def _parse_history(messages: list) -> list[ControlRecord]:
-    records = []
-    for message in messages:
-        if parse_event(message.value) is not None:  # notices such as re-embed events, not artifact records
-            continue
-        try:
-            records.append(parse_control(message.value))
-        except ControlError as exc:
-            log.warning("skipping unreadable control record at offset %d: %s", message.offset, exc)
-    return records
+@dataclass
+class _Reader:
+    """A group-less consumer at the control partition, reading into a :class:`ControlLog`."""
+
+    consumer: object
+    partition: object
+    end: int
+    timeout: float
+    topic: str
+
+    async def read_to_end(self, control: ControlLog) -> None:
+        """Read up to the end as of now: past the ListOffsets end and the fetch's high watermark.
+
+        (The embedded broker under-reports the ListOffsets end, so at least one fetch is made.)
+        """
+        await self._read(control, lambda position, highwater: position >= max(self.end, highwater or 0), fetch=True)
+
+    async def read_through(self, control: ControlLog, offset: int) -> None:
+        """Read up to and including ``offset`` (a record this client just wrote)."""
+        await self._read(control, lambda position, highwater: position > offset)
+
+    async def _read(self, control: ControlLog, done, fetch: bool = False) -> None:
+        deadline = time.monotonic() + self.timeout
+        while fetch or not done(await self.consumer.position(self.partition), self.consumer.highwater(self.partition)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {self.topic} up to its end within {self.timeout:.0f}s")
+            batch = await self.consumer.getmany(self.partition, timeout_ms=200)
+            for message in batch.get(self.partition, []):
+                control.add(message)
+            fetch = False
+
+
+def check_fits(artifact: Artifact, schema: PipelineSchema, pipeline: str) -> None:
+    """Refuse an artifact every worker of ``pipeline`` would refuse at load: the workers' own load and check.
+
+    ``pipeline`` names the pipeline in the message (e.g. its name and config file).
+    """
+    try:
+        load_module(artifact, schema)
+    except IncompatibleArtifact as exc:
+        raise IncompatibleArtifact(f"the {artifact.kind} does not fit the pipeline {pipeline}: {exc}; every worker "
+                                   "would refuse it at load (--force publishes it anyway)") from None
 
 
 def _activation_stacks(history: list[ControlRecord]) -> dict[str, list[ControlRecord]]:
     """Per kind, the versions that are active or can be rolled back to, the active one last.
 
-    A publish pushes (stale ones are skipped, by the workers' rule), a rollback pops back to its
-    version, so rolling back twice goes two versions back rather than toggling between two.
+    ``history`` holds only records the version rule admits. A publish pushes, a rollback pops back
+    to its version, so rolling back twice goes two versions back rather than toggling between two.
     """
     stacks: dict[str, list[ControlRecord]] = {}
     for record in history:
         stack = stacks.setdefault(record.kind, [])
         versions = [entry.version for entry in stack]
-        if is_stale(record, versions[-1] if versions else None):
-            continue
         if record.action == "rollback" and record.version in versions:
             del stack[versions.index(record.version):]
-        elif versions and versions[-1] == record.version:
-            stack.pop()  # the same version again: it replaces itself, it is not a new step
         stack.append(record)
     return stacks
 
 
-def _row(record: ControlRecord, active: bool) -> dict:
+def _row(entry: Entry, active: bool, workers: list[WorkerStatus], now: float) -> dict:
+    record = entry.record
     return {
         "kind": record.kind,
         "version": record.version,
@@ -266,4 +430,6 @@ def _row(record: ControlRecord, active: bool) -> dict:
         "published_at": record.published_at,
         "via": "inline" if record.blob_b64 is not None else "path",
         "active": active,
+        "refused": entry.refusal,
+        "served_by": [{"worker": w.worker, "age": max(0.0, now - w.at), "stale": w.is_stale(now)} for w in workers],
     }

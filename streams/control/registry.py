@@ -6,13 +6,20 @@ verifies the artifact, builds the module with the kind's loader (which also chec
 against the pipeline, see :mod:`fairstream.repair.protocol`) and swaps it in with a single
 assignment; anything wrong is refused, counted and logged while the previous version keeps serving.
 
-Version rule, shared by the client and every registry: a ``publish`` whose version is lower than
-the active one is stale (a replay out of order) and ignored; a ``rollback`` may go lower. Because
-the topic has one partition, every worker sees the same order and reaches the same state.
+Version rule, shared by the client and every registry (:class:`~fairstream.streams.control.records.VersionLedger`):
+a ``publish`` must take a version above every one of its kind before it in the log (a later record
+claiming a taken version is a collision, refused and counted); a ``rollback`` may go lower but
+only to a published version, and must name that version's sha256. Because the topic has one
+partition, every worker sees the same order and reaches the same state.
+
+Announcements: the worker's follower (``follow_control(..., worker=...)``) announces on the control
+topic what the worker serves (kind, version, sha256 per kind it applies) once it has caught up,
+after every swap, every few minutes, and when it stops; ``fairstream artifacts list`` shows them
+beside each version.
 
 Start-up rule: a new worker replays every record that survived compaction, in order; a record it
-refuses (garbage, a tombstone, a tampered artifact) changes nothing, so it serves the newest
-version that survived. With per-record keys (:func:`~fairstream.streams.control.records.control_key`)
+refuses (garbage, a tampered artifact, a version collision) or skips (a tombstone) changes
+nothing, so it serves the newest version that survived. With per-record keys (:func:`~fairstream.streams.control.records.control_key`)
 one hostile record can shadow at most one version, never the history of a kind.
 
 A pipeline config that disagrees with the artifact (a feature renamed in one of them) is refused
@@ -27,12 +34,16 @@ import base64
 import binascii
 import functools
 import logging
+import os
+import socket
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
@@ -41,7 +52,16 @@ from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 
-from .records import ControlError, is_stale, parse_control, parse_event
+from .records import (
+    SERVING,
+    STOPPED,
+    ControlError,
+    VersionLedger,
+    WorkerStatus,
+    encode_announcement,
+    notice,
+    parse_control,
+)
 from .store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -95,6 +115,7 @@ class ArtifactRegistry:
         self.on_refuse = on_refuse
         self.accepted_total: Counter[str] = Counter()
         self.refused_total: Counter[str] = Counter()
+        self.ledger = VersionLedger()
         self._active: Mapping[str, Active] = MappingProxyType({})
         self._refusals: dict[str, str] = {}  # kind -> its last refusal, for explain_missing
 
@@ -117,9 +138,11 @@ class ArtifactRegistry:
     def apply(self, value: bytes | None) -> bool:
         """Verify and activate one control message; False (logged, counted) if it is refused.
 
-        Events on the control topic (e.g. re-embed notices) are not artifacts: skipped, not refused.
+        Notices on the control topic (events, worker announcements, tombstones) are not artifacts:
+        skipped, not refused. A record the version rule refuses (a collision, a rollback to a version
+        never published) is refused before its artifact is even fetched.
         """
-        if parse_event(value) is not None:
+        if notice(value) is not None:
             return False
         try:
             record = parse_control(value)
@@ -127,6 +150,9 @@ class ArtifactRegistry:
             return self._refuse(UNKNOWN_KIND, "unparsable control message", str(exc))
         label = record.kind if record.kind in self.loaders else UNKNOWN_KIND
         what = f"{record.action} of {record.kind} version {record.version} (sha256 {record.sha256[:12]})"
+        version_refusal = self.ledger.admit(record)  # before loading: claims depend on the log alone
+        if version_refusal is not None:
+            return self._refuse(label, what, version_refusal)
         try:
             active = self._build(record)
         except IncompatibleArtifact as exc:  # a valid artifact that does not fit this pipeline's config
@@ -144,9 +170,6 @@ class ArtifactRegistry:
         loader = self.loaders.get(record.kind)
         if loader is None:
             raise ControlError(f"no loader for artifact kind {record.kind!r} (configured: {sorted(self.loaders)})")
-        active = self.current(record.kind)
-        if is_stale(record, active and active.version):
-            raise ControlError(f"stale publish: version {active.version} is active and only a rollback may go lower")
         artifact = self._fetch(record)
         if artifact.kind != record.kind:
             raise ControlError(f"the record is for kind {record.kind!r}, the artifact is a {artifact.kind!r}")
@@ -229,12 +252,111 @@ async def open_at_beginning(consumer: AIOKafkaConsumer, topic: str) -> tuple[Top
     return partition, end
 
 
+ANNOUNCE_EVERY = 300.0
+"""Seconds between two announcements of a worker whose versions did not change (a heartbeat)."""
+_ANNOUNCE_TIMEOUT = 10.0
+_ANNOUNCE_RETRY = 15.0
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who a worker is on the control topic: ``<app id>@<host>:<pid>``, and the kinds it applies."""
+
+    app_id: str
+    kinds: tuple[str, ...]
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+
+    @classmethod
+    def of(cls, app_id: str, config) -> "WorkerIdentity":
+        """A worker of ``config``'s pipeline: it applies the record chain, and the embedding module if configured."""
+        embedding = ("embedding",) if config.embeddings.artifact == "embedding" else ()
+        return cls(app_id, (*config.records.chain, *embedding))
+
+    @property
+    def name(self) -> str:
+        """``<app id>@<host>:<pid>``: one running worker process."""
+        return f"{self.app_id}@{self.host}:{self.pid}"
+
+
+class Announcer:
+    """Announces what one worker serves on the control topic: when it changes, every ``every`` seconds, at stop.
+
+    A failed announcement is logged and retried later; it never stops the follower (serving
+    matters more than being listed).
+    """
+
+    def __init__(self, worker: WorkerIdentity, bootstrap: str, topic: str, every: float = ANNOUNCE_EVERY):
+        self.worker, self.bootstrap, self.topic, self.every = worker, bootstrap, topic, every
+        self._producer: AIOKafkaProducer | None = None
+        self._announced: tuple | None = None  # what the last delivered announcement said
+        self._due = 0.0  # monotonic time of the next heartbeat (or retry)
+
+    def status(self, snapshot: Mapping[str, Active], state: str = SERVING) -> WorkerStatus:
+        """The worker's status now, from a registry snapshot."""
+        serving = tuple((kind, snapshot[kind].version, snapshot[kind].sha256)
+                        for kind in self.worker.kinds if kind in snapshot)
+        return WorkerStatus(self.worker.name, self.worker.app_id, self.worker.host, self.worker.pid, time.time(),
+                            self.every, self.worker.kinds, serving, state)
+
+    async def update(self, snapshot: Mapping[str, Active]) -> None:
+        """Announce if what the worker serves changed since the last announcement, or a heartbeat is due."""
+        status = self.status(snapshot)
+        if status.serving != self._announced or time.monotonic() >= self._due:
+            if await self._send(status):
+                self._announced, self._due = status.serving, time.monotonic() + self.every
+            else:
+                self._due = time.monotonic() + _ANNOUNCE_RETRY
+
+    async def close(self, snapshot: Mapping[str, Active]) -> None:
+        """Announce that the worker stopped (if it ever announced), then close the producer."""
+        if self._announced is not None:
+            await self._send(self.status(snapshot, STOPPED))
+        if self._producer is not None:
+            try:
+                await asyncio.wait_for(self._producer.stop(), _ANNOUNCE_TIMEOUT)
+            except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+                log.warning("could not close the announcement producer cleanly: %s", exc)
+
+    async def _send(self, status: WorkerStatus) -> bool:
+        key, value = encode_announcement(status)
+        try:
+            producer = await self._started_producer()
+            await asyncio.wait_for(producer.send_and_wait(self.topic, value, key=key, partition=0), _ANNOUNCE_TIMEOUT)
+        except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+            log.warning("could not announce what %s serves on %s (retrying in %.0fs): %s", self.worker.name,
+                        self.topic, _ANNOUNCE_RETRY, exc)
+            return False
+        log.info("announced on %s: %s %s", self.topic, self.worker.name, _describe(status))
+        return True
+
+    async def _started_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **aiokafka_options(), acks="all",
+                                        request_timeout_ms=int(_ANNOUNCE_TIMEOUT * 1000))
+            try:
+                await asyncio.wait_for(producer.start(), _ANNOUNCE_TIMEOUT)
+            except BaseException:
+                await producer.stop()  # a half-started client holds connections
+                raise
+            self._producer = producer
+        return self._producer
+
+
+def _describe(status: WorkerStatus) -> str:
+    if status.state == STOPPED:
+        return "stopped"
+    return "serves " + (", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or "nothing yet")
+
+
 async def follow_control(
     registry: ArtifactRegistry,
     bootstrap: str,
     topic: str,
     ready: asyncio.Event | None = None,
     poll_ms: int = 100,
+    worker: WorkerIdentity | None = None,
+    announce_every: float = ANNOUNCE_EVERY,
 ) -> None:
     """Apply every control record, from the beginning, for ever; set ``ready`` once caught up.
 
@@ -244,8 +366,12 @@ async def follow_control(
     publish would otherwise start serving the previous version.) Records are applied in a thread
     (decoding and building a large module must not stall the event loop); cancellation stops the
     consumer and re-raises ``CancelledError``. The topic must exist.
+
+    With ``worker``, what the worker serves is announced on the topic once caught up, after each
+    swap, every ``announce_every`` seconds and when the follower stops (see :class:`Announcer`).
     """
     consumer = control_consumer(bootstrap)
+    announcer = None if worker is None else Announcer(worker, bootstrap, topic, announce_every)
     await consumer.start()
     try:
         partition, end = await open_at_beginning(consumer, topic)
@@ -261,5 +387,11 @@ async def follow_control(
                 log.info("caught up with %s at offset %d", topic, highwater)
                 if ready is not None:
                     ready.set()
+            if caught_up and announcer is not None:
+                await announcer.update(registry.snapshot())
     finally:
-        await consumer.stop()
+        try:
+            if announcer is not None:
+                await announcer.close(registry.snapshot())
+        finally:
+            await consumer.stop()

@@ -1,15 +1,23 @@
 """The command line as a user runs it: real subprocesses, the real embedded broker."""
 
 import json
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from fairstream.repair import artifacts
+from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams import cli
 from fairstream.streams.cli import build_parser, main
+from fairstream.streams.config import adult_config
 from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.topics import ensure_topics
 
 COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo", "alerts"]
 
@@ -44,7 +52,7 @@ def test_batch_repair_job_writes_report_artifact_and_plot(tmp_path):
 
 
 def test_artifacts_publish_list_and_rollback(tmp_path):
-    fairstream("repair", "--dataset", "simulation", "--n-research", "500", "--n-q", "30", "--out", "run", "--quiet",
+    fairstream("repair", "--dataset", "adult", "--n-research", "500", "--n-q", "30", "--out", "run", "--quiet",
                cwd=tmp_path)
     with EmbeddedBroker(tmp_path / "broker") as broker:
         url = ["--broker", broker.url]
@@ -52,10 +60,15 @@ def test_artifacts_publish_list_and_rollback(tmp_path):
         assert "version 2" in fairstream("artifacts", "publish", "run/plan-v1.json", *url, cwd=tmp_path).stdout
         assert "back to version 1" in fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path).stdout
         rows = fairstream("artifacts", "list", *url, cwd=tmp_path).stdout.splitlines()[1:]
-        assert [(r.split()[1], r.split()[3], r.rstrip().endswith("*")) for r in rows] == [
-            ("1", "publish", False), ("2", "publish", False), ("1", "rollback", True)]
+        assert [(r.split()[1], r.split()[3], r.split()[7]) for r in rows] == [  # kind version sha action via date time
+            ("1", "publish", "-"), ("2", "publish", "-"), ("1", "rollback", "*")]
         failed = fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path, check=False)
         assert failed.returncode != 0 and "nothing to roll back to: no plan version was active before version 1" in failed.stderr
+        failed = fairstream("artifacts", "rollback", "plan", "--to", "99", *url, cwd=tmp_path, check=False)
+        assert failed.returncode == 1 and failed.stderr == (
+            "fairstream artifacts: error: plan version 99 was never published on fairstream.control (published: 1, 2); "
+            "a rollback names a version in the history\n")
+        assert "back to version 2" in fairstream("artifacts", "rollback", "plan", "--to", "2", *url, cwd=tmp_path).stdout
         failed = fairstream("artifacts", "rollback", "nosuchkind", *url, cwd=tmp_path, check=False)
         assert failed.returncode != 0 and "nosuchkind" in failed.stderr
 
@@ -140,3 +153,79 @@ def test_an_unreachable_broker_is_one_line(tmp_path):
     assert result.returncode == 1 and result.stdout == "", result.stderr
     assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("fairstream artifacts: error: ")
     assert "127.0.0.1" in result.stderr and "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- artifacts: fit check, who serves what
+
+
+def tiny_plan(columns, seed: int = 0):
+    """A small real plan fitted on synthetic data with the given feature names (groups and strata 0/1)."""
+    rng = np.random.default_rng(seed)
+    s, u = rng.integers(0, 2, 400), rng.integers(0, 2, 400)
+    X = rng.normal(40.0, 10.0, size=(400, len(columns))) + 5.0 * s[:, None]
+    return DistributionalRepair(n_q=30, columns=list(columns)).fit(X, s, u)
+
+
+def pipeline_toml(tmp_path, prefix: str) -> tuple[Path, object]:
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts")).with_topics(prefix=prefix)
+    path = tmp_path / f"{prefix}.toml"
+    path.write_text(config.to_toml())
+    return path, config
+
+
+def listing(url: str, toml: Path, capsys) -> tuple[dict, str]:
+    """``artifacts list``: {version: (mark, served by)} of the plan rows, and the whole output."""
+    code, out, err = run_main(["artifacts", "list", "--broker", url, "--config", str(toml)], capsys)
+    assert code == 0, err
+    rows = {}
+    for line in out.split("\n\n")[0].splitlines()[1:]:
+        if line.startswith("("):  # (no artifacts published on ...)
+            continue
+        kind, version, _sha, _action, _via, _date, _time, mark, *served = line.split()
+        rows[int(version)] = (mark, " ".join(served))
+    return rows, out
+
+
+@pytest.mark.integration
+def test_publish_refuses_an_artifact_that_does_not_fit_the_pipeline_unless_forced(broker, tmp_path, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-fit")
+    compas = artifacts.save(tiny_plan(["priors_count", "age"]).to_artifact(), tmp_path / "compas-plan.json")
+    adult = artifacts.save(tiny_plan(["age", "hours-per-week"]).to_artifact(), tmp_path / "adult-plan.json")
+    publish = ["artifacts", "publish", "--broker", broker.url, "--config", str(toml)]
+    code, out, err = run_main([*publish, str(compas)], capsys)
+    assert (code, out) == (1, "") and err == (
+        f"fairstream artifacts: error: the plan does not fit the pipeline 'adult' ({toml}): the plan was fitted on "
+        "features ['priors_count', 'age'], the pipeline names ['age', 'hours-per-week']; every worker would refuse "
+        "it at load (--force publishes it anyway)\n")
+    assert "(no artifacts published on cli-fit.control)" in listing(broker.url, toml, capsys)[1]
+    assert run_main([*publish, str(adult)], capsys)[:2] == (0, f"published plan version 1 (sha256 "
+                                                              f"{artifacts.load(adult).sha256[:12]}, inline) to "
+                                                              "cli-fit.control\n")
+    code, out, _ = run_main([*publish, str(compas), "--force"], capsys)
+    assert code == 0 and out.startswith("published plan version 2")
+
+
+@pytest.mark.integration
+def test_artifacts_list_shows_which_workers_serve_each_version(broker, tmp_path, capsys):
+    toml, config = pipeline_toml(tmp_path, "cli-served")
+    ensure_topics(broker.bootstrap, config.topics)
+    publish = ["artifacts", "publish", "--broker", broker.url, "--config", str(toml)]
+    for seed in (1, 2):
+        artifacts.save(tiny_plan(["age", "hours-per-week"], seed).to_artifact(), tmp_path / f"plan-{seed}.json")
+    assert run_main([*publish, str(tmp_path / "plan-1.json")], capsys)[0] == 0
+    worker = WorkerProcess(config, broker.bootstrap, tmp_path / "run").start()
+    try:
+        assert worker.wait_for_log("serves plan v1", timeout=90), worker.log_tail()
+        name = re.search(r"announced on cli-served\.control: (\S+) serves plan v1", worker.log_path.read_text())[1]
+        assert name.startswith(f"cli-served-adult@{socket.gethostname()}:")
+        rows, _ = listing(broker.url, toml, capsys)
+        assert rows[1][0] == "*" and rows[1][1].startswith(f"{name} (") and rows[1][1].endswith(" ago)")
+        assert run_main([*publish, str(tmp_path / "plan-2.json")], capsys)[0] == 0
+        assert worker.wait_for_log("serves plan v2", timeout=60), worker.log_tail()
+        rows, out = listing(broker.url, toml, capsys)
+        assert rows[1] == ("-", "") and rows[2][0] == "*" and rows[2][1].startswith(f"{name} (")
+        assert f"  {name}  serves plan v2  (announced " in out
+    finally:
+        worker.stop()
+    rows, out = listing(broker.url, toml, capsys)
+    assert rows[2] == ("*", "") and f"  {name}  stopped  (announced " in out  # a clean stop says it left

@@ -285,9 +285,10 @@ def test_a_failing_callback_does_not_undo_the_swap(plans):
 
 def test_stale_publish_is_refused_but_rollback_may_go_lower(plans):
     registry = ArtifactRegistry(LOADERS)
-    first, second = plans[0].to_artifact(), plans[1].to_artifact()
+    first, second, third = (plan.to_artifact() for plan in plans)
+    assert registry.apply(message(first, version=1))
     assert registry.apply(message(second, version=2))
-    assert not registry.apply(message(first, version=1))
+    assert not registry.apply(message(third, version=1))  # below the highest version: stale
     assert served_version(registry) == 2 and registry.refused_total["plan"] == 1
     assert registry.apply(message(first, version=1, action="rollback"))
     assert (served_version(registry), registry.current("plan").sha256) == (1, first.sha256)
