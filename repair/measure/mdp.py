@@ -12,10 +12,15 @@ a *frozen* map on drifted data ``T`` is no longer a transport map and the bound 
 ``TV(T#P_s, P_s')``; compare MDP with the directly measured W1 and read a growing gap as a stale map.
 
 The counterparts come from a :class:`~fairstream.repair.group_maps.GroupTransportMap` (the scorer's
-frozen map, ``scorer.matched_counterparts(X, s)``). With more than two groups every group is matched
-to a reference group (see that module for why), and MDP is kept per *pair* of groups: a record and
-its counterpart belong to the pair {s, s'}, whichever direction they were matched in. The headline
-value is the worst pair's MDP.
+frozen map, ``scorer.matched_counterparts(X, s)``). The map is an optimal-transport *coupling*: a
+record may have several counterparts, each with its share of the record's mass (``weights``, summing
+to one per record and other group), and MDP is the weighted mean ``E sum_j pi(j | x) |f(x) - f(x'_j)|``.
+On the map's own points that is exactly a coupling of the two groups, so Theorem 3.7's bound
+``W1(f_s, f_s') <= MDP`` holds there for any ``f``. Rows may carry a sampling weight too (the monitor
+measures a sample of each batch and weights it by the batch's sampling stride); pass the product.
+With more than two groups every group is matched to a reference group (see that module for why), and
+MDP is kept per *pair* of groups: a record and its counterpart belong to the pair {s, s'}, whichever
+direction they were matched in. The headline value is the worst pair's MDP.
 
 The **fair matching function** of a scorer (Definition 3.4, Proposition 3.5) is the map with the
 smallest MDP; between equal-size samples it matches equal score ranks, and its MDP is then the W1
@@ -54,10 +59,11 @@ __all__ = ["FairMatchingCost", "MatchedDPAccumulator", "MatchedDPResult", "fair_
 class MatchedDPResult:
     """MDP per (stratum, pair of groups), per pair, per stratum (worst pair) and overall (worst pair).
 
-    ``per_pair[j, p]`` is the mean |f(x) - f(T(x))| of the matched rows of pair ``pairs[p]`` in
-    stratum ``strata[j]`` (NaN where none); ``pair_values[p]`` pools the strata; ``per_stratum[j]``
+    ``per_pair[j, p]`` is the weighted mean |f(x) - f(T(x))| of the matched rows of pair ``pairs[p]``
+    in stratum ``strata[j]`` (NaN where none); ``pair_values[p]`` pools the strata; ``per_stratum[j]``
     is the largest ``per_pair[j, :]`` (NaN where the stratum saw no row); ``overall`` the largest
-    ``pair_values`` (0 before any row). ``weights`` are Pr[u] over the matched rows.
+    ``pair_values`` (0 before any row). ``n_rows`` counts the matched rows measured, ``weights`` are
+    Pr[u] over their weighted mass.
     """
 
     per_pair: np.ndarray
@@ -78,7 +84,10 @@ class MatchedDPAccumulator(_Mergeable):
     holds one per batch. Built without ``groups`` it pools every matched row in one pair (the
     single-pair MDP); with ``groups`` each row's pair is {s, s_matched}.
 
-    Pairs no row was matched across read NaN (with a reference group "a", pair ("b", "c") never is):
+    Each matched row may carry a weight (its coupling share times its sampling weight; default 1):
+    the sums are of ``weight * |f(x) - f(T(x))|`` and of ``weight``, so a row standing for ten
+    records counts ten times. Pairs no row was matched across read NaN (with a reference group "a",
+    pair ("b", "c") never is):
 
     >>> acc = MatchedDPAccumulator(groups=["a", "b", "c"])
     >>> _ = acc.update([0.9, 0.5, 0.3], [0.7, 0.5, 0.6], s=["a", "b", "c"], s_matched=["b", "a", "a"])
@@ -87,7 +96,7 @@ class MatchedDPAccumulator(_Mergeable):
     ([('a', 'b'), ('a', 'c'), ('b', 'c')], [0.1, 0.3, nan], 0.3)
     """
 
-    _counts = ("abs_sums_", "totals_")
+    _counts = ("abs_sums_", "masses_", "totals_")
 
     def __init__(self, groups=None, strata=None):
         self.groups = None if groups is None else configured_labels(groups, "groups")
@@ -104,22 +113,25 @@ class MatchedDPAccumulator(_Mergeable):
             [(self.groups[a].item(), self.groups[b].item()) for a, b in pairs]
         shape = (len(self.strata), len(pairs))
         self.abs_sums_ = np.zeros(shape)
-        self.totals_ = np.zeros(shape, dtype=np.int64)
+        self.masses_ = np.zeros(shape)  # summed weights: the denominators
+        self.totals_ = np.zeros(shape, dtype=np.int64)  # matched rows measured
 
     def _settings(self) -> tuple:
         return (self.groups, self.strata, self._has_strata)
 
-    def update(self, scores, matched_scores, s=None, s_matched=None, u=None) -> MatchedDPAccumulator:
-        """Add f(x) (``scores``) and f(T(x)) (``matched_scores``) of matched rows, their groups and strata."""
+    def update(self, scores, matched_scores, s=None, s_matched=None, u=None, weights=None) -> MatchedDPAccumulator:
+        """Add f(x) (``scores``) and f(T(x)) (``matched_scores``) of matched rows, their groups, strata and weights."""
         scores = _scores(scores, "scores")
-        matched = _scores(matched_scores, "matched_scores", n_rows=scores.shape[0])
         n = scores.shape[0]
+        matched = _scores(matched_scores, "matched_scores", n_rows=n)
+        weight = np.ones(n) if weights is None else _weights(weights, n)
         pair = self._pair_codes(s, s_matched, n)
         u_codes = label_codes(u, self.strata, n, "u", configured=self._has_strata)
         cell = u_codes * self.abs_sums_.shape[1] + pair
-        size = self.abs_sums_.size
-        self.abs_sums_ = self.abs_sums_ + np.bincount(cell, np.abs(scores - matched), size).reshape(self.abs_sums_.shape)
-        self.totals_ = self.totals_ + np.bincount(cell, minlength=size).reshape(self.totals_.shape)
+        size, shape = self.abs_sums_.size, self.abs_sums_.shape
+        self.abs_sums_ = self.abs_sums_ + np.bincount(cell, weight * np.abs(scores - matched), size).reshape(shape)
+        self.masses_ = self.masses_ + np.bincount(cell, weight, size).reshape(shape)
+        self.totals_ = self.totals_ + np.bincount(cell, minlength=size).reshape(shape)
         return self
 
     def _pair_codes(self, s, s_matched, n: int) -> np.ndarray:
@@ -137,31 +149,44 @@ class MatchedDPAccumulator(_Mergeable):
 
     def value(self) -> MatchedDPResult:
         """MDP per (stratum, pair), per pair, per stratum and overall, from the sums so far."""
-        per_pair = _safe_ratio(self.abs_sums_, self.totals_, empty=np.nan)
-        pair_values = _safe_ratio(self.abs_sums_.sum(axis=0), self.totals_.sum(axis=0), empty=np.nan)
-        seen = self.totals_ > 0
+        per_pair = _safe_ratio(self.abs_sums_, self.masses_, empty=np.nan)
+        pair_values = _safe_ratio(self.abs_sums_.sum(axis=0), self.masses_.sum(axis=0), empty=np.nan)
+        seen = self.masses_ > 0
         per_stratum = np.where(seen.any(axis=1), np.where(seen, per_pair, -np.inf).max(axis=1), np.nan)
         overall = float(np.nanmax(pair_values)) if np.isfinite(pair_values).any() else 0.0
         return MatchedDPResult(per_pair=per_pair, pair_values=pair_values, per_stratum=per_stratum, overall=overall,
-                               n_rows=self.totals_.copy(), weights=_stratum_weights(self.totals_.sum(axis=1)),
+                               n_rows=self.totals_.copy(), weights=_stratum_weights(self.masses_.sum(axis=1)),
                                pairs=list(self.pairs), strata=self.strata)
 
 
-def matched_dp(f_x, f_matched, s=None, s_matched=None, u=None, groups=None) -> MatchedDPResult:
-    """MDP of a batch: mean |f(x) - f(T(x))| per pair of groups (and stratum ``u``), worst pair overall.
+def _weights(values, n: int) -> np.ndarray:
+    """Row weights: one finite number >= 0 per row."""
+    weight = _scores(values, "weights", n_rows=n)
+    if (weight < 0).any():
+        row = int(np.argmax(weight < 0))
+        raise RepairInputError(f"weights has a negative value {weight[row]!r} at row {row}")
+    return weight
+
+
+def matched_dp(f_x, f_matched, s=None, s_matched=None, u=None, groups=None, weights=None) -> MatchedDPResult:
+    """MDP of a batch: weighted mean |f(x) - f(T(x))| per pair of groups (and stratum ``u``), worst pair overall.
 
     The same numbers as a :class:`MatchedDPAccumulator` fed the batch. ``s``/``s_matched`` are the
     groups of each row and of its counterpart (omit both for one pair); ``groups`` defaults to the
-    labels seen. Hand-checkable: rows 0.9 vs 0.6 and 0.2 vs 0.4 give (0.3 + 0.2) / 2.
+    labels seen; ``weights`` are the counterparts' coupling shares (``Counterparts.weights``; default
+    1 each). Hand-checkable: rows 0.9 vs 0.6 and 0.2 vs 0.4 give (0.3 + 0.2) / 2.
 
     >>> round(matched_dp([0.9, 0.2], [0.6, 0.4]).overall, 3)
     0.25
+    >>> # a row with two half counterparts, then a whole one: (0.5 * 0.3 + 0.5 * 0.1 + 0.2) / 2
+    >>> round(matched_dp([0.9, 0.9, 0.2], [0.6, 0.8, 0.4], weights=[0.5, 0.5, 1.0]).overall, 3)
+    0.2
     """
     if groups is None and s is not None:
         groups = np.unique(normalise_labels(np.asarray([*np.asarray(s).tolist(), *np.asarray(s_matched).tolist()])))
     n = _scores(f_x, "f_x").shape[0]
     strata = None if u is None else encode_observed(u, n, "u")[0]
-    return MatchedDPAccumulator(groups, strata).update(f_x, f_matched, s, s_matched, u).value()
+    return MatchedDPAccumulator(groups, strata).update(f_x, f_matched, s, s_matched, u, weights).value()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,8 +16,11 @@ NIST FRVT part 8:
 floored, and every result carries the error and pair counts behind each rate.
 
 Counts are the state, as in :mod:`fairstream.repair.measure.accumulators`: the batch function
-:func:`verification_rates` and the mergeable :class:`VerificationAccumulator` (for windowed
-monitoring on sampled labelled pairs) call the same :func:`rates_from_counts`.
+:func:`verification_rates`, the mergeable :class:`VerificationAccumulator` (counts at a fixed
+threshold) and :class:`CalibratedVerificationAccumulator` (windowed monitoring on sampled labelled
+pairs: score histograms, read at the threshold of a target FAR on the pairs themselves, so two
+embedding modules whose scores differ by a monotone rescaling are compared at the same operating
+point) call the same :func:`rates_from_counts`.
 
 >>> import numpy as np
 >>> scores = np.array([0.9, 0.2, 0.8, 0.1, 0.7, 0.6])
@@ -40,6 +43,7 @@ from .accumulators import _Mergeable, configured_labels, label_codes
 from .metrics import _safe_ratio, as_binary
 
 __all__ = [
+    "CalibratedVerificationAccumulator",
     "PairScores",
     "ScoreCurve",
     "VerificationAccumulator",
@@ -370,6 +374,84 @@ class VerificationAccumulator(_Mergeable):
         """Rates, BFAR and BFRR at the threshold over the pairs counted so far."""
         return rates_from_counts(self.threshold, self.groups, self.false_accepts_, self.impostor_pairs_,
                                  self.false_rejects_, self.genuine_pairs_)
+
+
+class CalibratedVerificationAccumulator(_Mergeable):
+    """Mergeable per-group histograms of genuine and impostor pair scores, read at the threshold of a target FAR.
+
+    The threshold is set on the pairs counted, as for an evaluation set (:meth:`PairScores.rates_at_far`):
+    the lowest bin edge ``t`` at which at most ``floor(far * n)`` of the ``n`` pooled impostor pairs
+    score at or above it. Per-group FAR and FRR, FNMR and BFAR/BFRR are then exact counts for the
+    rule "accepted when the score's bin starts at or above ``t``" (bins of width 1e-4 on the cosine
+    range [-1, 1], scores outside it in the end bins). The threshold follows the scores: under a
+    monotone rescaling of every score it moves with them and the rates stay those of the same pairs,
+    up to pairs that share a bin with it. With fewer than ``1 / far`` impostor pairs no false accept
+    is allowed and the FARs say nothing (``calibrated`` is False).
+
+    >>> acc = CalibratedVerificationAccumulator(groups=["a", "b"], far=0.25)
+    >>> _ = acc.update([0.9, 0.7, 0.2, 0.6, 0.1, 0.3], genuine=[1, 1, 0, 0, 0, 0], s=["a", "b", "a", "b", "b", "a"])
+    >>> r = acc.value()  # 4 impostors: one may pass, so t is just above the second highest (0.3)
+    >>> round(r.threshold, 4), r.far.tolist(), r.frr.tolist(), r.fnmr
+    (0.3001, [0.0, 0.5], [0.0, 0.0], 0.0)
+    """
+
+    _counts = ("counts_",)
+
+    def __init__(self, groups, far: float, bins: int = _CURVE_BINS):
+        self.groups = configured_labels(groups, "groups")
+        self.far = _check_far(far)
+        if self.far == 0:
+            raise RepairInputError("a calibrated accumulator needs a target FAR > 0")
+        self.edges = np.linspace(-1.0, 1.0, int(bins) + 1)
+        self.counts_ = np.zeros((2, len(self.groups), int(bins)), dtype=np.int64)  # [impostor, genuine], group, bin
+
+    def _settings(self) -> tuple:
+        return (self.groups, self.far, self.edges)
+
+    @property
+    def impostor_hist_(self) -> np.ndarray:
+        """Impostor pairs per (group, score bin)."""
+        return self.counts_[0]
+
+    @property
+    def genuine_hist_(self) -> np.ndarray:
+        """Genuine pairs per (group, score bin)."""
+        return self.counts_[1]
+
+    def update(self, scores, genuine, s) -> CalibratedVerificationAccumulator:
+        """Count a batch of pair ``scores`` with their ``genuine`` flags and groups ``s`` (one bincount)."""
+        scores = _pair_scores(scores)
+        genuine = as_binary(genuine, scores.size, "genuine").astype(np.intp)
+        codes = label_codes(s, self.groups, scores.size, "s")
+        _, n_groups, n_bins = self.counts_.shape
+        cells = (genuine * n_groups + codes) * n_bins + _bin(scores, self.edges)
+        self.counts_ = self.counts_ + np.bincount(cells, minlength=self.counts_.size).reshape(self.counts_.shape)
+        return self
+
+    @property
+    def n_impostor(self) -> int:
+        """Impostor pairs counted (all groups)."""
+        return int(self.impostor_hist_.sum())
+
+    @property
+    def calibrated(self) -> bool:
+        """True once the impostor pairs allow at least one false accept at the target FAR."""
+        return self.n_impostor * self.far >= 1.0
+
+    def threshold_bin(self) -> int:
+        """The first bin of the accepted scores: the lowest edge with at most ``floor(far * n)`` impostors at or
+        above it (the top edge, nothing accepted, before any impostor pair)."""
+        pooled = self.impostor_hist_.sum(axis=0)
+        at_or_above = np.concatenate([np.cumsum(pooled[::-1])[::-1], [0]])
+        allowed = np.floor(self.far * pooled.sum())
+        return pooled.size if not pooled.sum() else int(np.argmax(at_or_above <= allowed))
+
+    def value(self) -> VerificationRates:
+        """Rates, BFAR and BFRR at the calibrated threshold over the pairs counted so far."""
+        j = self.threshold_bin()
+        return rates_from_counts(self.edges[j], self.groups, self.impostor_hist_[:, j:].sum(axis=1),
+                                 self.impostor_hist_.sum(axis=1), self.genuine_hist_[:, :j].sum(axis=1),
+                                 self.genuine_hist_.sum(axis=1))
 
 
 # --------------------------------------------------------------------------------------------

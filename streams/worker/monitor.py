@@ -16,11 +16,15 @@ in use and per stratum, over a count window and a time window, it keeps:
   scorer, of its decisions on the original features (``before``: the classifier alone) and on the
   chain's output (``after``); ``eopp`` (equal opportunity: the DP gap among records with y = 1);
 - ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean
-  |f(x) - f(T(x))| of the scorer f with the frozen transport map T its artifact carries (fitted
-  between the groups of its training data; with more than two groups every group is matched to a
-  reference group), per pair of groups, the worst pair overall, on the chain's output (``after``:
-  the features the scorer reads, the space its map was fitted in). A map that no longer carries
-  one group onto the other (drift) shows as MDP moving away from the groups' score W1;
+  |f(x) - f(T(x))| of the scorer f with the frozen transport coupling T its artifact carries
+  (fitted between the groups of its training data, each record's counterparts weighted by their
+  share of it; with more than two groups every group is matched to a reference group), per pair of
+  groups, the worst pair overall, on the chain's output (``after``: the features the scorer reads,
+  the space its map was fitted in). It is measured on an evenly spaced sample of at most
+  ``MDP_ROWS`` rows per batch, each sampled row weighted by its batch's sampling stride (the rows it
+  stands for), so the window's MDP is an estimate of the MDP of all its records whatever the batch
+  sizes. A map that no longer carries one group onto the other (drift) shows as MDP moving away from
+  the groups' score W1;
 - ``otf`` (only when monitored: it solves a small OT problem per read): the OTF⁰ cost of the
   scorer's scores after the chain (Chen et al.) on a uniform sample of the window;
 - ``out_of_range_rate`` of the repair stage (original values outside a plan's grid).
@@ -64,12 +68,21 @@ log = logging.getLogger(__name__)
 E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 8000 Adult records)
 MDP_ROWS = 256
 """MDP is measured on an evenly spaced sample of at most this many rows per batch: matching records to their
-counterparts is the monitor's costliest step, and a window of 8000 records still holds about 2000 pairs."""
+counterparts is the monitor's costliest step, and a window of 8000 records still holds about 2000 pairs.
+Each sampled row is weighted by ``n / len(sample)`` (:func:`mdp_sample`), so a batch of 2,700 records counts
+nine times one of 300, as its records do in the window."""
 
 
 def mdp_rows(n: int) -> np.ndarray:
     """The rows of a batch of ``n`` whose MDP pairs the monitor measures (every k-th row, at most ``MDP_ROWS``)."""
     return np.arange(0, n, max(1, -(-n // MDP_ROWS)))
+
+
+def mdp_sample(n: int) -> tuple[np.ndarray, float]:
+    """:func:`mdp_rows` of a batch of ``n`` and the weight of each: the records it stands for (the weights sum to n)."""
+    rows = mdp_rows(n)
+    return rows, n / len(rows)
+
 
 DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
     "dependence_e": (("dependence_e", "after"), lambda r: r.total),
@@ -163,7 +176,8 @@ def make_detector(name: str):
 
 @dataclass
 class Matched:
-    """MDP's view of one stage: f(x) and f(T(x)) of every matched pair, the groups of both, and the row it is of."""
+    """MDP's view of one stage: f(x) and f(T(x)) of every matched pair, the groups of both, the row it is of, and
+    its weight (the pair's share of its row under the coupling, times the row's sampling weight)."""
 
     f: np.ndarray
     f_matched: np.ndarray
@@ -171,21 +185,23 @@ class Matched:
     s_matched: np.ndarray
     u: np.ndarray
     rows: np.ndarray
+    weights: np.ndarray
 
     @classmethod
     def of(cls, scorer, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray) -> "Matched":
-        """The pairs of :func:`mdp_rows` of ``X`` by the scorer's frozen map (one counterpart per row, more for the
-        reference group)."""
-        sample = mdp_rows(len(X))
+        """The pairs of :func:`mdp_sample` of ``X`` by the scorer's frozen map (counterparts in the reference group,
+        in every other group for a reference record), weighted by the sampling stride."""
+        sample, weight = mdp_sample(len(X))
         pairs = scorer.matched_counterparts(X[sample], s[sample])
         rows = sample[pairs.rows]
-        return cls(scores[rows], scorer.predict_proba(pairs.X), s[rows], pairs.s, u[rows], rows)
+        return cls(scores[rows], scorer.predict_proba(pairs.X), s[rows], pairs.s, u[rows], rows,
+                   pairs.weights * weight)
 
     def take(self, rows: slice) -> "Matched":
         """The pairs of the batch rows ``rows`` (a slice), renumbered from its start."""
         keep = (self.rows >= rows.start) & (self.rows < rows.stop)
         return Matched(self.f[keep], self.f_matched[keep], self.s[keep], self.s_matched[keep], self.u[keep],
-                       self.rows[keep] - rows.start)
+                       self.rows[keep] - rows.start, self.weights[keep])
 
 
 @dataclass
@@ -280,7 +296,7 @@ class BatchStatistics:
                 del new["dp", "label"]
         if ("mdp", "after") in new:
             pairs = batch.matched_after
-            new["mdp", "after"].update(pairs.f, pairs.f_matched, pairs.s, pairs.s_matched, pairs.u)
+            new["mdp", "after"].update(pairs.f, pairs.f_matched, pairs.s, pairs.s_matched, pairs.u, pairs.weights)
         if ("otf", "after") in new:
             new["otf", "after"].update(batch.score_after, batch.after, batch.s)
         if ("out_of_range_rate", "before") in new:

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import wasserstein_distance
 
-from fairstream.repair import group_maps
+from fairstream.repair import artifacts, group_maps
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.group_maps import GroupTransportMap, exact_matching, squared_distances
+from fairstream.repair.group_maps import METHODS, GroupTransportMap, exact_matching, squared_distances
+from fairstream.repair.measure.mdp import matched_dp
 
 PROPERTY = settings(max_examples=40, deadline=None)
 
@@ -73,26 +75,52 @@ def test_a_fitted_map_reproduces_the_brute_force_matching_on_its_points(samples,
     np.testing.assert_allclose(matched.X[len(A):][best], A, atol=1e-12)  # and back: the inverse permutation
 
 
-def test_duplicate_records_are_spread_over_their_partners():
-    # Two identical records in group 0, one copy in group 1: snapping both to the first copy would map
-    # them to one partner; ties are spread, so on its own points the map stays one-to-one.
+def pushforward(matched, values):
+    """The weighted counterparts of ``matched`` as a measure: total weight per distinct counterpart (rounded)."""
+    out = {}
+    for x, w in zip(map(tuple, values), matched.weights):
+        out[x] = round(out.get(x, 0.0) + w, 9)
+    return out
+
+
+def test_identical_records_are_one_point_carrying_all_their_partners():
+    # Two identical records in group 0, one copy in group 1: the coupling sends the pair's mass half to the
+    # copy and half to a 0.0; each of the two records carries both halves, so on its own records the map
+    # carries group 0 exactly onto group 1 (two 0.0s and one 1.0).
     X, s = np.array([[1.0], [1.0], [0.0], [1.0], [0.0], [0.0]]), np.array([0, 0, 0, 1, 1, 1])
     gmap = GroupTransportMap(reference=1).fit(X, s)
     matched = gmap.counterparts(X[:3], s[:3])
-    assert sorted(matched.X.ravel().tolist()) == [0.0, 0.0, 1.0]
+    assert matched.rows.tolist() == [0, 0, 1, 1, 2] and matched.weights.tolist() == [0.5, 0.5, 0.5, 0.5, 1.0]
+    assert pushforward(matched, matched.X) == {(0.0,): 2.0, (1.0,): 1.0}
 
 
-def test_unequal_groups_are_matched_on_equal_size_subsamples_that_are_optimally_paired():
+def transport_lp(A, B):
+    """The optimal transport cost between the uniform measures on the rows of A and of B, by a generic LP."""
+    from scipy.optimize import linprog
+
+    cost = squared_distances(A, B)
+    n, m = cost.shape
+    rows = np.kron(np.eye(n), np.ones(m))
+    columns = np.kron(np.ones(n), np.eye(m))
+    result = linprog(cost.ravel(), A_eq=np.vstack([rows, columns]), b_eq=np.r_[np.full(n, 1 / n), np.full(m, 1 / m)],
+                     bounds=(0, None), method="highs")
+    return result.fun
+
+
+def test_unequal_groups_are_coupled_optimally_and_exactly():
     rng = np.random.default_rng(3)
     X, s = rng.normal(size=(13, 2)), np.array([0] * 5 + [1] * 8)
-    gmap = GroupTransportMap(n_points=4, seed=1).fit(X, s)
-    assert gmap.reference_group == 1 and gmap.source_.shape == gmap.target_.shape == (4, 2)
-    source, target = gmap.scaled(gmap.source_), gmap.scaled(gmap.target_)
-    best, _ = brute_force(source, target)
-    assert np.sum((source - target) ** 2) == pytest.approx(best)
-    assert set(map(tuple, gmap.source_)) <= set(map(tuple, X[s == 0]))
-    assert set(map(tuple, gmap.target_)) <= set(map(tuple, X[s == 1]))
-    assert gmap.transport_cost() == {0: pytest.approx(best / 4)}
+    gmap = GroupTransportMap(seed=1).fit(X, s)
+    assert gmap.reference_group == 1 and gmap.weight_.sum() == pytest.approx(1.0)
+    Z = gmap.scaled(X)
+    assert gmap.transport_cost() == {0: pytest.approx(transport_lp(Z[:5], Z[5:]), abs=1e-12)}
+    forward, back = gmap.counterparts(X[:5], s[:5]), gmap.counterparts(X[5:], s[5:])
+    # Each side's records, carried with their weights, are exactly the other side's records (1/5 and 1/8 each).
+    assert pushforward(forward, forward.X) == {tuple(x): 5 / 8 for x in X[5:]}
+    assert pushforward(back, back.X) == {tuple(x): 8 / 5 for x in X[:5]}
+    small = GroupTransportMap(n_points=4, seed=1).fit(X, s)  # at most 4 records of each group enter the coupling
+    assert len(np.unique(small.source_, axis=0)) == 4 and len(np.unique(small.target_, axis=0)) == 4
+    assert set(map(tuple, small.source_)) <= set(map(tuple, X[s == 0]))
 
 
 def test_new_records_get_real_records_of_the_other_group_or_a_shifted_copy():
@@ -112,8 +140,10 @@ def test_more_than_two_groups_are_matched_to_the_largest_group():
     gmap = GroupTransportMap().fit(X, s)
     assert gmap.reference_group == "b" and sorted(gmap.transport_cost()) == ["a", "c"]
     matched = gmap.counterparts(X[[0, 15, 45]], ["a", "b", "c"])
-    assert matched.rows.tolist() == [0, 1, 1, 2]  # the reference record has a counterpart in each other group
-    assert matched.s.tolist() == ["b", "a", "c", "b"]
+    assert np.unique(matched.rows).tolist() == [0, 1, 2]
+    # the reference record has counterparts in each other group, a full unit of weight in each
+    assert set(matched.s[matched.rows == 1].tolist()) == {"a", "c"} and set(matched.s[matched.rows != 1]) == {"b"}
+    np.testing.assert_allclose(np.bincount(matched.rows, matched.weights), [1.0, 2.0, 1.0])
     assert GroupTransportMap(reference="c").fit(X, s).reference_group == "c"
     assert GroupTransportMap().fit(X, s, groups=["a", "b", "c"]).groups_.tolist() == ["a", "b", "c"]
 
@@ -145,6 +175,113 @@ def test_arrays_round_trip_gives_the_same_counterparts():
     for a, b in zip(gmap.counterparts(new, s[:9], y[:9]), copy.counterparts(new, s[:9], y[:9])):
         assert np.array_equal(a, b)
     assert copy.get_params() == gmap.get_params() and copy.columns_ == ["a", "b", "c"]
+
+
+@st.composite
+def unequal_groups(draw):
+    """Two groups of different sizes (2 to 40 records, 1 to 3 features; integer features repeat records), labels
+    y, the map's method, and a scorer f (any function of x: the bound holds for every f)."""
+    n0, n1 = draw(st.tuples(st.integers(2, 40), st.integers(2, 40)).filter(lambda n: n[0] != n[1]))
+    d, discrete = draw(st.integers(1, 3)), draw(st.booleans())
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    X = rng.normal(size=(n0 + n1, d)) + np.repeat([[0.0], [0.7]], [n0, n1], axis=0)
+    X = np.round(X) if discrete else X
+    w, v = rng.normal(size=d), rng.normal(size=d)
+    scorer = (lambda Z: 1.0 / (1.0 + np.exp(-Z @ w)) + 0.2 * np.sin(3.0 * Z @ v))
+    return X, np.repeat([0, 1], [n0, n1]), rng.integers(0, 2, n0 + n1), draw(st.sampled_from(METHODS)), scorer
+
+
+@PROPERTY
+@given(unequal_groups())
+def test_mdp_bounds_the_w1_of_the_scores_on_the_maps_own_records(data):
+    # Theorem 3.7 of Kim et al. (2024): for a transport map T from group s to s', W1(f_s, f_s') <= MDP(f, T) =
+    # E_s |f(X) - f(T(X))|. The coupling is a transport plan between the two groups' records, so the bound holds
+    # on them exactly, in each direction, whatever the group sizes (a subsample's assignment plus snapping
+    # breaks it: the snapped records pile onto a few partners).
+    X, s, y, method, f = data
+    gmap = GroupTransportMap(method=method).fit(X, s, y)
+    matched = gmap.counterparts(X, s)
+    w1 = wasserstein_distance(f(X[s == 0]), f(X[s == 1]))
+    gaps = matched.weights * np.abs(f(X)[matched.rows] - f(matched.X))
+    for group in (0, 1):
+        assert gaps[s[matched.rows] == group].sum() / np.sum(s == group) >= w1 - 1e-12
+    pooled = matched_dp(f(X)[matched.rows], f(matched.X), s[matched.rows], matched.s, weights=matched.weights)
+    assert pooled.overall >= w1 - 1e-12
+
+
+def stored_map():
+    """A fitted joint map of unequal groups (every array present) and its stored arrays."""
+    rng = np.random.default_rng(5)
+    X, s, y = rng.normal(size=(30, 3)), np.repeat(["f", "m"], [12, 18]), rng.integers(0, 2, 30)
+    gmap = GroupTransportMap(method="joint", alpha=5.0).fit(X, s, y, columns=["a", "b", "c"])
+    return gmap, gmap.to_arrays()
+
+
+def _mutations():
+    """(array, how, mutate): every way a stored array can be corrupt, for every array the map reads."""
+    floats = ("offset", "scale", "source", "target", "weight")
+    integers = ("reference_index", "pair", "source_y", "target_y")
+    # (a map without weight is one stored before couplings: see the next test but one)
+    out = [(name, "missing", None) for name in ("groups", *floats, *integers) if name != "weight"]
+    for name in (*floats, "groups", "pair", "source_y", "target_y"):
+        out.append((name, "truncated", lambda a: a[:-1]))
+        out.append((name, "wrong shape", lambda a: a[:, None] if a.ndim == 1 else a.ravel()))
+    for name in floats:
+        out.append((name, "NaN", lambda a: np.where(np.arange(a.size).reshape(a.shape) == 0, np.nan, a)))
+        out.append((name, "inf", lambda a: np.where(np.arange(a.size).reshape(a.shape) == a.size - 1, np.inf, a)))
+        out.append((name, "wrong dtype", lambda a: a.astype(np.int64)))
+    for name in integers:
+        out.append((name, "wrong dtype", lambda a: a.astype(np.float64)))
+    out += [("groups", "wrong dtype", lambda a: np.array([1 + 0j, 2 + 0j])),
+            ("groups", "duplicate labels", lambda a: np.array([a[0], a[0]])),
+            ("reference_index", "wrong shape", lambda a: a.reshape(1)),
+            ("reference_index", "out of range", lambda a: np.array(2)),
+            ("reference_index", "negative", lambda a: np.array(-1)),
+            ("pair", "out of range", lambda a: np.where(np.arange(a.size) == 0, 2, a)),
+            ("pair", "the reference group", lambda a: np.ones_like(a)),
+            ("source_y", "out of range", lambda a: np.where(np.arange(a.size) == 0, 2, a).astype(a.dtype)),
+            ("target_y", "negative", lambda a: np.where(np.arange(a.size) == 0, -1, a).astype(a.dtype)),
+            ("weight", "negative", lambda a: np.where(np.arange(a.size) == 0, -a[0], a)),
+            ("weight", "zero", lambda a: np.where(np.arange(a.size) == 0, 0.0, a)),
+            ("weight", "not summing to one", lambda a: 2.0 * a),
+            ("scale", "zero", lambda a: np.zeros_like(a)),
+            ("offset", "wrong dtype", lambda a: a.astype(str))]
+    return out
+
+
+@pytest.mark.parametrize("name, how, mutate", _mutations(), ids=[f"{n}-{h}" for n, h, _ in _mutations()])
+def test_from_arrays_refuses_every_corrupt_array(name, how, mutate):
+    gmap, arrays = stored_map()
+    params, key = gmap.get_params(), "group_map." + name
+    GroupTransportMap.from_arrays(arrays, params, ["a", "b", "c"])  # intact, it loads
+    broken = {k: v for k, v in arrays.items() if k != key}
+    if mutate is not None:
+        broken[key] = mutate(arrays[key])
+    with pytest.raises(artifacts.ArtifactError, match="the group map is malformed"):
+        GroupTransportMap.from_arrays(broken, params, ["a", "b", "c"])
+
+
+def test_from_arrays_refuses_labels_of_a_marginal_map_unknown_arrays_and_other_column_counts():
+    gmap, arrays = stored_map()
+    with pytest.raises(artifacts.ArtifactError, match="undeclared array 'source_y'"):
+        GroupTransportMap.from_arrays(arrays, {**gmap.get_params(), "method": "marginal"}, None)
+    with pytest.raises(artifacts.ArtifactError, match=r"array 'offset' has shape \(3,\), expected \(n_features=2,\)"):
+        GroupTransportMap.from_arrays(arrays, gmap.get_params(), ["a", "b"])
+    with pytest.raises(artifacts.ArtifactError, match="undeclared array 'junk'"):
+        GroupTransportMap.from_arrays({**arrays, "group_map.junk": np.zeros(2)}, gmap.get_params(), None)
+    with pytest.raises(artifacts.ArtifactError, match="its parameters"):
+        GroupTransportMap.from_arrays(arrays, {**gmap.get_params(), "extension": "linear"}, None)
+
+
+def test_a_map_stored_before_couplings_loads_as_its_uniform_assignment():
+    rng = np.random.default_rng(6)
+    X, s = rng.normal(size=(40, 2)), np.repeat([0, 1], 20)  # equal groups: the coupling is an assignment
+    gmap = GroupTransportMap().fit(X, s)
+    legacy = {k: v for k, v in gmap.to_arrays().items() if k != "group_map.weight"}
+    copy = GroupTransportMap.from_arrays(legacy, gmap.get_params(), None)
+    assert copy.weight_.tolist() == [1 / 20] * 20
+    for a, b in zip(copy.counterparts(X[:7], s[:7]), gmap.counterparts(X[:7], s[:7])):
+        assert np.array_equal(a, b)
 
 
 def test_errors_name_the_problem():

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from fairstream.repair._validation import RepairInputError
 from fairstream.repair.measure import verification
 from fairstream.repair.measure.verification import (
+    CalibratedVerificationAccumulator,
     ScoreCurve,
     VerificationAccumulator,
     bias_ratio,
@@ -215,3 +216,62 @@ def test_paired_cosine_is_the_diagonal_of_the_score_matrix():
     np.testing.assert_allclose(paired_cosine(a, b), np.diag(cosine_scores(a, b)))
     with pytest.raises(RepairInputError, match="equal shapes"):
         paired_cosine(a, b[:2])
+
+
+# --------------------------------------------------------------------------- calibrated at a target FAR
+
+WIDTH = 2.0 / 20_000  # the calibrated accumulator's bin width on [-1, 1]
+
+
+@st.composite
+def binned_pairs(draw):
+    """Pair scores at bin centres (so binning loses nothing; ties are common), genuine flags, groups, a FAR."""
+    n = draw(st.integers(2, 300))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    bins = rng.integers(0, draw(st.sampled_from([40, 20_000])), n)  # few distinct bins: many ties
+    scores = -1.0 + (bins + 0.5) * WIDTH
+    return scores, rng.random(n) < 0.3, rng.choice(["a", "b", "c"], n), draw(st.sampled_from([0.01, 0.1, 0.3]))
+
+
+@PROPERTY
+@given(binned_pairs(), st.integers(1, 4))
+def test_calibrated_rates_are_the_exact_rates_at_the_threshold_of_the_target_far(data, parts):
+    scores, genuine, s, far = data
+    if genuine.all():
+        return
+    accumulators = [CalibratedVerificationAccumulator(["a", "b", "c"], far).update(scores[rows], genuine[rows], s[rows])
+                    for rows in np.array_split(np.arange(len(scores)), parts)]
+    got = accumulators[0]
+    for other in accumulators[1:]:
+        got = got.merge(other)
+    rates = got.value()
+    t = threshold_at_far(scores[~genuine], far)  # the (k+1)-th largest impostor score, k = floor(far * n)
+    exact = verification_rates(scores, genuine, s, threshold=t, groups=["a", "b", "c"])
+    for name in ("false_accepts", "impostor_pairs", "false_rejects", "genuine_pairs"):
+        assert getattr(rates, name).tolist() == getattr(exact, name).tolist(), name
+    assert rates.far_overall <= far and t < rates.threshold <= t + WIDTH
+    assert got.calibrated == (np.sum(~genuine) * far >= 1)
+
+
+def test_the_calibrated_threshold_follows_a_monotone_rescaling_of_the_scores():
+    rng = np.random.default_rng(0)
+    scores = np.clip(np.r_[rng.normal(0.7, 0.1, 300), rng.normal(0.1, 0.15, 3000)], -1, 1)
+    genuine, s = np.arange(3300) < 300, rng.choice(["a", "b"], 3300)
+    fixed = [VerificationAccumulator(["a", "b"], 0.5).update(x, genuine, s).value() for x in (scores, (scores + 1) / 2)]
+    assert fixed[1].fnmr < 0.5 * fixed[0].fnmr  # at one fixed threshold the rescaled module looks far better
+    calibrated = [CalibratedVerificationAccumulator(["a", "b"], 0.01).update(x, genuine, s).value()
+                  for x in (scores, (scores + 1) / 2)]
+    assert calibrated[1].threshold == pytest.approx((calibrated[0].threshold + 1) / 2, abs=2 * WIDTH)
+    # The same pairs are accepted but for those sharing a bin with the threshold: 3,300 scores over
+    # ~1.5 of range leave about 1 per 1e-4 bin.
+    for name in ("false_accepts", "false_rejects"):
+        assert np.abs(getattr(calibrated[0], name) - getattr(calibrated[1], name)).max() <= 3, name
+
+
+def test_a_calibrated_accumulator_refuses_a_zero_far_and_merges_only_at_one_far():
+    with pytest.raises(RepairInputError, match="FAR > 0"):
+        CalibratedVerificationAccumulator(["a"], 0.0)
+    with pytest.raises(RepairInputError, match="different settings"):
+        CalibratedVerificationAccumulator(["a"], 0.01).merge(CalibratedVerificationAccumulator(["a"], 0.02))
+    empty = CalibratedVerificationAccumulator(["a"], 0.01).update([0.9], [1], ["a"])
+    assert not empty.calibrated and empty.value().frr.tolist() == [1.0]  # no impostor yet: nothing is accepted

@@ -45,7 +45,7 @@ def embedding_config(tmp_path=None, port=0):
     artifact_dir = "runs/artifacts" if tmp_path is None else str(tmp_path / "artifacts")
     config = adult_config(groups=(0, 1, 2, 3), artifact_dir=artifact_dir).with_monitor(
         metrics_port=port, window_records=400, min_records=10, buckets=4)
-    config = replace(config, embeddings=EmbeddingConfig(artifact="embedding", dimension=DIM, match_threshold=0.5))
+    config = replace(config, embeddings=EmbeddingConfig(artifact="embedding", dimension=DIM, far=0.05))
     return config.with_topics(prefix=f"emb-{uuid.uuid4().hex[:8]}")
 
 
@@ -116,7 +116,7 @@ def test_the_verification_monitor_counts_genuine_and_impostor_pairs_per_group(fa
     scores = unit[g0] @ unit[g0].T
     same = stream.identities[g0][:, None] == stream.identities[g0][None, :]
     upper = np.triu(np.ones_like(same), k=1)
-    expected_frr = np.mean(scores[same & upper] < 0.5)
+    expected_frr = np.mean(scores[same & upper] < rates.threshold)  # at the threshold calibrated for the FAR
     assert rates.frr[0] == pytest.approx(expected_frr)
 
 
