@@ -27,8 +27,9 @@ import numpy as np
 
 from fairstream.repair import artifacts
 from fairstream.repair._validation import RepairInputError
+from fairstream.repair.artifacts import ArrayLayout, ArraySpec, finite
 from fairstream.repair.measure.verification import l2_normalise
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema
+from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, rowwise_matmul
 
 __all__ = ["ARTIFACT_KIND", "FairnessModule", "normalise"]
 
@@ -51,14 +52,7 @@ class FairnessModule:
 
     def __post_init__(self) -> None:
         arrays = {name: np.ascontiguousarray(getattr(self, name), dtype=np.float64) for name in ("w1", "b1", "w2", "b2")}
-        if arrays["w1"].ndim != 2:
-            raise RepairInputError(f"w1 must be a (hidden, d) matrix, got shape {arrays['w1'].shape}")
-        hidden, d = arrays["w1"].shape
-        if arrays["b1"].shape != (hidden,) or arrays["w2"].shape != (d, hidden) or arrays["b2"].shape != (d,):
-            raise RepairInputError(f"inconsistent module shapes: w1 {arrays['w1'].shape}, b1 {arrays['b1'].shape}, "
-                                   f"w2 {arrays['w2'].shape}, b2 {arrays['b2'].shape}")
-        if not all(np.all(np.isfinite(a)) for a in arrays.values()):
-            raise RepairInputError("module weights must be finite")
+        artifacts.check_arrays(arrays, self.array_layout({}), "embedding module", RepairInputError)
         for name, array in arrays.items():
             object.__setattr__(self, name, array)
         # The residual branch is exactly zero when W2 and b2 are: then g is the normalisation.
@@ -99,17 +93,22 @@ class FairnessModule:
         z = l2_normalise(v)
         if not self._residual:
             return z.astype(dtype, copy=False)
-        w1, b1, w2, b2 = self._weights(np.dtype(dtype))
+        w1t, b1, w2t, b2 = self._weights(np.dtype(dtype))
         z = z.astype(dtype, copy=False)
-        return z + np.maximum(z @ w1.T + b1, 0) @ w2.T + b2
+        # Row by row, so a vector's output does not depend on the batch it arrives in.
+        hidden = rowwise_matmul(z, w1t)
+        hidden += b1
+        np.maximum(hidden, 0, out=hidden)
+        return z + rowwise_matmul(hidden, w2t) + b2
 
     def _weights(self, dtype: np.dtype) -> tuple[np.ndarray, ...]:
-        """The weights in ``dtype``, converted once and cached (frozen module, so the cache stays valid)."""
+        """(W1^T, b1, W2^T, b2) in ``dtype``, converted once and cached (frozen module, so the cache stays valid)."""
         cache = self.__dict__.setdefault("_cast", {})
         if dtype not in cache:
             if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
                 raise RepairInputError(f"dtype must be float64 or float32, got {dtype}")
-            cache[dtype] = tuple(a.astype(dtype) for a in (self.w1, self.b1, self.w2, self.b2))
+            weights = (self.w1.T, self.b1, self.w2.T, self.b2)
+            cache[dtype] = tuple(np.ascontiguousarray(a.astype(dtype)) for a in weights)
         return cache[dtype]
 
     kind = ARTIFACT_KIND
@@ -135,16 +134,26 @@ class FairnessModule:
         return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {}, version=version,
                               data_fingerprint=data_fingerprint)
 
+    @staticmethod
+    def array_layout(parameters: dict) -> ArrayLayout:
+        """The arrays of an ``embedding`` artifact: finite weights of the manifest's ``dimension`` and ``hidden``.
+
+        A size the parameters do not give (a module checking its own arrays) is taken from ``w1``.
+        """
+        dims = {name: artifacts.int_parameter(parameters, name, "embedding artifact")
+                for name in ("dimension", "hidden") if name in parameters}
+        return ArrayLayout((
+            ArraySpec("w1", "f", ("hidden", "dimension"), (finite(),)),
+            ArraySpec("b1", "f", ("hidden",), (finite(),)),
+            ArraySpec("w2", "f", ("dimension", "hidden"), (finite(),)),
+            ArraySpec("b2", "f", ("dimension",), (finite(),)),
+        ), dims)
+
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> FairnessModule:
-        """Rebuild the module from an ``embedding`` artifact."""
+        """Rebuild the module from an ``embedding`` artifact, every array checked against :meth:`array_layout` first."""
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         a = artifact.arrays
-        missing = sorted({"w1", "b1", "w2", "b2"} - set(a))
-        if missing:
-            raise artifacts.ArtifactError(f"embedding artifact lacks arrays {missing}")
-        try:
-            return cls(a["w1"], a["b1"], a["w2"], a["b2"])
-        except RepairInputError as err:
-            raise artifacts.ArtifactError(f"embedding artifact: {err}") from None
+        artifacts.check_arrays(a, cls.array_layout(artifact.parameters), "embedding artifact")
+        return cls(a["w1"], a["b1"], a["w2"], a["b2"])

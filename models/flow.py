@@ -13,12 +13,14 @@ acts on standardised features (fit-time mean and scale) and maps back to feature
 scorer sees values on the scale it was trained on. The map is a bijection: :meth:`inverse_transform`
 undoes it exactly.
 
-This module is numpy-only: a worker applies a flow artifact without importing torch. On the
-Health drift flow (11 features, 20 coupling layers of 3 x 20 units, one thread) numpy float64 was
-faster than torch inference mode at every batch size measured, from one row (about 2x) to 32,768
-rows; a 1,000-row worker batch took 25 ms against 29 ms (``benchmarks/reproduce_adapfair.py
---only speed``). Two choices make the difference: both coupling nets of a layer run as one
-batched matmul, and tanh is computed from exp (numpy's float64 tanh is slow without AVX-512).
+This module is numpy-only: a worker applies a flow artifact without importing torch. Every
+product is computed row by row (:func:`~fairstream.repair.protocol.rowwise_matmul`), so a
+record's output is bit-identical in any batch; that is the cost: on a Health-sized flow (11
+features, 20 coupling layers of 3 x 20 units, one thread) a 1,000-row batch takes about 20 ms,
+against 7 ms for one batched matmul per layer (and for torch inference mode, which is batched,
+so not batch-independent). Both coupling nets of a layer share one product per row (their later
+layers as one block-diagonal matrix), and tanh is computed from exp (numpy's float64 tanh is
+slow without AVX-512).
 
 >>> import numpy as np
 >>> flow = FlowPreprocessor.identity(["age", "income"], groups=[0, 1], n_blocks=2, hidden=(4,))
@@ -45,8 +47,26 @@ from fairstream.repair._validation import (
     encode_mask,
     normalise_labels,
 )
+from fairstream.repair.artifacts import (
+    ArrayLayout,
+    ArraySpec,
+    Check,
+    above,
+    finite,
+    nonempty,
+    not_nan,
+    one_of,
+    sorted_labels,
+)
 from fairstream.repair.measure.metrics import as_binary
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
+from fairstream.repair.protocol import (
+    Applied,
+    Batch,
+    IncompatibleArtifact,
+    PipelineSchema,
+    check_labels_cover,
+    rowwise_matmul,
+)
 
 __all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flow"]
 
@@ -168,7 +188,8 @@ class FlowPreprocessor:
         """Per flow and layer, both nets' weights arranged for few, large numpy calls (built once).
 
         The first linear layers of the scale and shift nets share their input, so they are one
-        (d, 2h) matrix; the later ones are stacked (2, in, out) for one batched matmul.
+        (d, 2h) matrix; the later ones are one block-diagonal (2 in, 2 out) matrix, so both nets
+        take one product per row (products are row by row, where the count of calls is the cost).
         """
         cached = self.__dict__.get("_fused_cache")
         if cached is None:
@@ -182,26 +203,27 @@ class FlowPreprocessor:
         first = pairs[0]
         fused = [(np.ascontiguousarray(np.concatenate([first[0], first[2]]).T), np.concatenate([first[1], first[3]]))]
         for sw, sb, tw, tb in pairs[1:]:
-            fused.append((np.ascontiguousarray(np.stack([sw.T, tw.T])), np.stack([sb, tb])[:, None, :]))
+            (n_out, n_in) = sw.shape
+            both = np.zeros((2 * n_in, 2 * n_out))
+            both[:n_in, :n_out], both[n_in:, n_out:] = sw.T, tw.T
+            fused.append((both, np.concatenate([sb, tb])))
         return fused
 
     def _map(self, Z: np.ndarray, k: int, inverse: bool) -> np.ndarray:
         """Flow ``k`` (or its inverse) on standardised rows ``Z``."""
         fused = self._fused()[k]
-        n = len(Z)
+        d = Z.shape[1]
         order = range(len(self.masks) - 1, -1, -1) if inverse else range(len(self.masks))
         for layer in order:
             mask = self.masks[layer]
             kept = Z * mask
-            (w, b), *rest = fused[layer]
-            h = kept @ w
-            h += b
-            h = h.reshape(n, 2, -1).transpose(1, 0, 2)  # (2 nets, n, units)
-            for w, b in rest:
-                np.maximum(h, 0.0, out=h)
-                h = np.matmul(h, w)
+            h = None
+            for w, b in fused[layer]:  # (n, 2 units): the scale net's units, then the shift net's
+                if h is not None:
+                    np.maximum(h, 0.0, out=h)
+                h = rowwise_matmul(kept if h is None else h, w)  # row by row: independent of the batch
                 h += b
-            log_scale, shift = _tanh(h[0]), h[1]
+            log_scale, shift = _tanh(h[:, :d]), h[:, d:]
             moved = (Z - shift) * np.exp(-log_scale) if inverse else Z * np.exp(log_scale) + shift
             Z = kept + (1.0 - mask) * moved
         return Z
@@ -291,39 +313,65 @@ class FlowPreprocessor:
         >>> copy.n_features, copy.hidden, copy.groups.tolist()
         (3, (2,), [0, 1])
         """
+        return artifacts.pack(ARTIFACT_KIND, self._arrays(), parameters=self.get_params(), metrics=metrics or {},
+                              data_fingerprint=data_fingerprint, version=version)
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The flow's arrays by their artifact names."""
         arrays = {"groups": self.groups, "mean": self.mean, "scale": self.scale, "masks": self.masks,
                   "data_min": self.data_min, "data_max": self.data_max}
         for net in NETS:
             for j, (w, b) in enumerate(zip(getattr(self, f"{net}_weights"), getattr(self, f"{net}_biases"))):
                 arrays[f"{net}_w{j}"], arrays[f"{net}_b{j}"] = w, b
-        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.get_params(), metrics=metrics or {},
-                              data_fingerprint=data_fingerprint, version=version)
+        return arrays
+
+    @staticmethod
+    def array_layout(parameters: dict) -> ArrayLayout:
+        """The arrays of a ``flow`` artifact: dtype, shape and value domain of each, checked at load.
+
+        Dimensions: ``n_features`` (the column names), ``n_groups``, ``n_layers`` = 2 ``n_blocks``,
+        the flows (one per group when group-aware, else 1) and the coupling nets' sizes
+        ``n_features, *hidden, n_features``.
+        """
+        what = "flow artifact"
+        n_blocks = artifacts.int_parameter(parameters, "n_blocks", what)
+        widths = artifacts.sizes_parameter(parameters, "hidden", what)
+        hidden = {f"hidden_{k + 1}": width for k, width in enumerate(widths)}
+        if not isinstance(parameters.get("group_aware"), bool):
+            raise artifacts.ArtifactError(f"{what}: parameter 'group_aware' must be true or false, "
+                                          f"got {parameters.get('group_aware')!r}")
+        n_flows = "n_groups" if parameters["group_aware"] else 1
+        stack = (n_flows, "n_layers")
+        sizes = ["n_features", *hidden, "n_features"]  # hidden sizes by name: hidden_1, ...
+        layers = tuple(ArraySpec(f"{net}_{part}{j}", "f", stack + shape, (finite(),)) for net in NETS
+                       for j, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:]))
+                       for part, shape in (("w", (n_out, n_in)), ("b", (n_out,))))
+        feature = ("n_features",)
+        return ArrayLayout((
+            ArraySpec("groups", "iufU", ("n_groups",), (nonempty(), sorted_labels())),
+            ArraySpec("mean", "f", feature, (finite(),)),
+            ArraySpec("scale", "f", feature, (finite(), above(0.0))),
+            ArraySpec("masks", "f", ("n_layers", "n_features"), (one_of(0.0, 1.0),)),
+            ArraySpec("data_min", "f", feature, (not_nan(),)),
+            ArraySpec("data_max", "f", feature, (not_nan(), _at_least_data_min())),
+            *layers,
+        ), dims={**artifacts.names_parameter(parameters, "columns", what), "n_layers": 2 * n_blocks, **hidden})
 
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> "FlowPreprocessor":
-        """Rebuild the frozen flow; a payload whose arrays do not fit together is refused."""
+        """Rebuild the frozen flow; every array is checked against :meth:`array_layout` first."""
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         params, a = artifact.parameters, artifact.arrays
-        n_linear = len(params.get("hidden", [])) + 1
-        try:
-            nets = {net: (tuple(np.array(a[f"{net}_w{j}"]) for j in range(n_linear)),
-                          tuple(np.array(a[f"{net}_b{j}"]) for j in range(n_linear))) for net in NETS}
-            d = len(a["mean"])
-            flow = cls(columns=tuple(column_names(d, params["columns"])), groups=np.array(a["groups"]),
-                       group_aware=bool(params["group_aware"]), mean=np.array(a["mean"]), scale=np.array(a["scale"]),
-                       masks=np.array(a["masks"]), scale_weights=nets["scale"][0], scale_biases=nets["scale"][1],
-                       shift_weights=nets["shift"][0], shift_biases=nets["shift"][1],
-                       data_min=np.array(a["data_min"]), data_max=np.array(a["data_max"]),
-                       named=params["columns"] is not None, training=dict(params.get("training", {})))
-        except KeyError as missing:
-            raise artifacts.ArtifactError(f"flow artifact lacks {missing}; refusing to load") from None
-        except RepairInputError as err:
-            raise artifacts.ArtifactError(f"flow artifact: {err}; refusing to load") from None
-        if flow.n_blocks != params.get("n_blocks") or list(flow.hidden) != list(params.get("hidden", [])):
-            raise artifacts.ArtifactError(f"flow arrays hold {flow.n_blocks} blocks of hidden sizes {list(flow.hidden)}, "
-                                          f"the manifest says {params.get('n_blocks')} and {params.get('hidden')}")
-        return flow
+        artifacts.check_arrays(a, cls.array_layout(params), "flow artifact")
+        nets = {net: tuple(tuple(np.array(a[f"{net}_{part}{j}"]) for j in range(len(params["hidden"]) + 1))
+                           for part in ("w", "b")) for net in NETS}
+        return cls(columns=tuple(column_names(len(a["mean"]), params["columns"])), groups=np.array(a["groups"]),
+                   group_aware=params["group_aware"], mean=np.array(a["mean"]), scale=np.array(a["scale"]),
+                   masks=np.array(a["masks"]), scale_weights=nets["scale"][0], scale_biases=nets["scale"][1],
+                   shift_weights=nets["shift"][0], shift_biases=nets["shift"][1],
+                   data_min=np.array(a["data_min"]), data_max=np.array(a["data_max"]),
+                   named=params["columns"] is not None, training=dict(params.get("training", {})))
 
 
 def _frozen(value, numeric: bool) -> np.ndarray:
@@ -346,43 +394,15 @@ def _tanh(x: np.ndarray) -> np.ndarray:
 
 
 def _check_shapes(flow: FlowPreprocessor) -> None:
-    """Every array must fit the feature count, the layer count and the number of flows; say which does not."""
-    d = len(flow.columns)
-    groups = np.asarray(flow.groups)
-    if groups.ndim != 1 or len(groups) == 0 or len(np.unique(groups)) != len(groups) \
-            or not np.array_equal(np.sort(groups), groups):
-        raise artifacts.ArtifactError(f"flow groups must be sorted unique labels, got {groups.tolist()}")
-    for name in ("mean", "scale", "data_min", "data_max"):
-        if np.shape(getattr(flow, name)) != (d,):
-            raise artifacts.ArtifactError(f"flow array {name!r} has shape {np.shape(getattr(flow, name))}, "
-                                          f"expected ({d},) for features {list(flow.columns)}")
-    if not np.all(np.isfinite(flow.mean)) or not np.all(np.isfinite(flow.scale)) or np.any(flow.scale <= 0):
-        raise artifacts.ArtifactError("flow standardisation must be finite with positive scales")
-    masks = np.asarray(flow.masks)
-    if masks.ndim != 2 or masks.shape[1] != d or masks.shape[0] == 0 or masks.shape[0] % 2 \
-            or not np.isin(masks, (0.0, 1.0)).all():
-        raise artifacts.ArtifactError(f"flow masks must be an even number of 0/1 rows of length {d}, got shape {masks.shape}")
-    n_flows = len(groups) if flow.group_aware else 1
-    for net in NETS:
-        weights, biases = getattr(flow, f"{net}_weights"), getattr(flow, f"{net}_biases")
-        if len(weights) != len(biases) or not weights:
-            raise artifacts.ArtifactError(f"flow {net} net has {len(weights)} weight and {len(biases)} bias arrays")
-        n_in = d
-        for j, (w, b) in enumerate(zip(weights, biases)):
-            w, b = np.asarray(w), np.asarray(b)
-            n_out = w.shape[2] if w.ndim == 4 else -1
-            expected = (n_flows, len(masks), n_out, n_in)
-            if w.ndim != 4 or w.shape != expected or b.shape != expected[:3] or n_out < 1:
-                raise artifacts.ArtifactError(f"flow {net} layer {j}: weights {w.shape}, biases {b.shape}; expected "
-                                              f"({n_flows}, {len(masks)}, out, {n_in}) and ({n_flows}, {len(masks)}, out)")
-            if not (np.all(np.isfinite(w)) and np.all(np.isfinite(b))):
-                raise artifacts.ArtifactError(f"flow {net} layer {j} has non-finite weights")
-            n_in = n_out
-        if n_in != d:
-            raise artifacts.ArtifactError(f"flow {net} net outputs {n_in} values for {d} features")
-    hidden = [w.shape[2] for w in flow.scale_weights[:-1]]
-    if hidden != [w.shape[2] for w in flow.shift_weights[:-1]]:
-        raise artifacts.ArtifactError("flow scale and shift nets have different hidden sizes")
+    """The constructor's check: the flow's own arrays against its layout, with the sizes they imply."""
+    sizes = [np.shape(w)[2] if np.ndim(w) == 4 else 0 for w in flow.scale_weights[:-1]]
+    parameters = {"columns": list(flow.columns), "group_aware": bool(flow.group_aware),
+                  "n_blocks": max(1, np.shape(flow.masks)[0] // 2 if np.ndim(flow.masks) else 1), "hidden": sizes}
+    artifacts.check_arrays(flow._arrays(), FlowPreprocessor.array_layout(parameters), "flow")
+
+
+def _at_least_data_min() -> Check:
+    return Check("at least data_min", lambda high, ctx: (~(high >= ctx.arrays["data_min"]), high))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The worker, the registry, re-fit jobs and the monitor look kinds up here and never special-case
 one: a new kind is one class implementing :class:`~fairstream.repair.protocol.FrozenModule`, named
-in :data:`MODULE_KINDS`.
+in :data:`MODULE_KINDS`. Each declares the arrays its artifact holds (``array_layout``); loading
+checks every one of them, so a corrupt payload is an :class:`ArtifactError` here, which the
+registry counts as a refusal while the previous version keeps serving.
 
 >>> import numpy as np
 >>> from fairstream.repair.protocol import PipelineSchema

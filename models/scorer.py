@@ -47,13 +47,21 @@ from fairstream.repair._validation import (
     column_names,
     normalise_labels,
 )
+from fairstream.repair.artifacts import ArrayLayout, ArraySpec, above, at_least, at_most, finite
 from fairstream.repair.group_maps import Counterparts, GroupTransportMap
 from fairstream.repair.logistic import fit_logistic
 from fairstream.repair.measure.mdp import fair_matching_cost, matched_dp
 from fairstream.repair.measure.metrics import as_binary, demographic_parity
 from fairstream.repair.measure.otf import correlation_violation, one_hot
 from fairstream.repair.posterior import _auc
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
+from fairstream.repair.protocol import (
+    Applied,
+    Batch,
+    IncompatibleArtifact,
+    PipelineSchema,
+    check_labels_cover,
+    rowwise_matmul,
+)
 
 __all__ = ["LogisticScorer", "Scorer", "ScorerValidation", "validate_scorer"]
 
@@ -91,7 +99,7 @@ class Scorer:
         scorer.columns_ = column_names(scorer.n_features_in_, columns)
         scorer.training_ = dict(training or {})
         scorer.group_map_ = None
-        _check_layers(scorer)
+        _check_layers(scorer, RepairInputError)
         return scorer.attach_group_map(group_map)
 
     # ------------------------------------------------------------------ the forward pass
@@ -123,18 +131,16 @@ class Scorer:
             raise AttributeError(f"{name} exists for a fitted scorer without hidden layers only")
 
     def decision_function(self, X) -> np.ndarray:
-        """The logit of each row, shape (n,)."""
+        """The logit of each row, shape (n,): bit-identical whatever batch the row is in (row-wise products)."""
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
         check_finite(X, self.columns_)
         z = (X - self.mean_) / self.scale_
-        if len(self.weights_) == 1:  # logistic regression: one matrix-vector product
-            return z @ self.weights_[0][:, 0] + self.biases_[0][0]
         for w, b in zip(self.weights_[:-1], self.biases_[:-1]):
-            z = z @ w
+            z = rowwise_matmul(z, w)
             z += b
             np.maximum(z, 0.0, out=z)
-        return z @ self.weights_[-1][:, 0] + self.biases_[-1][0]
+        return rowwise_matmul(z, self.weights_[-1])[:, 0] + self.biases_[-1][0]
 
     def predict_proba(self, X) -> np.ndarray:
         """Pr[y = 1 | x] of each row, shape (n,); a 1-D ``X`` of length d is one row."""
@@ -214,26 +220,52 @@ class Scorer:
         return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {},
                               data_fingerprint=data_fingerprint, version=version)
 
+    @staticmethod
+    def array_layout(parameters: dict) -> ArrayLayout:
+        """The arrays of a ``scorer`` artifact in either layout: dtype, shape and value domain, checked at load.
+
+        A network's layers are ``weight_k`` (in, out) and ``bias_k`` (out,) with the sizes
+        ``n_features, *hidden, 1``; a logistic one is ``coef``, ``intercept`` and its fit's provenance.
+        Arrays under ``group_map.`` are checked by :meth:`GroupTransportMap.from_arrays`.
+        """
+        what = "scorer artifact"
+        dims = artifacts.names_parameter(parameters, "columns", what)
+        delegated = (_MAP_PREFIX,) if parameters.get("group_map") is not None else ()
+        if parameters.get("layout") == "network":
+            widths = artifacts.sizes_parameter(parameters, "hidden", what)
+            hidden = {f"hidden_{k + 1}": width for k, width in enumerate(widths)}
+            dims.update(hidden)
+            sizes = ["n_features", *hidden, 1]  # hidden sizes by name: hidden_1, hidden_2, ...
+            layers = tuple(spec for k, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])) for spec in (
+                ArraySpec(f"weight_{k}", "f", (n_in, n_out), (finite(),)),
+                ArraySpec(f"bias_{k}", "f", (n_out,), (finite(),))))
+            return ArrayLayout(_STANDARDISATION + layers, dims, delegated)
+        if "layout" in parameters:
+            raise artifacts.ArtifactError(f"{what}: unknown scorer layout {parameters['layout']!r}")
+        max_iter = artifacts.int_parameter(parameters, "max_iter", what)
+        return ArrayLayout(_STANDARDISATION + (
+            ArraySpec("coef", "f", ("n_features",), (finite(),)),
+            ArraySpec("intercept", "f", (), (finite(),)),
+            ArraySpec("n_iter", "iu", (), (at_least(0), at_most(max_iter))),
+            ArraySpec("converged", "b", ()),
+        ), dims, delegated)
+
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> Scorer:
-        """Rebuild the scorer of a ``scorer`` artifact, in either layout (a logistic one is a LogisticScorer)."""
+        """Rebuild the scorer of a ``scorer`` artifact, in either layout (a logistic one is a LogisticScorer).
+
+        Every array is checked against :meth:`array_layout` first, so a scorer that could not score
+        a batch is refused at load.
+        """
         _check_kind(artifact)
-        if "coef" in artifact.arrays:
+        artifacts.check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
+        if artifact.parameters.get("layout") != "network":
             return LogisticScorer.from_artifact(artifact)
-        params = dict(artifact.parameters)
-        if params.get("layout") != "network":
-            raise artifacts.ArtifactError(f"unknown scorer layout {params.get('layout')!r}")
-        a = artifact.arrays
+        params, a = artifact.parameters, artifact.arrays
         n_layers = len(params["hidden"]) + 1
-        missing = [name for k in range(n_layers) for name in (f"weight_{k}", f"bias_{k}") if name not in a]
-        if missing:
-            raise artifacts.ArtifactError(f"the scorer artifact lacks the arrays {missing}")
-        try:
-            scorer = Scorer.from_weights([a[f"weight_{k}"] for k in range(n_layers)],
-                                         [a[f"bias_{k}"] for k in range(n_layers)], a["mean"], a["scale"],
-                                         columns=params["columns"], training=params.get("training"))
-        except RepairInputError as err:
-            raise artifacts.ArtifactError(f"mis-shaped scorer artifact: {err}") from None
+        scorer = Scorer.from_weights([a[f"weight_{k}"] for k in range(n_layers)],
+                                     [a[f"bias_{k}"] for k in range(n_layers)], a["mean"], a["scale"],
+                                     columns=params["columns"], training=params.get("training"))
         return scorer.attach_group_map(_map_of(artifact, scorer.columns_))
 
 
@@ -252,25 +284,23 @@ def _map_of(artifact: artifacts.Artifact, columns) -> GroupTransportMap | None:
         raise artifacts.ArtifactError(f"the scorer's group map is malformed: {err}") from None
 
 
-def _check_layers(scorer: Scorer) -> None:
-    """Layers that chain: (d, h1), (h1, h2), ..., (h_k, 1), each with a bias of its width; all finite."""
-    d = scorer.n_features_in_
-    if scorer.mean_.shape != (d,) or scorer.scale_.shape != (d,) or not np.all(scorer.scale_ > 0):
-        raise RepairInputError(f"mean and scale must be {d} numbers (scale > 0), got shapes "
-                               f"{scorer.mean_.shape} and {scorer.scale_.shape}")
+_STANDARDISATION = (ArraySpec("mean", "f", ("n_features",), (finite(),)),
+                    ArraySpec("scale", "f", ("n_features",), (finite(), above(0.0))))
+
+
+def _check_layers(scorer: Scorer, error: type[Exception]) -> None:
+    """Layers that chain: (d, h1), (h1, h2), ..., (h_k, 1), each with a bias of its width; all finite.
+
+    The network layout's own check, on the scorer's arrays with the hidden sizes its weights imply.
+    """
     if not scorer.weights_ or len(scorer.weights_) != len(scorer.biases_):
-        raise RepairInputError(f"a scorer needs one bias per layer, got {len(scorer.weights_)} weights and "
-                               f"{len(scorer.biases_)} biases")
-    width = d
-    for k, (w, b) in enumerate(zip(scorer.weights_, scorer.biases_)):
-        if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
-            raise RepairInputError(f"layer {k} has weights {w.shape} and bias {b.shape}; it must take {width} inputs")
-        width = w.shape[1]
-    if width != 1:
-        raise RepairInputError(f"the last layer must output one logit, it outputs {width}")
-    arrays = [scorer.mean_, scorer.scale_, *scorer.weights_, *scorer.biases_]
-    if not all(np.all(np.isfinite(a)) for a in arrays):
-        raise RepairInputError("a scorer's weights must be finite")
+        raise error(f"a scorer needs one bias per layer, got {len(scorer.weights_)} weights and "
+                    f"{len(scorer.biases_)} biases")
+    hidden = [int(w.shape[1]) if w.ndim == 2 else 0 for w in scorer.weights_[:-1]]
+    arrays = {"mean": scorer.mean_, "scale": scorer.scale_, **{f"weight_{k}": w for k, w in enumerate(scorer.weights_)},
+              **{f"bias_{k}": b for k, b in enumerate(scorer.biases_)}}
+    layout = Scorer.array_layout({"layout": "network", "hidden": hidden, "columns": list(scorer.columns_)})
+    artifacts.check_arrays(arrays, layout, "scorer", error)
 
 
 class LogisticScorer(Scorer):
@@ -352,9 +382,10 @@ class LogisticScorer(Scorer):
     def from_artifact(cls, artifact: artifacts.Artifact) -> LogisticScorer:
         """Rebuild the fitted scorer (bit-exact: the same arrays, the same probabilities)."""
         _check_kind(artifact)
-        if "coef" not in artifact.arrays:
+        if artifact.parameters.get("layout") == "network":
             raise artifacts.ArtifactError("this scorer artifact holds a network, not a logistic regression; "
                                           "load it with Scorer.from_artifact")
+        artifacts.check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
         params = dict(artifact.parameters)
         columns = params.pop("columns")
         params.pop("group_map", None)
@@ -369,9 +400,9 @@ class LogisticScorer(Scorer):
         scorer.training_ = {"method": "logistic", **scorer.get_params()}
         scorer.group_map_ = None
         try:
-            _check_layers(scorer)
+            scorer._check_params()
         except RepairInputError as err:
-            raise artifacts.ArtifactError(f"mis-shaped scorer artifact: {err}") from None
+            raise artifacts.ArtifactError(f"scorer artifact: {err}") from None
         return scorer.attach_group_map(_map_of(artifact, scorer.columns_))
 
 

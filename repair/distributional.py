@@ -41,6 +41,19 @@ from ._validation import (
     encode_mask,
     normalise_labels,
 )
+from .artifacts import (
+    ArrayLayout,
+    ArraySpec,
+    Check,
+    above,
+    any_true,
+    at_least,
+    at_most,
+    below,
+    finite,
+    nonempty,
+    sorted_labels,
+)
 from .density import bin_position, group_pmfs
 from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
@@ -52,6 +65,8 @@ OUT_OF_RANGE_POLICIES = ("clamp", "reject")
 POOLING = ("tilt", "none")
 # Salt of the imputed-s draw: independent of the repair's draws, which use the plain plan seed.
 _IMPUTE_SALT = 0x5EED_0F_5
+# A stored pmf sums to 1 up to the rounding of its construction (about 1e-15); anything further off is not a pmf.
+_PMF_TOLERANCE = 1e-9
 
 
 @dataclass
@@ -518,14 +533,53 @@ class DistributionalRepair:
                               data_fingerprint=data_fingerprint, version=version)
 
     @classmethod
+    def array_layout(cls, parameters: Mapping) -> ArrayLayout:
+        """The arrays of a plan artifact: dtype, shape and value domain of each, checked at load.
+
+        Dimensions: ``n_strata``, ``n_groups`` (the labels), ``n_repaired`` (repaired features),
+        ``n_nodes`` (the longest grid) and ``n_features`` (the column names, and ``n_features_in``).
+        """
+        what = "plan artifact"
+        enough = artifacts.int_parameter(parameters, "min_group_size", what, low=0)
+        weights = parameters.get("group_weights")
+        cells, grids = ("n_strata", "n_groups"), ("n_strata", "n_repaired")
+        pmf = (finite(), at_least(0.0))
+        specs = (
+            ArraySpec("n_features_in", "iu", (), (at_least(1),), binds="n_features"),
+            ArraySpec("features", "iu", ("n_repaired",), (nonempty(), at_least(0), below("n_features"))),
+            ArraySpec("discrete", "b", ("n_repaired",)),
+            ArraySpec("groups", "iufU", ("n_groups",), (nonempty(), sorted_labels(), *_weighted(weights))),
+            ArraySpec("strata", "iufU", ("n_strata",), (nonempty(), sorted_labels())),
+            ArraySpec("n_research", "iu", cells, (at_least(0),)),
+            ArraySpec("has_plan", "b", cells, (any_true(), _planned_where_enough(enough))),
+            ArraySpec("grid_start", "f", grids, (finite(),)),
+            ArraySpec("grid_step", "f", grids, (finite(), at_least(0.0), above(0.0, where=_MULTI_NODE))),
+            ArraySpec("grid_size", "iu", grids, (at_least(1), at_most("n_nodes"))),
+            ArraySpec("source_pmf", "f", (*cells, "n_repaired", "n_nodes"), (*pmf, _pmfs_on_grid(source=True))),
+            ArraySpec("barycenter", "f", (*grids, "n_nodes"), (*pmf, _pmfs_on_grid(source=False))),
+        )
+        if parameters.get("posterior"):  # plans written before the posterior existed have no such parameter
+            specs += GroupPosterior.array_specs()
+        return ArrayLayout(specs, dims=artifacts.names_parameter(parameters, "columns", what))
+
+    @classmethod
     def from_artifact(cls, artifact) -> "DistributionalRepair":
-        """Rebuild a fitted estimator from an artifact (bit-exact: same draws, same outputs)."""
+        """Rebuild a fitted estimator from an artifact (bit-exact: same draws, same outputs).
+
+        Every array is checked against :meth:`array_layout` and the parameters as ``fit`` checks
+        them, so a plan that could not serve a batch is refused here, not on every batch.
+        """
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
+        artifacts.check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "plan artifact")
         params = dict(artifact.manifest.parameters)
         columns = params.pop("columns")
         weights = params.pop("group_weights")
         est = cls(**params, columns=columns)
+        try:
+            est._check_parameters()
+        except RepairInputError as err:
+            raise artifacts.ArtifactError(f"plan artifact: {err}") from None
         arrays = artifact.arrays
         for name in cls._LEARNED:
             setattr(est, name, arrays[name.rstrip("_")])
@@ -533,8 +587,45 @@ class DistributionalRepair:
         est.n_features_in_ = int(arrays["n_features_in"])
         est.columns_ = column_names(est.n_features_in_, columns)
         # Plans written before the posterior existed load without one (and cannot impute s).
-        has_posterior = "posterior_coef" in arrays
+        has_posterior = bool(params.get("posterior"))
         est.posterior = has_posterior
         est.posterior_ = GroupPosterior.from_arrays(arrays, est.groups_, est.strata_) if has_posterior else None
         est._prepare()
         return est
+
+
+# ---------------------------------------------------------------------------------------------
+# value domains of a plan's arrays (see DistributionalRepair.array_layout)
+
+_MULTI_NODE = ("grid_size > 1", lambda ctx: ctx.arrays["grid_size"] > 1)
+
+
+def _pmfs_on_grid(source: bool) -> Check:
+    """Each pmf a plan samples sums to 1 over its grid's first ``grid_size`` nodes: the source pmf of
+    every cell with a plan, the barycentre of every stratum with one."""
+    def bad(pmf, ctx):
+        size, has_plan = ctx.arrays["grid_size"], ctx.arrays["has_plan"]
+        nodes = np.arange(pmf.shape[-1])
+        if source:
+            on_grid, used = nodes < size[:, None, :, None], has_plan[:, :, None]
+        else:
+            on_grid, used = nodes < size[:, :, None], has_plan.any(axis=1)[:, None]
+        total = np.where(on_grid, pmf, 0.0).sum(axis=-1)
+        return ~(np.abs(total - 1.0) <= _PMF_TOLERANCE) & used, total
+    return Check("a pmf summing to 1 on the first grid_size nodes of every planned cell", bad)
+
+
+def _planned_where_enough(min_group_size: int) -> Check:
+    """A cell has a plan exactly when it had ``min_group_size`` research rows (as ``fit`` decides)."""
+    return Check(f"true exactly where n_research >= min_group_size ({min_group_size})",
+                 lambda has_plan, ctx: (has_plan != (ctx.arrays["n_research"] >= min_group_size), has_plan))
+
+
+def _weighted(weights: Mapping | None) -> tuple[Check, ...]:
+    """With ``group_weights``, every group label must have a weight (the barycentre was built with them)."""
+    if weights is None:
+        return ()
+    if not isinstance(weights, dict):
+        raise artifacts.ArtifactError(f"plan artifact: parameter 'group_weights' must be an object, got {weights!r}")
+    return (Check(f"labels group_weights weighs ({sorted(weights)})",
+                  lambda groups, ctx: (~np.isin(groups.astype(str), list(weights)), groups)),)

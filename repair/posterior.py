@@ -49,6 +49,7 @@ import numpy as np
 from scipy.special import expit
 
 from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
+from .artifacts import ArraySpec, Check, above, at_least, finite
 from .logistic import fit_logistic
 
 __all__ = ["GroupPosterior", "missing_mask", "one_vs_rest", "polynomial_design"]
@@ -233,6 +234,19 @@ class GroupPosterior:
                 f"{prefix}cv": self.cv_, f"{prefix}degree": np.array(str(self.degree)),
                 f"{prefix}l2": np.array(float(self.l2)), f"{prefix}n_folds": np.array(int(self.n_folds))}
 
+    @staticmethod
+    def array_specs(prefix: str = "posterior_") -> tuple[ArraySpec, ...]:
+        """The arrays of :meth:`to_arrays`, in the owner's dimensions ``n_strata``, ``n_groups`` and ``n_features``."""
+        return (
+            ArraySpec(f"{prefix}coef", "f", ("n_strata", "n_groups", "n_terms"), (_finite_or_absent(),)),
+            ArraySpec(f"{prefix}mean", "f", ("n_strata", "n_features"), (finite(),)),
+            ArraySpec(f"{prefix}scale", "f", ("n_strata", "n_features"), (finite(), above(0.0))),
+            ArraySpec(f"{prefix}cv", "f", (len(CV_METRICS),), (_score_or_unmeasured(),)),
+            ArraySpec(f"{prefix}degree", "U", (), (_degree_of_terms(),)),
+            ArraySpec(f"{prefix}l2", "f", (), (finite(), at_least(0.0))),
+            ArraySpec(f"{prefix}n_folds", "iu", (), (at_least(0),)),
+        )
+
     @classmethod
     def from_arrays(cls, arrays, groups: np.ndarray, strata: np.ndarray, prefix: str = "posterior_") -> "GroupPosterior":
         """Rebuild from :meth:`to_arrays` output (bit-exact) with the owner's group and stratum labels."""
@@ -244,6 +258,30 @@ class GroupPosterior:
         post.groups_, post.strata_ = np.asarray(groups), np.asarray(strata)
         post.n_features_in_ = post.mean_.shape[1]
         return post
+
+
+def _finite_or_absent() -> Check:
+    """Coefficients: finite, or NaN in every term of a group's row (the group is absent from the stratum)."""
+    def bad(coef, ctx):
+        absent = np.isnan(coef).all(axis=-1, keepdims=True)
+        return ~np.isfinite(coef) & ~absent, coef
+    return Check("finite (or NaN in a whole row: a group absent from the stratum)", bad)
+
+
+def _score_or_unmeasured() -> Check:
+    """A cross-validated score (log-loss, Brier, ECE, AUC, accuracy): >= 0, or NaN when it was not measured."""
+    return Check("a finite score >= 0, or NaN (not measured)",
+                 lambda cv, ctx: (~(np.isnan(cv) | (np.isfinite(cv) & (cv >= 0))), cv))
+
+
+def _degree_of_terms() -> Check:
+    """'bic' (degree 2 stored) or a degree >= 1, matching the coefficients' 1 + n_features * degree terms."""
+    def bad(degree, ctx):
+        text = str(degree)
+        value = 2 if text == "bic" else int(text) if text.isdecimal() and int(text) >= 1 else None
+        fits = value is not None and ctx.dims["n_terms"] == 1 + ctx.dims["n_features"] * value
+        return np.array(not fits), degree
+    return Check("'bic' or a degree >= 1 matching the coefficients (1 + n_features * degree terms: {n_terms})", bad)
 
 
 def calibration_metrics(proba: np.ndarray, codes: np.ndarray) -> np.ndarray:

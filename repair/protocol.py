@@ -6,12 +6,18 @@ ever call these four members, so adding a kind is writing one class (and naming 
 :data:`fairstream.models.kinds.MODULE_KINDS`):
 
 - ``kind``: the artifact kind the class loads (``"plan"``, ``"scorer"``, ...);
-- ``from_artifact(artifact)``: rebuild the frozen module from its manifest and arrays;
+- ``array_layout(parameters)``: the arrays its artifact must hold, each with dtype, shape (in
+  terms of the manifest's parameters) and value domain (:class:`~fairstream.repair.artifacts.ArraySpec`);
+- ``from_artifact(artifact)``: rebuild the frozen module from its manifest and arrays, after
+  checking every array against ``array_layout`` (a hash-consistent but corrupt payload, e.g. a
+  truncated pmf or a NaN weight, is refused here instead of failing on every batch);
 - ``check_compatible(schema)``: refuse, with a reason, a module that does not fit the pipeline
   (feature names and count, groups, strata, vector length). The registry calls it **at load
   time**, so a mis-shaped artifact is refused while the previous version keeps serving;
 - ``apply(batch)``: values for every row of a decoded :class:`Batch`, which rows could not be
   processed and why, and any per-row columns the module adds (a scorer's score and decision).
+  A row's output is bit-identical whatever batch it arrives in (draws keyed by the record,
+  products row by row: :func:`rowwise_matmul`), so a replayed batch reproduces its outputs.
 
 A record pipeline is an ordered chain of modules (``plan``; ``flow`` then ``scorer``); see
 :func:`apply_chain`. Nothing here knows Kafka or a message type: a batch is arrays.
@@ -35,10 +41,10 @@ from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .artifacts import Artifact, ArtifactError
+from .artifacts import ArrayLayout, Artifact, ArtifactError
 
 __all__ = ["Applied", "Batch", "FrozenModule", "IncompatibleArtifact", "PipelineSchema", "apply_chain",
-           "check_labels_cover"]
+           "check_labels_cover", "rowwise_matmul"]
 
 
 class IncompatibleArtifact(ArtifactError):
@@ -120,13 +126,18 @@ class FrozenModule(Protocol):
 
     kind: ClassVar[str]
 
+    @classmethod
+    def array_layout(cls, parameters: dict) -> ArrayLayout:
+        """The arrays an artifact of this kind must hold, given its manifest parameters."""
+
     @property
     def seed(self) -> str:
         """What the module's deterministic draws are keyed by ('' when it draws nothing); provenance."""
 
     @classmethod
     def from_artifact(cls, artifact: Artifact) -> "FrozenModule":
-        """Rebuild the frozen module from an artifact of this kind."""
+        """Rebuild the frozen module from an artifact of this kind; raise :class:`ArtifactError` if any array
+        does not fit :meth:`array_layout`."""
 
     def check_compatible(self, schema: PipelineSchema) -> None:
         """Raise :class:`IncompatibleArtifact` if the module cannot serve a pipeline of ``schema``."""
@@ -175,6 +186,51 @@ def _empty_column(values: np.ndarray, n: int) -> np.ndarray:
     fill = -1 if values.dtype.kind in "iub" else np.nan
     dtype = np.int64 if values.dtype.kind in "iub" else np.float64
     return np.full(n, fill, dtype=dtype)
+
+
+# BLAS kernels may peel a loop until an operand is aligned (OpenBLAS's SSE2 dot does), which makes a
+# product depend on where its operands sit in memory; a cache line (and AVX-512 register) is 64 bytes.
+_ALIGNMENT = 64
+
+
+def rowwise_matmul(X: np.ndarray, W: np.ndarray) -> np.ndarray:
+    """``X @ W`` computed as one identical product per row, so a row's result never depends on its batch.
+
+    On a whole batch, BLAS picks its kernel, blocking and summation order by the number of rows
+    (and the CPU), so the same record comes out a few ulps apart in batches of different sizes,
+    and a replayed batch would not reproduce its outputs bit for bit. Here every row is its own
+    (1, in) @ (in, out) call (numpy's matmul over a stack makes one BLAS gemv per row), with the
+    same shapes, strides and memory alignment for every row, every batch and every copy of ``W``
+    (rows, ``W`` and outputs are zero-padded to 64-byte lines in 64-byte-aligned buffers): a row's
+    result is a function of that row and ``W`` alone. ``W`` is (in, out) or, stacked like ``X``,
+    (..., in, out); the result is (..., n, out). The cost is one gemv per row instead of one gemm:
+    measured on 1,000 rows (one thread), 2x to 4x a batched product: 1.6 -> 3.8 ms for a
+    100-100-100-1 scorer, 6 -> 15 ms for a 10-block (20, 20) flow on 11 features, 22 -> 85 ms for
+    a 512-wide embedding module.
+
+    >>> X = np.random.default_rng(0).normal(size=(5, 3)); W = np.arange(6.0).reshape(3, 2)
+    >>> bool(np.array_equal(rowwise_matmul(X, W)[2], rowwise_matmul(X[2:3], W)[0]))
+    True
+    """
+    X, W = np.asarray(X), np.asarray(W)
+    dtype = np.result_type(X, W)
+    (n_in, n_out), line = W.shape[-2:], _ALIGNMENT // dtype.itemsize
+    k, m = -(-n_in // line) * line, -(-n_out // line) * line  # padded widths: whole lines
+    rows = _aligned((*X.shape[:-1], k), dtype)
+    rows[..., :n_in] = X
+    weights = _aligned((*W.shape[:-2], k, m), dtype)
+    weights[..., :n_in, :n_out] = W
+    out = _aligned((*np.broadcast_shapes(X.shape[:-2], W.shape[:-2]), X.shape[-2], m), dtype)
+    np.matmul(rows[..., :, None, :], weights[..., None, :, :], out=out[..., :, None, :])
+    return out[..., :n_out]
+
+
+def _aligned(shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A zeroed C-ordered array starting on a 64-byte boundary."""
+    size = int(np.prod(shape))
+    raw = np.zeros(size + _ALIGNMENT // dtype.itemsize, dtype)
+    start = (-raw.ctypes.data % _ALIGNMENT) // dtype.itemsize
+    return raw[start:start + size].reshape(shape)
 
 
 def check_labels_cover(kind: str, what: str, fitted: Sequence, configured: Sequence) -> None:

@@ -56,7 +56,8 @@ def test_artifact_round_trip_and_errors():
     np.testing.assert_array_equal(again.transform(v), m.transform(v))
     with pytest.raises(RepairInputError, match="expects 4"):
         m.transform(np.zeros((2, 5)))
-    with pytest.raises(RepairInputError, match="inconsistent"):
+    with pytest.raises(RepairInputError,
+                       match=r"embedding module: array 'b1' has shape \(7,\), expected \(hidden=8 as in 'w1',\)"):
         FairnessModule(np.zeros((8, 4)), np.zeros(7), np.zeros((4, 8)), np.zeros(4))
     with pytest.raises(artifacts.ArtifactError, match="kind"):
         FairnessModule.from_artifact(artifacts.pack("plan", {"x": np.zeros(1)}, {}))
@@ -90,9 +91,12 @@ def test_artifact_records_training_and_refuses_bad_payloads():
     m = random_module()
     art = m.to_artifact(version=3, metrics={"bfar": 1.2}, training={"epochs": 20}, data_fingerprint="ab" * 32)
     assert art.parameters["training"] == {"epochs": 20} and art.parameters["hidden"] == 8
-    with pytest.raises(artifacts.ArtifactError, match="lacks arrays"):
+    with pytest.raises(artifacts.ArtifactError, match="embedding artifact: the array 'b1' is missing"):
         FairnessModule.from_artifact(artifacts.pack("embedding", {"w1": np.zeros((8, 4))}, {}))
-    with pytest.raises(artifacts.ArtifactError, match="finite"):
+    arrays = {k: v for k, v in art.arrays.items() if k != artifacts.PARAMETERS_ARRAY}
+    with pytest.raises(artifacts.ArtifactError, match=r"'w1' has shape \(8, 4\), expected \(hidden=9, dimension=4\)"):
+        FairnessModule.from_artifact(artifacts.pack("embedding", arrays, {**art.parameters, "hidden": 9}))
+    with pytest.raises(artifacts.ArtifactError, match="'w1' must be finite, got nan at index"):
         FairnessModule.from_artifact(artifacts.pack("embedding", {"w1": np.full((2, 1), np.nan), "b1": np.zeros(2),
                                                                   "w2": np.zeros((1, 2)), "b2": np.zeros(1)}, {}))
 

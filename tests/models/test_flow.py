@@ -140,14 +140,19 @@ def _repack(art, **changes):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"shift_w1": np.zeros((2, 6, 3, 4))}, "flow shift layer 1"),
-    ({"masks": np.ones((5, 3))}, "even number of 0/1 rows"),
-    ({"mean": np.zeros(4)}, "3 column names for 4 feature columns"),
+    ({"shift_w1": np.zeros((2, 6, 3, 4))},
+     r"'shift_w1' has shape \(2, 6, 3, 4\), expected "
+     r"\(n_groups=2 as in 'groups', n_layers=6, hidden_2=5, hidden_1=6\)"),
+    ({"masks": np.ones((5, 3))}, r"'masks' has shape \(5, 3\), expected \(n_layers=6, n_features=3\)"),
+    ({"masks": np.full((6, 3), 0.5)}, r"'masks' must be one of \[0.0, 1.0\], got 0.5 at index \(0, 0\)"),
+    ({"mean": np.zeros(4)}, r"'mean' has shape \(4,\), expected \(n_features=3,\)"),
     ({"data_max": np.zeros(4)}, "'data_max' has shape"),
+    ({"data_max": np.full(3, -6.0)}, r"'data_max' must be at least data_min, got -6.0 at index \(0,\)"),
     ({"groups": np.array([1, 0])}, "sorted unique"),
-    ({"scale_b0": np.full((2, 6, 6), np.inf)}, "non-finite weights"),
-    ({"hidden": [6]}, "outputs 5 values for 3 features"),
-    ({"n_blocks": 4}, "the manifest says 4"),
+    ({"scale_b0": np.full((2, 6, 6), np.inf)}, r"'scale_b0' must be finite, got inf at index \(0, 0, 0\)"),
+    ({"hidden": [6]}, "undeclared array 'scale_w2'"),
+    ({"n_blocks": 4}, r"'masks' has shape \(6, 3\), expected \(n_layers=8, n_features=3\)"),
+    ({"n_blocks": 0}, "parameter 'n_blocks' must be an integer >= 1, got 0"),
 ])
 def test_mis_shaped_flow_artifact_is_refused(change, message):
     art = random_flow().to_artifact()
@@ -158,7 +163,7 @@ def test_mis_shaped_flow_artifact_is_refused(change, message):
 def test_artifact_missing_an_array_or_of_another_kind_is_refused():
     art = random_flow().to_artifact()
     arrays = {k: v for k, v in art.arrays.items() if k not in (artifacts.PARAMETERS_ARRAY, "scale_w2")}
-    with pytest.raises(artifacts.ArtifactError, match="lacks 'scale_w2'"):
+    with pytest.raises(artifacts.ArtifactError, match="flow artifact: the array 'scale_w2' is missing"):
         FlowPreprocessor.from_artifact(artifacts.pack("flow", arrays, parameters=art.parameters))
     with pytest.raises(artifacts.ArtifactError, match="expected an artifact of kind 'flow'"):
         FlowPreprocessor.from_artifact(artifacts.pack("plan", {"q": np.arange(2)}, parameters={}))

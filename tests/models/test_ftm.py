@@ -126,7 +126,12 @@ def test_three_groups_are_matched_to_the_largest(data):
     trainer = FairScorerTrainer("ftm", lam=2.0, seed=1, **QUICK).fit(X, s, y)
     assert trainer.scorer_.group_map_.reference_group == "b"
     matched = trainer.scorer_.matched_counterparts(X[:3], ["a", "b", "c"])
-    assert matched.rows.tolist() == [0, 1, 1, 2]
+    # "a" and "c" are matched into "b"; "b" into both others; each row's shares sum to one per other group.
+    groups = {row: sorted(set(matched.s[matched.rows == row].tolist())) for row in range(3)}
+    assert groups == {0: ["b"], 1: ["a", "c"], 2: ["b"]}
+    for row, others in groups.items():
+        for other in others:
+            assert matched.weights[(matched.rows == row) & (matched.s == other)].sum() == pytest.approx(1.0)
     assert len(trainer.history_) == 25 and all(h["penalty"] > 0 for h in trainer.history_)
 
 

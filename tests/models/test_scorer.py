@@ -231,13 +231,16 @@ def test_a_mis_shaped_scorer_is_refused_at_load_time():
         load_module(scorer.to_artifact(), PipelineSchema(features=("a", "b", "c"), groups=("f", "m", "x")))
     art = scorer.to_artifact()
     arrays = {name: np.array(a) for name, a in art.arrays.items() if name != "__parameters__"}
-    for name, bad in (("weight_1", np.zeros((3, 4))), ("bias_0", np.zeros(2)), ("weight_2", np.zeros((4, 2))),
-                      ("scale", np.zeros(3))):
+    for name, bad, message in (
+            ("weight_1", np.zeros((3, 4)), r"'weight_1' has shape \(3, 4\), expected \(hidden_1=5, hidden_2=4\)"),
+            ("bias_0", np.zeros(2), r"'bias_0' has shape \(2,\), expected \(hidden_1=5,\)"),
+            ("weight_2", np.zeros((4, 2)), r"'weight_2' has shape \(4, 2\), expected \(hidden_2=4, 1\)"),
+            ("scale", np.zeros(3), r"'scale' must be > 0, got 0.0 at index \(0,\)")):
         broken = artifacts.pack("scorer", {**arrays, name: bad}, parameters=dict(art.parameters))
-        with pytest.raises(artifacts.ArtifactError, match="mis-shaped scorer"):
+        with pytest.raises(artifacts.ArtifactError, match="scorer artifact: array " + message):
             Scorer.from_artifact(broken)
     missing = artifacts.pack("scorer", {k: v for k, v in arrays.items() if k != "bias_2"}, dict(art.parameters))
-    with pytest.raises(artifacts.ArtifactError, match=r"lacks the arrays \['bias_2'\]"):
+    with pytest.raises(artifacts.ArtifactError, match=r"the array 'bias_2' is missing"):
         Scorer.from_artifact(missing)
     no_source = artifacts.pack("scorer", {k: v for k, v in arrays.items() if k != "group_map.source"},
                                dict(art.parameters))

@@ -532,3 +532,84 @@ def test_fingerprint_refuses_object_arrays():
 
 def test_docstring_examples_run():
     assert doctest.testmod(artifacts).failed == 0
+
+
+# --- declared arrays: dtype, shape and value domain checked in full ------------------------------
+
+
+def toy_layout(**dims) -> artifacts.ArrayLayout:
+    """A pmf per group over a grid of nodes, with the group labels and a count that binds a dimension."""
+    return artifacts.ArrayLayout((
+        artifacts.ArraySpec("n_nodes", "iu", (), (artifacts.at_least(1),), binds="n_nodes"),
+        artifacts.ArraySpec("groups", "iuU", ("n_groups",), (artifacts.nonempty(), artifacts.sorted_labels())),
+        artifacts.ArraySpec("grid", "f", ("n_nodes",), (artifacts.finite(), artifacts.strictly_increasing())),
+        artifacts.ArraySpec("pmf", "f", ("n_groups", "n_nodes"),
+                            (artifacts.finite(), artifacts.at_least(0.0), artifacts.sums_to_one())),
+        artifacts.ArraySpec("used", "b", ("n_groups",), (artifacts.any_true(),)),
+        artifacts.ArraySpec("index", "iu", (), (artifacts.at_least(0), artifacts.below("n_groups"))),
+    ), dims=dims, delegated=("extra.",))
+
+
+def toy_arrays(**changes) -> dict:
+    arrays = {"n_nodes": np.array(3), "groups": np.array([0, 1]), "grid": np.array([0.0, 0.5, 1.0]),
+              "pmf": np.array([[0.5, 0.5, 0.0], [0.25, 0.25, 0.5]]), "used": np.array([True, False]),
+              "index": np.array(1)}
+    return {**arrays, **changes}
+
+
+def test_declared_arrays_that_fit_pass_and_bind_their_dimensions():
+    assert artifacts.check_arrays(toy_arrays(), toy_layout(), "toy") == {"n_nodes": 3, "n_groups": 2}
+    assert artifacts.check_arrays(toy_arrays(**{"extra.anything": np.zeros(1)}), toy_layout(), "toy")  # delegated
+    artifacts.check_arrays(toy_arrays(groups=np.array(["f", "m"])), toy_layout(), "toy")  # text labels
+
+
+@pytest.mark.parametrize("changes, dims, message", [
+    ({"pmf": np.array([[0.5, 0.5, 0.0]])}, {},
+     r"toy: array 'used' has shape \(2,\), expected \(n_groups=1 as in 'pmf',\)|"
+     r"toy: array 'pmf' has shape \(1, 3\), expected \(n_groups=2 as in 'groups', n_nodes=3 as in 'n_nodes'\)"),
+    ({"pmf": np.array([[0.5, np.nan, 0.5], [0.25, 0.25, 0.5]])}, {},
+     r"'pmf' must be finite, got nan at index \(0, 1\)"),
+    ({"pmf": np.array([[1.5, -0.5, 0.0], [0.25, 0.25, 0.5]])}, {}, r"'pmf' must be >= 0, got -0.5 at index \(0, 1\)"),
+    ({"pmf": np.array([[0.5, 0.4, 0.0], [0.25, 0.25, 0.5]])}, {}, r"'pmf' must be summing to 1 along axis -1, "
+                                                                    r"got 0.9 at index \(0,\)"),
+    ({"grid": np.array([0.0, 0.5, 0.5])}, {}, r"'grid' must be strictly increasing, got 0.5 at index \(2,\)"),
+    ({"groups": np.array([1, 0])}, {}, r"'groups' must be sorted unique labels .*, got 0 at index \(1,\)"),
+    ({"groups": np.array([0.0, 1.0])}, {}, r"'groups' has dtype float64 \(float\), expected integer or unsigned "
+                                           r"integer or text"),
+    ({"used": np.array([False, False])}, {}, r"'used' must be true somewhere"),
+    ({"index": np.array(2)}, {}, r"'index' must be < n_groups \(2\), got 2$"),
+    ({"n_nodes": np.array(-1)}, {}, r"'n_nodes' must be a count \(>= 0\), got -1"),
+    ({"n_nodes": np.array(4)}, {}, r"'grid' has shape \(3,\), expected \(n_nodes=4 as in 'n_nodes',\)"),
+    ({}, {"n_groups": 3}, r"'groups' has shape \(2,\), expected \(n_groups=3,\)"),  # a dimension the parameters set
+    ({"stray": np.zeros(2)}, {}, r"undeclared array 'stray'"),
+])
+def test_each_declared_rule_refuses_naming_the_array_value_and_index(changes, dims, message):
+    with pytest.raises(ArtifactError, match="toy: (array )?" + message):
+        artifacts.check_arrays(toy_arrays(**changes), toy_layout(**dims), "toy")
+
+
+def test_a_missing_array_is_named_and_constructors_raise_their_own_error():
+    arrays = toy_arrays()
+    del arrays["used"]
+    with pytest.raises(ArtifactError, match="toy: the array 'used' is missing"):
+        artifacts.check_arrays(arrays, toy_layout(), "toy")
+    with pytest.raises(KeyError, match="must be finite"):
+        artifacts.check_arrays(toy_arrays(grid=np.array([0.0, np.inf, 1.0])), toy_layout(), "toy", error=KeyError)
+
+
+def test_a_rule_can_be_restricted_and_size_parameters_are_checked():
+    positive_where_used = artifacts.above(0.0, where=("used", lambda ctx: ctx.arrays["used"][:, None]))
+    layout = artifacts.ArrayLayout((artifacts.ArraySpec("used", "b", ("n",)),
+                                    artifacts.ArraySpec("w", "f", ("n", 2), (positive_where_used,))))
+    used = np.array([True, False])
+    artifacts.check_arrays({"used": used, "w": np.array([[1.0, 2.0], [0.0, -1.0]])}, layout, "toy")
+    with pytest.raises(ArtifactError, match=r"'w' must be > 0 where used, got 0.0 at index \(0, 1\)"):
+        artifacts.check_arrays({"used": used, "w": np.array([[1.0, 0.0], [0.0, -1.0]])}, layout, "toy")
+    assert artifacts.sizes_parameter({"hidden": [4, 2]}, "hidden", "toy") == [4, 2]
+    for bad in ([0], [2.5], "4", None, [True]):
+        with pytest.raises(ArtifactError, match="toy: parameter 'hidden' must be a list of positive layer sizes"):
+            artifacts.sizes_parameter({"hidden": bad}, "hidden", "toy")
+    with pytest.raises(ArtifactError, match="toy: parameter 'n' must be an integer >= 1, got 0"):
+        artifacts.int_parameter({"n": 0}, "n", "toy")
+    assert artifacts.names_parameter({"columns": ["a", "b"]}, "columns", "toy") == {"n_features": 2}
+    assert artifacts.names_parameter({"columns": None}, "columns", "toy") == {}

@@ -279,3 +279,62 @@ def test_pushed_groups_converge_to_the_barycentre_as_research_grows(means, sds, 
     for n, value in w1.items():
         assert value < floor + 1.5 * spread / np.sqrt(n * p0)
     assert w1[3200] < w1[200] or w1[200] < floor
+
+
+# ------------------------------------------------------------------ arrays checked in full at load
+
+
+def _corrupt(art, name, change):
+    """The plan artifact with one array changed and re-sealed: a consistent hash, as a hostile publisher would send."""
+    from fairstream.repair import artifacts
+
+    arrays = {k: np.array(v) for k, v in art.arrays.items() if k != artifacts.PARAMETERS_ARRAY}
+    arrays[name] = change(arrays[name])
+    return artifacts.decode(artifacts.encode(artifacts.pack("plan", arrays, dict(art.parameters))), kind="plan")
+
+
+def _set(index, value):
+    def change(a):
+        a[index] = value
+        return a
+    return change
+
+
+@pytest.mark.parametrize("name, change, message", [
+    ("source_pmf", lambda a: a[..., :-1], r"'barycenter' has shape \(2, 2, 50\), expected \(n_strata=2 as in 'strata', "
+                                          r"n_repaired=2 as in 'features', n_nodes=49 as in 'source_pmf'\)"),
+    ("grid_step", _set((0, 1), 0.0), r"'grid_step' must be > 0 where grid_size > 1, got 0.0 at index \(0, 1\)"),
+    ("source_pmf", _set((1, 0, 0, 7), np.nan), r"'source_pmf' must be finite, got nan at index \(1, 0, 0, 7\)"),
+    ("barycenter", _set((0, 1, 3), -0.25), r"'barycenter' must be >= 0, got -0.25 at index \(0, 1, 3\)"),
+    ("has_plan", lambda a: np.zeros_like(a), r"'has_plan' must be true somewhere"),
+    ("source_pmf", lambda a: a * 0.5, r"'source_pmf' must be a pmf summing to 1 .* got 0.5\d* at index \(0, 0, 0\)"),
+    ("grid_size", _set((1, 0), 0), r"'grid_size' must be >= 1, got 0 at index \(1, 0\)"),
+    ("features", _set(0, 2), r"'features' must be < n_features \(2\), got 2 at index \(0,\)"),
+    ("groups", lambda a: a[::-1].copy(), r"'groups' must be sorted unique labels"),
+    ("posterior_scale", _set((0, 0), -1.0), r"'posterior_scale' must be > 0, got -1.0 at index \(0, 0\)"),
+])
+def test_a_hash_consistent_but_corrupt_plan_is_refused_at_load(fitted, name, change, message):
+    # Before the arrays were checked, the first five loaded and then failed on every batch
+    # (IndexError for the truncated pmf) or repaired into garbage or dead-lettered every record.
+    from fairstream.models.kinds import load_module
+    from fairstream.repair.artifacts import ArtifactError
+    from fairstream.repair.protocol import PipelineSchema
+
+    corrupt = _corrupt(fitted.to_artifact(), name, change)
+    with pytest.raises(ArtifactError, match="plan artifact: (array )?" + message):
+        load_module(corrupt, PipelineSchema())
+
+
+def test_plan_parameters_are_checked_at_load_as_fit_checks_them(fitted):
+    from fairstream.repair import artifacts
+
+    art = fitted.to_artifact()
+    arrays = {k: v for k, v in art.arrays.items() if k != artifacts.PARAMETERS_ARRAY}
+    bad = artifacts.pack("plan", arrays, {**art.parameters, "repair_amount": 3.0})
+    with pytest.raises(artifacts.ArtifactError, match=r"plan artifact: repair_amount must be in \[0, 1\], got 3.0"):
+        DistributionalRepair.from_artifact(bad)
+    no_posterior = {k: v for k, v in arrays.items() if not k.startswith("posterior_")}
+    with pytest.raises(artifacts.ArtifactError, match="plan artifact: the array 'posterior_coef' is missing"):
+        DistributionalRepair.from_artifact(artifacts.pack("plan", no_posterior, dict(art.parameters)))
+    older = artifacts.pack("plan", no_posterior, {k: v for k, v in art.parameters.items() if k != "posterior"})
+    assert DistributionalRepair.from_artifact(older).posterior_ is None  # written before the posterior existed
