@@ -294,6 +294,24 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
             log.warning("embedded broker exited on port %d; retrying on another port", self._port)
         raise BrokerError(f"no free port for the broker on {self.host} after {attempts} attempts")
 
+    def restart(self, timeout: float = 30.0) -> "EmbeddedBroker":
+        """Start again on the same port after a stop or a crash, so clients find it where it was.
+
+        The storage is memory: topics, offsets and groups are gone. The dead broker's connections in
+        TIME_WAIT do not block the port (see :func:`~.processes.port_is_free`); a port another process
+        listens on is tried again until ``timeout``.
+        """
+        self.stop()  # reaps a killed broker; nothing if it is already gone
+        self._requested_port = self.port
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.start()
+            except BrokerError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.5)
+
     def _stopped(self, process) -> None:
         if read_pid_file(self.pid_path) == process.pid:
             self.pid_path.unlink(missing_ok=True)

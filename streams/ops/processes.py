@@ -46,8 +46,14 @@ def dies_with_owner(argv: list[str]) -> list[str]:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    """True if ``host:port`` can be bound right now."""
+    """True if a server could listen on ``host:port`` right now.
+
+    Bound as servers bind (SO_REUSEADDR, as Tansu, Prometheus and Python's HTTP servers do): the
+    connections of a server that was just killed linger in TIME_WAIT for a minute and do not stop
+    a new server from listening on its port; another process listening there does.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -171,8 +177,8 @@ class ManagedProcess:
     start_timeout: float = 30.0
     stop_timeout: float = 10.0
 
-    def __init__(self, log_path: str | os.PathLike):
-        self.log_path = Path(log_path)
+    def __init__(self, log_path: str | os.PathLike | None):
+        self.log_path = Path(log_path) if log_path is not None else None  # None: the child writes to our stdout/stderr
         self._process: subprocess.Popen | None = None
 
     @property
@@ -193,16 +199,25 @@ class ManagedProcess:
 
     def _spawn(self, banner: str = "") -> None:
         _install_exit_hooks()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            if banner:
+        with self._output() as log_file:
+            if banner and log_file is not None:
                 log_file.write(f"--- fairstream: {banner}\n".encode())
                 log_file.flush()
             # Its own process group: Ctrl-C in a shell does not hit it, and stop() reaches its children.
             self._process = subprocess.Popen(self._command(), stdin=subprocess.DEVNULL, stdout=log_file,
-                                             stderr=subprocess.STDOUT, env=self._environment(),
-                                             start_new_session=True, close_fds=True)
+                                             stderr=subprocess.STDOUT if log_file is not None else None,
+                                             env=self._environment(), start_new_session=True, close_fds=True)
         _LIVE.add(self)
+
+    @contextlib.contextmanager
+    def _output(self):
+        """The log file opened for appending, or None: the child inherits our stdout and stderr."""
+        if self.log_path is None:
+            yield None
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            yield log_file
 
     def _wait_until(self, ready: Callable[[], bool], what: str, retry_if: Callable[[], bool] = lambda: False) -> bool:
         """True once ``ready()``; False if the child died and ``retry_if()`` says a new try may help; raises otherwise."""
@@ -257,7 +272,7 @@ class ManagedProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the child's log."""
-        return tail(self.log_path, lines)
+        return tail(self.log_path, lines) if self.log_path is not None else "(output not captured: see stderr)"
 
     def __enter__(self):
         return self.start()

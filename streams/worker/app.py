@@ -13,6 +13,11 @@ A crash between send and commit replays the batch; the repair is a deterministic
 by (id, input_digest) (the README's de-duplication rule). The active artifact is read once per
 batch, so every output record of a batch carries exactly one version, and a swap published on the
 control topic takes effect between two batches.
+
+A worker is consuming or it has exited non-zero: every service hangs in the worker's service tree,
+so an error a batch consumer or a task cannot recover from crashes the Faust worker, which stops
+its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it is ended hard).
+``/healthz`` and ``/readyz`` answer beside ``/metrics`` (:mod:`.health`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
 from typing import Iterable
 
@@ -38,6 +45,7 @@ from fairstream.streams.ops.broker import parse_broker_url
 
 from .consumer import BatchConsumer, InputSpec
 from .embedding_monitor import EmbeddingMonitor
+from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import (
     ARTIFACT_REFUSED,
     ARTIFACT_VERSION,
@@ -57,6 +65,7 @@ from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 log = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 1024 * 1024  # the producer's (and Kafka's default) message limit; dead letters fit under it
+FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
 
 
 class _Boot(BootStrategy):
@@ -99,12 +108,16 @@ class OutputProducer(mode.Service):
 class WorkerServices(mode.Service):
     """The producer and one batch consumer per input, stopped in order: consumers, then producer."""
 
-    def __init__(self, producer: OutputProducer, consumers: list[BatchConsumer], **kwargs):
-        self.output, self.consumers = producer, consumers
+    def __init__(self, producer: OutputProducer, consumers: list[BatchConsumer], health: WorkerHealth, **kwargs):
+        self.output, self.consumers, self.health = producer, consumers, health
         super().__init__(**kwargs)
+        for service in (producer, *consumers):
+            # In the tree (started here, in order, not as children): a crash of one reaches the worker.
+            service.beacon.reattach(self.beacon)
 
     async def on_start(self) -> None:
         """Start the producer, then the consumers."""
+        self.health.attach(asyncio.get_running_loop())
         await self.output.start()
         # Together: each group join waits about half the session timeout, and they need not queue.
         await asyncio.gather(*(consumer.start() for consumer in self.consumers))
@@ -142,8 +155,11 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     monitor = FairnessMonitor(config)
     app.fairstream_monitor = monitor
     output = OutputProducer(bootstrap)
+    health = WorkerHealth()
+    app.fairstream_health = health
     # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
-    app.fairstream_metrics_port = metrics_port = serve(config.monitor.metrics_port)
+    app.fairstream_metrics_port = metrics_port = serve(config.monitor.metrics_port,
+                                                       routes={HEALTHZ: health.healthz, READYZ: health.readyz})
 
     @app.task
     async def control() -> None:
@@ -152,7 +168,9 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         else:
             log.info("serving Prometheus /metrics on port %d", metrics_port)
         swaps.loop = asyncio.get_running_loop()
-        await follow_control(registry, bootstrap, topics.control, ready=ready)
+        from fairstream.streams.control.registry import WorkerIdentity  # announces what this worker serves
+
+        await follow_control(registry, bootstrap, topics.control, ready=ready, worker=WorkerIdentity.of(app_id, config))
 
     @app.task
     async def reembed_notices() -> None:
@@ -248,7 +266,15 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     # One group per input, so a worker joining or leaving rebalances each input on its own.
     consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", output=output,
                                dlq_topic=topics.dlq) for spec in (records, embeddings)]
-    app.fairstream_services = (WorkerServices(output, consumers),)
+    applied = config.records.chain + (() if identity else ("embedding",))
+
+    def blockers() -> list[str]:
+        if not ready.is_set():
+            return [f"replaying {topics.control}"]
+        return [f"no {kind} artifact loaded (input held)" for kind in applied if registry.current(kind) is None]
+
+    health.watch(consumers, blockers)
+    app.fairstream_services = (WorkerServices(output, consumers, health),)
     app.fairstream_consumers = consumers
     return app
 
@@ -296,10 +322,38 @@ def _on_artifact_change(current, chain: tuple) -> None:
     log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
 
 
-def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ()) -> None:
-    """Run a worker in this process until it is stopped (SIGINT/SIGTERM stop it cleanly).
+class _Worker(faust.Worker):
+    """Faust's worker, with quiet repeats in its logs and a bounded exit after a crash."""
 
-    ``FAIRSTREAM_EVENT_LOOP=uvloop`` runs it on uvloop (measured in benchmarks/stream_throughput.py).
+    def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+        """Once Faust has set up logging: one line per cause every few seconds (a broker away floods them)."""
+        super().on_setup_root_logger(logger, level)
+        quiet_repeats(logger)
+
+    def on_worker_shutdown(self) -> None:
+        """After a crash (or a failed start), the stop that follows must not hang the exit with status 1."""
+        super().on_worker_shutdown()
+        failed = sys.exc_info()[1]  # a start that failed: its error is on its way out of Faust's start
+        if self.crashed or failed is not None:
+            _exit_after(FATAL_EXIT_SECONDS, self.crash_reason or failed)
+
+
+def _exit_after(seconds: float, reason: BaseException | None) -> None:
+    def exit_now() -> None:
+        log.critical("the worker did not stop within %.0f s of a crash (%r): exiting now", seconds, reason)
+        logging.shutdown()
+        os._exit(1)
+
+    timer = threading.Timer(seconds, exit_now)
+    timer.daemon = True  # a clean exit before it fires ends it
+    timer.start()
+
+
+def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ()) -> None:
+    """Run a worker in this process until it is stopped (SIGINT/SIGTERM stop it cleanly, exit status 0).
+
+    An error it cannot recover from exits with status 1. ``FAIRSTREAM_EVENT_LOOP=uvloop`` runs it on
+    uvloop (measured in benchmarks/stream_throughput.py).
     """
     loop = None
     if os.environ.get("FAIRSTREAM_EVENT_LOOP", "asyncio") == "uvloop":
@@ -307,5 +361,5 @@ def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ())
 
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, loop=loop)
+    worker = _Worker(app, loglevel=loglevel, quiet=True, loop=loop)
     worker.execute_from_commandline()

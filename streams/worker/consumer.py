@@ -10,13 +10,22 @@ endpoint) runs this loop with aiokafka::
     -> commit the batch's offsets -> hand the delivered batch to the monitor
 
 One batch is in flight at a time, and an offset is committed only after every output of its batch
-is acknowledged: at-least-once. A failed send is retried; if it keeps failing the worker stops
-loudly with nothing committed past the undelivered records (a restart replays them, identically).
+is acknowledged: at-least-once. A failed send is retried; if it keeps failing the worker exits
+non-zero with nothing committed past the undelivered records (a restart replays them, identically).
 
 Rebalance: when partitions are revoked, the callback waits for the batch in flight to be delivered
 and committed (it holds the same lock), so the next owner resumes exactly after it; newly assigned
 partitions resume from their committed offset. A graceful stop (SIGTERM) finishes the batch in
 flight, commits, and leaves the group, so a clean stop leaves no duplicates.
+
+Liveness: a worker is consuming or it has exited non-zero. What the client recovers from by itself
+is recovered in place: a commit refused because the group moved on (a pause longer than the session
+timeout, a broker that restarted and forgot the group) leaves the batch delivered but uncommitted,
+so it is replayed, by this worker on the partitions it still owns (it seeks back to the batch's
+first offset) and by the new owner on the others; a broker that is away is waited for (fetches
+return nothing, the client reconnects and rejoins). Anything else (a bug, a delivery that keeps
+failing, an error the client does not retry, commits that keep failing) ends the loop with the
+exception; mode then crashes the worker and the process exits with a non-zero status.
 """
 
 from __future__ import annotations
@@ -29,7 +38,14 @@ from typing import Awaitable, Callable, Sequence
 
 import mode
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    IllegalStateError,
+    KafkaError,
+    RebalanceInProgressError,
+    UnknownMemberIdError,
+)
 
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.kafka import aiokafka_options
@@ -55,6 +71,14 @@ FETCH_MAX_WAIT_MS = 10
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 SEND_ATTEMPTS = 5  # a batch whose delivery fails this many times stops the worker (nothing is committed)
 LATENCY_SAMPLES = 50  # record latencies observed per batch: keeps the histogram O(1) per batch
+FAILED_COMMITS_IN_A_ROW = 10  # a group that refuses this many commits in a row is not a rebalance: exit
+RETRY_PAUSE_SECONDS = 1.0  # after a fetch error the client retries by itself: do not spin on it
+FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if the broker answered a fetch this recently
+
+GROUP_MOVED_ON = (CommitFailedError, IllegalGenerationError, UnknownMemberIdError, RebalanceInProgressError,
+                  IllegalStateError)
+"""Errors of a commit that the group refused because it rebalanced without us (the partitions may
+have been given to another member, or not be assigned any more): the client rejoins by itself."""
 
 
 class DeliveryError(RuntimeError):
@@ -72,6 +96,16 @@ class InputSpec:
     process: Callable[[Sequence, object], BatchOutcome]  # (messages, active artifact) -> outcome
     active: Callable[[], Awaitable[object]]  # the artifact to apply; may wait (backpressure)
     delivered: Callable[[BatchOutcome, object], Awaitable[None]]  # after commit: the monitor
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How one input is doing, for /readyz."""
+
+    agent: str
+    partitions: int  # assigned to this worker now
+    seconds_since: float | None  # since a batch was committed or every partition was read to its end; None: never
+    last_error: str | None  # the last error recovered from in place, if any
 
 
 class _SettleOnRevoke(ConsumerRebalanceListener):
@@ -92,6 +126,12 @@ def _names(partitions) -> str:
     return ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in partitions)) or "none"
 
 
+def _short(exc: BaseException) -> str:
+    """One line naming the error (Kafka errors' own text starts with their name)."""
+    text = " ".join(str(exc).split())
+    return (text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}")[:160]
+
+
 class BatchConsumer(mode.Service):
     """Consume ``spec.topic`` in ``group_id`` a batch at a time; deliver, then commit (see the module docstring)."""
 
@@ -104,6 +144,10 @@ class BatchConsumer(mode.Service):
         self._next_offset: dict[TopicPartition, int] = {}  # per partition: the next offset to process
         self._consumer: AIOKafkaConsumer | None = None
         self._finished = asyncio.Event()
+        self._looping = False  # the batch loop started: a stop waits for its batch in flight
+        self._progress_at: float | None = None  # monotonic: last commit, or last read to the end of every partition
+        self._failed_commits = 0  # in a row
+        self._last_error: str | None = None
         super().__init__(**kwargs)
 
     async def on_start(self) -> None:
@@ -123,7 +167,8 @@ class BatchConsumer(mode.Service):
         if self._consumer is None:
             return
         try:
-            await asyncio.wait_for(self._finished.wait(), timeout=30)
+            if self._looping:
+                await asyncio.wait_for(self._finished.wait(), timeout=30)
         except asyncio.TimeoutError:
             log.error("%s: the batch in flight did not settle within 30 s; stopping without its commit",
                       self.spec.agent)
@@ -132,14 +177,17 @@ class BatchConsumer(mode.Service):
 
     @mode.Service.task
     async def _consume(self) -> None:
+        self._looping = True
         try:
             while not self.should_stop:
                 await self._one_batch()
         except Exception:
-            # mode crashes the service and its parents with this exception: the worker exits non-zero
-            # rather than drop records; nothing past the undelivered batch was committed.
-            log.critical("%s: stopping the worker: a batch could not be processed and delivered; its offsets "
-                         "were not committed, so a restart replays it", self.spec.agent, exc_info=True)
+            # mode crashes the service and, through the service tree, the worker: the process exits
+            # non-zero (a supervisor restarts it) rather than stay up without consuming. Nothing past
+            # the batch in flight was committed, so the restart replays it.
+            log.critical("%s: stopping the worker with a non-zero exit status: an error that cannot be recovered "
+                         "in place; the batch in flight was not committed, so a restart replays it",
+                         self.spec.agent, exc_info=True)
             raise
         finally:
             self._finished.set()
@@ -150,21 +198,80 @@ class BatchConsumer(mode.Service):
         if waited.stopped:
             return
         active = waited.result
-        fetched = await self._consumer.getmany(timeout_ms=int(self.spec.batching.batch_within * 1000),
-                                               max_records=self.spec.batching.batch_size)
+        fetched = await self._fetch()
         messages = [m for records in fetched.values() for m in records]
         if not messages:
+            await self._note_if_caught_up()
             return
         async with self._in_flight:
             RECORDS_IN.labels(self.spec.agent).inc(len(messages))
             started = time.perf_counter()
             outcome = self.spec.process(messages, active)
             await self._deliver(outcome)
-            await self._consumer.commit({tp: records[-1].offset + 1 for tp, records in fetched.items()})
+            if not await self._commit(fetched):
+                return  # delivered, not committed: replayed (the monitor sees it then)
             BATCH_SECONDS.labels(self.spec.agent).observe(time.perf_counter() - started)
             self._count(outcome)
             self._record_lag(fetched)
         await self.spec.delivered(outcome, active)
+
+    async def _fetch(self) -> dict:
+        """The next batch; nothing after an error the client retries by itself (a broker away, a leader moving)."""
+        try:
+            return await self._consumer.getmany(timeout_ms=int(self.spec.batching.batch_within * 1000),
+                                                max_records=self.spec.batching.batch_size)
+        except KafkaError as exc:
+            if not exc.retriable:
+                raise
+            self._last_error = _short(exc)
+            log.warning("%s: fetch failed, retrying: %s", self.spec.agent, self._last_error)
+            await self.sleep(RETRY_PAUSE_SECONDS)
+            return {}
+
+    async def _commit(self, fetched: dict) -> bool:
+        """Commit a delivered batch; False if the group moved on without us (the batch is then replayed)."""
+        try:
+            await self._consumer.commit({tp: records[-1].offset + 1 for tp, records in fetched.items()})
+        except GROUP_MOVED_ON as exc:
+            self._failed_commits += 1
+            if self._failed_commits >= FAILED_COMMITS_IN_A_ROW:
+                raise
+            self._last_error = _short(exc)
+            replayed = self._rewind(fetched)
+            log.warning("%s: the group rebalanced without this worker (%s): the delivered batch of %d records was "
+                        "not committed and is replayed (here from %s; elsewhere by the partitions' new owner); "
+                        "rejoining", self.spec.agent, self._last_error, sum(map(len, fetched.values())),
+                        _names(replayed))
+            return False
+        self._failed_commits = 0
+        self._progress_at = time.monotonic()
+        return True
+
+    def _rewind(self, fetched: dict) -> list[TopicPartition]:
+        """Seek the partitions this worker still owns back to the batch's first offset: at-least-once."""
+        owned = self._consumer.assignment()
+        rewound = [tp for tp in fetched if tp in owned]
+        for tp in rewound:
+            self._consumer.seek(tp, fetched[tp][0].offset)
+        return rewound
+
+    async def _note_if_caught_up(self) -> None:
+        """After an empty fetch: progress if the broker just said every owned partition has nothing more."""
+        owned = self._consumer.assignment()
+        if not owned:
+            return
+        now_ms = time.time() * 1000
+        for tp in owned:
+            polled, highwater = self._consumer.last_poll_timestamp(tp), self._consumer.highwater(tp)
+            if polled is None or highwater is None or now_ms - polled > FRESH_FETCH_SECONDS * 1000:
+                return  # not fetched lately: the broker may be away
+            try:
+                if highwater > await self._consumer.position(tp):
+                    return
+            except IllegalStateError:  # revoked meanwhile
+                return
+        self._progress_at = time.monotonic()
+        CONSUMER_LAG.labels(self.spec.agent).set(0)
 
     async def _deliver(self, outcome: BatchOutcome) -> None:
         """Send every output and dead letter and wait for the acks; retried, then :class:`DeliveryError`."""
@@ -209,3 +316,8 @@ class BatchConsumer(mode.Service):
     def assignment(self) -> set[TopicPartition]:
         """The partitions this worker owns now."""
         return set(self._consumer.assignment()) if self._consumer is not None else set()
+
+    def progress(self) -> Progress:
+        """Partitions owned, and how long since this input last made progress (see :class:`Progress`)."""
+        since = None if self._progress_at is None else time.monotonic() - self._progress_at
+        return Progress(self.spec.agent, len(self.assignment()), since, self._last_error)

@@ -13,8 +13,14 @@ stream (``fairstream_verification``) are labelled ``rate`` and ``group``.
 from __future__ import annotations
 
 import errno
+import json
+import threading
+from http import HTTPStatus
+from typing import Callable
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
 RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", ["agent"])
@@ -42,33 +48,66 @@ DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fa
 MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
                       "CPU seconds the fairness monitor spent (compare with process_cpu_seconds_total)")
 VERIFICATION = Gauge("fairstream_verification", "Verification rates of labelled embeddings over the monitor's window "
-                     "at the configured match threshold (far, frr per group; fnmr, far_overall, bfar, bfrr: group all)",
+                     "at the threshold calibrated per module version at [agents.embeddings] far (far, frr per group; "
+                     "fnmr, far_overall, bfar, bfrr, threshold: group all)",
                      ["rate", "group", "window"])
 VERIFICATION_PAIRS = Gauge("fairstream_verification_pairs", "Labelled pairs behind the verification rates",
                            ["kind", "window"])
 REEMBED_EVENTS = Counter("fairstream_reembed_events_total",
                          "Re-embed events sent after a live swap of the embedding module")
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
+EVENT_TIME_SKEWED = Counter("fairstream_records_event_time_skewed_total",
+                            "Records whose ts was further than monitor.max_event_time_skew from the worker's clock "
+                            "(the monitor's time window used their arrival time)", ["agent"])
 
 
 class MetricsPortError(RuntimeError):
     """The /metrics endpoint cannot listen on the configured port (taken, or not allowed)."""
 
 
-def serve(port: int | str, addr: str = "0.0.0.0") -> int | None:
-    """Serve /metrics on ``port`` (0: any free port; "off": no endpoint); returns the port it listens on.
+Route = Callable[[], tuple[int, dict]]  # () -> (HTTP status, JSON body)
 
-    A taken port is a :class:`MetricsPortError` that says so and how to choose another: two workers
-    on one host cannot share a port.
+
+def serve(port: int | str, addr: str = "0.0.0.0", routes: dict[str, Route] | None = None) -> int | None:
+    """Serve /metrics, and ``routes`` (path -> answer, e.g. /healthz, /readyz), on ``port``; returns the port.
+
+    ``port`` 0 is any free port, "off" no endpoint (None). One server in a thread for every path. A
+    taken port is a :class:`MetricsPortError` that says so and how to choose another: two workers on
+    one host cannot share a port.
     """
     if port == "off":
         return None
     try:
-        server, _ = start_http_server(int(port), addr)
+        server = make_server(addr, int(port), _routed(make_wsgi_app(), routes or {}), ThreadingWSGIServer,
+                             handler_class=_QuietHandler)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise MetricsPortError(
                 f"metrics port {port} is already in use on this host (another worker?): give each worker its own "
                 "port with --metrics-port PORT or [monitor] metrics_port, or 0 for any free port") from None
         raise MetricsPortError(f"cannot serve /metrics on port {port}: {exc.strerror or exc}") from None
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server.server_port
+
+
+def _routed(metrics_app, routes: dict[str, Route]):
+    """A WSGI app answering ``routes`` with JSON and every other path with the Prometheus exposition."""
+
+    def app(environ, start_response):
+        route = routes.get(environ.get("PATH_INFO", ""))
+        if route is None:
+            return metrics_app(environ, start_response)
+        status, body = route()
+        payload = (json.dumps(body) + "\n").encode()
+        start_response(f"{status} {HTTPStatus(status).phrase}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))])
+        return [payload]
+
+    return app
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe."""
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 (the base class's name)
+        pass

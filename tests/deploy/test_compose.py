@@ -8,12 +8,15 @@ against the embedded broker; the other fairstream commands are parsed by the rea
 from __future__ import annotations
 
 import ast
+import asyncio
 import base64
 import copy
 import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +27,8 @@ import yaml
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.ops.prometheus import binary
 from fairstream.streams.topics import ensure_topics
+from fairstream.streams.worker.health import HEALTHZ, LOOP_ANSWER_SECONDS, WorkerHealth
+from fairstream.streams.worker.metrics import serve
 
 from .conftest import (
     ALERTMANAGER_YML,
@@ -170,6 +175,40 @@ def test_workers_stop_gracefully_and_scale_out():
     worker = service("worker")
     assert worker["deploy"]["replicas"] >= 2 and "container_name" not in worker  # --scale needs generated names
     assert worker["stop_signal"] == "SIGTERM" and worker["stop_grace_period"] == "60s"
+
+
+def test_the_worker_health_check_is_the_liveness_probe_and_a_worker_that_exits_is_restarted():
+    """The health check's own command against a real /healthz: passes while the loop answers, fails when it does not."""
+    worker = service("worker")
+    assert worker["restart"] == "unless-stopped"  # an exit non-zero (an error not recovered in place) restarts it
+    check = worker["healthcheck"]
+    kind, program, flag, command = check["test"]
+    metrics_port = option(worker["command"], "--metrics-port")
+    assert (kind, program, flag) == ("CMD", "python", "-c") and f"'http://localhost:{metrics_port}{HEALTHZ}'" in command
+    assert _seconds(check["timeout"]) > LOOP_ANSWER_SECONDS
+    health = WorkerHealth(answer_within=0.5)
+    port = serve(0, "127.0.0.1", routes={HEALTHZ: health.healthz})
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    health.attach(loop)
+
+    def run_check() -> int:
+        here = command.replace(f"localhost:{metrics_port}", f"127.0.0.1:{port}")
+        return subprocess.run([sys.executable, "-c", here], capture_output=True, timeout=60).returncode
+
+    try:
+        assert run_check() == 0
+        loop.call_soon_threadsafe(time.sleep, 5.0)  # a blocked event loop
+        assert run_check() != 0
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=10)
+        loop.close()
+
+
+def _seconds(duration: str) -> float:
+    return float(duration.removesuffix("s"))
 
 
 # --------------------------------------------------------------------------- Prometheus, Alertmanager, Grafana

@@ -20,6 +20,7 @@ import yaml
 
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.ops.prometheus import ALERTS_YML, REPO
+from fairstream.streams.worker.health import HEALTHZ, LOOP_ANSWER_SECONDS, READYZ
 
 from .conftest import ALERTMANAGER_YML, DOCKERFILE, K8S, kustomize, parse_cli
 
@@ -170,7 +171,22 @@ def test_metrics_ports_agree_from_pipeline_to_scrape():
     assert {"name": "metrics", "containerPort": port} in worker["ports"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port)
-    assert worker["readinessProbe"]["httpGet"] == {"path": annotations["prometheus.io/path"], "port": "metrics"}
+    assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_the_worker_is_probed_for_liveness_at_healthz_and_readiness_at_readyz_on_its_metrics_port():
+    (worker,) = objects("Deployment")["fairstream-worker"]["spec"]["template"]["spec"]["containers"]
+    live, ready = worker["livenessProbe"], worker["readinessProbe"]
+    assert live["httpGet"] == {"path": HEALTHZ, "port": "metrics"}  # the event loop answers
+    assert ready["httpGet"] == {"path": READYZ, "port": "metrics"}  # consuming
+    for probe in (live, ready):  # the worker answers 503 after LOOP_ANSWER_SECONDS; the kubelet's default is 1 s
+        assert probe["timeoutSeconds"] > LOOP_ANSWER_SECONDS
+    # A worker that is not ready is still scraped: its lag and held input say why.
+    assert objects("Service")["fairstream-worker"]["spec"]["publishNotReadyAddresses"] is True
+    # Ready means owning partitions: the pod a rolling update adds must find some to own.
+    deployment = objects("Deployment")["fairstream-worker"]["spec"]
+    partitions = PipelineConfig.from_toml(K8S / "base" / "pipeline.toml").topics.partitions
+    assert deployment["replicas"] + deployment["strategy"]["rollingUpdate"]["maxSurge"] <= partitions
 
 
 def test_services_select_their_pods_and_name_their_ports():

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+from kafka import KafkaProducer
 
+from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.ops.broker import (
     BrokerError,
     EmbeddedBroker,
@@ -130,6 +132,25 @@ def test_requested_port_in_use_is_a_clear_error(tmp_path):
         taken.listen()
         with pytest.raises(BrokerError, match="already in use"):
             EmbeddedBroker(tmp_path, port=taken.getsockname()[1]).start()
+
+
+def test_a_killed_broker_restarts_on_its_port_at_once_though_its_connections_linger(tmp_path):
+    embedded = EmbeddedBroker(tmp_path).start()
+    port = embedded.port
+    try:
+        client = KafkaProducer(bootstrap_servers=embedded.bootstrap, api_version=KAFKA_API_VERSION)
+        client.send("restart", b"x").get(timeout=30)  # a connection the broker serves
+        embedded.kill()  # kill -9: the broker's end of it closes first ...
+        client.close(timeout=1)  # ... so it lingers in TIME_WAIT on the broker's port for a minute
+        with socket.socket() as plain, pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))  # what refused the port before (a bind without SO_REUSEADDR)
+        started = time.monotonic()
+        embedded.restart()
+        assert time.monotonic() - started < 10
+        assert embedded.port == port and kafka_metadata("127.0.0.1", port) == [("127.0.0.1", port)]
+        assert read_pid_file(embedded.pid_path) == embedded.pid
+    finally:
+        embedded.stop()
 
 
 def test_stop_twice_is_harmless(tmp_path):

@@ -8,11 +8,13 @@ consumer group, so each test takes seconds; workers left holding input are kille
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -110,7 +112,7 @@ class _WorkerIn(WorkerProcess):
         return command
 
 
-def test_a_worker_creates_its_run_dir_and_serves_metrics_on_a_free_port(broker, tmp_path):
+def test_a_worker_creates_its_run_dir_and_serves_metrics_and_its_probes_on_a_free_port(broker, tmp_path):
     config = pipeline(tmp_path, "ops").with_monitor(metrics_port=0)
     missing = tmp_path / "not" / "yet" / "there"
     worker = _WorkerIn(config, broker.bootstrap, tmp_path / "run", run_dir_argument=missing).start()
@@ -120,8 +122,23 @@ def test_a_worker_creates_its_run_dir_and_serves_metrics_on_a_free_port(broker, 
         assert port > 0 and (missing / "faust-data").is_dir()
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             assert "fairstream_records_in_total" in response.read().decode()
+        # The probes on the same port: alive, and not ready (no plan was ever published: input held).
+        assert get(port, "/healthz") == (200, {"alive": True})
+        deadline, held = time.monotonic() + 60, "no plan artifact loaded (input held)"
+        while held not in (answer := get(port, "/readyz"))[1].get("reasons", []) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert answer[0] == 503 and held in answer[1]["reasons"], answer
     finally:
         worker.kill()
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    """A probe's status and JSON answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
 
 
 def test_a_taken_metrics_port_stops_the_worker_at_once_in_one_line(broker, tmp_path):
