@@ -23,6 +23,7 @@ its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -33,9 +34,10 @@ from typing import Iterable
 import faust
 import mode
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from faust.app.base import BootStrategy
 
-from fairstream.streams.codec import RefitRequest
+from fairstream.streams.codec import MAX_OUTPUT_BYTES, RefitRequest
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
@@ -53,6 +55,7 @@ from .metrics import (
     FAIRNESS,
     INPUT_HELD,
     MONITOR_CPU,
+    MONITOR_ERRORS,
     REEMBED_EVENTS,
     REFIT_REQUESTS,
     VERIFICATION,
@@ -64,7 +67,6 @@ from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 1024 * 1024  # the producer's (and Kafka's default) message limit; dead letters fit under it
 FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
 
 
@@ -96,7 +98,7 @@ class OutputProducer(mode.Service):
     async def on_start(self) -> None:
         """Connect."""
         self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **aiokafka_options(), acks="all",
-                                         linger_ms=5, max_batch_size=512 * 1024, max_request_size=MAX_REQUEST_BYTES)
+                                         linger_ms=5, max_batch_size=512 * 1024, max_request_size=MAX_OUTPUT_BYTES)
         await self.producer.start()
 
     async def on_stop(self) -> None:
@@ -215,17 +217,18 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         DRIFT_EVENTS.labels(statistic, config.monitor.detector).inc(0)
     last_export = [0.0]
 
+    pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
+
     async def monitor_delivered(outcome: BatchOutcome, chain) -> None:
-        if outcome.monitor_batch is None:  # what was just delivered to records.repaired
-            return
-        started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
-        events = monitor.observe_batch(outcome.monitor_batch, *chain)
-        if time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
-            export_fairness(monitor)
-            last_export[0] = time.monotonic()
-        MONITOR_CPU.inc(time.thread_time() - started)
-        for event in events:
-            await request_refit(event)
+        if outcome.monitor_batch is not None:  # what was just delivered to records.repaired
+            started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
+            with observing("fairness"):
+                pending_refits.extend(map(refit_request, monitor.observe_batch(outcome.monitor_batch, *chain)))
+                if time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
+                    export_fairness(monitor)
+                    last_export[0] = time.monotonic()
+            MONITOR_CPU.inc(time.thread_time() - started)
+        await send_refit_requests(pending_refits)
 
     verification = EmbeddingMonitor(config)
     app.fairstream_verification = verification
@@ -236,24 +239,37 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             return
         started = time.thread_time()
         vectors, identities, groups, ids = outcome.labelled
-        verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
-        if time.monotonic() - last_verification_export[0] >= 1.0:
-            export_verification(verification)
-            last_verification_export[0] = time.monotonic()
+        with observing("verification"):
+            verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
+            if time.monotonic() - last_verification_export[0] >= 1.0:
+                export_verification(verification)
+                last_verification_export[0] = time.monotonic()
         MONITOR_CPU.inc(time.thread_time() - started)
 
     refit_kind = config.refit_kind
 
-    async def request_refit(event: DriftEvent) -> None:
+    def refit_request(event: DriftEvent) -> tuple[RefitRequest, str]:
+        """One request per confirmed drift event, made once: a resend carries the same request id."""
         DRIFT_EVENTS.labels(event.statistic, event.detector).inc()
         reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
                   f"{config.records.chain[0]} version {event.version}")
-        request = RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
-                                   source=f"monitor@{app.conf.id}")
-        await output.producer.send_and_wait(topics.refit_requests, request.to_json(), key=refit_kind.encode())
-        REFIT_REQUESTS.labels(refit_kind, "drift").inc()
-        log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, refit_kind,
-                    request.request_id)
+        return RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
+                                source=f"monitor@{app.conf.id}"), reason
+
+    async def send_refit_requests(pending: list[tuple[RefitRequest, str]]) -> None:
+        """Send the pending re-fit requests; one that cannot be sent now waits for the next batch (never fatal)."""
+        while pending:
+            request, reason = pending[0]
+            try:
+                await output.producer.send_and_wait(topics.refit_requests, request.to_json(), key=refit_kind.encode())
+            except KafkaError as exc:  # the records were delivered; the request goes with a later batch
+                log.error("fairness drift confirmed (%s); the re-fit request %s could not be sent yet: %r", reason,
+                          request.request_id, exc)
+                return
+            pending.pop(0)
+            REFIT_REQUESTS.labels(refit_kind, "drift").inc()
+            log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, refit_kind,
+                        request.request_id)
 
     records = InputSpec(agent="records", topic=topics.records_in, output_topic=topics.records_repaired,
                         batching=config.records, process=RecordRepairer(config).process,
@@ -277,6 +293,22 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app.fairstream_services = (WorkerServices(output, consumers, health),)
     app.fairstream_consumers = consumers
     return app
+
+
+@contextlib.contextmanager
+def observing(monitor: str):
+    """A monitor observes batches already delivered and committed: its failure is logged and counted, never fatal.
+
+    The data path must not stop because a statistic cannot be computed (one control record or one batch
+    would otherwise stop every worker on every restart); ``fairstream_monitor_errors_total`` and the log
+    say that the numbers are missing.
+    """
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - any failure of the observer, whatever its cause
+        MONITOR_ERRORS.labels(monitor).inc()
+        log.exception("the %s monitor could not observe a delivered batch (the records were delivered; the worker "
+                      "keeps consuming)", monitor)
 
 
 def export_fairness(monitor: FairnessMonitor) -> None:

@@ -55,6 +55,9 @@ VERIFICATION_PAIRS = Gauge("fairstream_verification_pairs", "Labelled pairs behi
                            ["kind", "window"])
 REEMBED_EVENTS = Counter("fairstream_reembed_events_total",
                          "Re-embed events sent after a live swap of the embedding module")
+MONITOR_ERRORS = Counter("fairstream_monitor_errors_total",
+                         "Delivered batches a monitor could not observe (logged; the records were delivered and "
+                         "committed, and the worker keeps consuming)", ["monitor"])
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
 EVENT_TIME_SKEWED = Counter("fairstream_records_event_time_skewed_total",
                             "Records whose ts was further than monitor.max_event_time_skew from the worker's clock "

@@ -362,3 +362,39 @@ def test_a_supervised_worker_is_restarted_after_a_crash_replays_the_batch_and_st
         assert "stopped the worker on SIGTERM: exit status 0" in supervisor.log_path.read_text()
     finally:
         supervisor.stop()
+
+
+# A monitor that cannot compute its statistics (a bug, or numbers an artifact makes impossible).
+BROKEN_MONITOR = textwrap.dedent('''
+    from fairstream.streams.worker import monitor
+
+    def observe_batch(self, batch, *actives):
+        raise FloatingPointError("injected: the monitor cannot compute its statistics")
+
+    monitor.FairnessMonitor.observe_batch = observe_batch
+''')
+
+
+@pytest.mark.integration
+def test_a_monitor_that_fails_on_every_batch_does_not_stop_the_worker(broker, adult, tmp_path):
+    """The monitor observes batches already delivered: its failure is counted and logged, the records flow."""
+    archive, plan = adult
+    config = pipeline(tmp_path, "blind", broker.bootstrap, plan)
+    (tmp_path / "fault").mkdir()
+    (tmp_path / "fault" / "sitecustomize.py").write_text(BROKEN_MONITOR)
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "fault"), os.environ.get("PYTHONPATH")]))}
+    worker = WorkerProcess(config, broker.bootstrap, tmp_path, name="w", env=env).start()
+    try:
+        wait_ready(worker)
+        messages = record_messages(archive.subset(slice(0, 600)), config, "blind")
+        send(broker.bootstrap, config, messages)
+        ids = {key.decode() for key, _ in messages}
+        repaired, dead = collect_outputs(broker.bootstrap, config, ids, timeout=60, alive=died(worker))
+        check_one_place(ids, repaired, dead)
+        status, metrics = get(probe_port(worker), "/metrics")
+        errors = re.search(r'^fairstream_monitor_errors_total\{monitor="fairness"\} (\S+)$', metrics, re.M)
+        assert status == 200 and errors and float(errors.group(1)) >= 1, metrics[:2000]
+        assert worker.running and get(probe_port(worker), "/readyz")[0] == 200
+        assert "FloatingPointError: injected" in worker.log_path.read_text()
+    finally:
+        worker.stop()
