@@ -216,6 +216,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     for statistic in config.monitor.statistics:
         DRIFT_EVENTS.labels(statistic, config.monitor.detector).inc(0)
     last_export = [0.0]
+    for observer in ("fairness", "verification"):  # at 0 from the start, so increase() sees the first error
+        MONITOR_ERRORS.labels(observer).inc(0)
 
     pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
 
