@@ -124,6 +124,13 @@ class FairnessModule:
         """The module protocol: :meth:`transform` on the batch's vectors."""
         return Applied.all_ok(batch, self.transform(batch.X))
 
+    def probe(self) -> Batch:
+        """The module protocol's load-time probe: zero, the first axis both ways, all ones, alternating signs."""
+        d = self.dimension
+        axis = np.eye(1, d)[0]
+        X = np.stack([np.zeros(d), axis, -axis, np.ones(d), (-1.0) ** np.arange(d)])
+        return Batch(X=X, keys=np.array([f"probe-{i}" for i in range(len(X))], dtype=object))
+
     def to_artifact(self, version: int = 1, metrics: dict | None = None, training: dict | None = None,
                     data_fingerprint: str | None = None) -> artifacts.Artifact:
         """Freeze the weights into an artifact; ``training`` (JSON) records how the module was fitted."""

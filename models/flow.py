@@ -72,6 +72,7 @@ __all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flo
 
 ARTIFACT_KIND = "flow"
 _CHUNK_ROWS = 2048  # rows mapped per pass: bounds the layers' intermediate arrays for huge batches
+_LARGEST = np.finfo(np.float64).max
 NETS = ("scale", "shift")
 
 
@@ -237,12 +238,16 @@ class FlowPreprocessor:
                 out[part] = self._map((X[part] - self.mean) / self.scale, k, inverse) * self.scale + self.mean
         return out
 
-    def _reasons(self, X: np.ndarray, s, finite: np.ndarray, unknown: np.ndarray) -> list:
+    def _reasons(self, X: np.ndarray, s, finite: np.ndarray, unknown: np.ndarray, mapped: np.ndarray) -> list:
         reasons: list = [None] * len(X)
-        for i in np.flatnonzero(~finite | unknown):
+        for i in np.flatnonzero(~finite | unknown | ~np.isfinite(mapped).all(axis=1)):
             if not finite[i]:
                 col = int(np.argmax(~np.isfinite(X[i])))
                 reasons[i] = f"column {self.columns[col]!r} has a non-finite value {float(X[i, col])!r}"
+            elif not unknown[i]:
+                col = int(np.argmax(~np.isfinite(mapped[i])))
+                reasons[i] = (f"the flow maps column {self.columns[col]!r} of the row to {float(mapped[i, col])!r} "
+                              "(its values overflow the flow, far outside the range it was fitted on)")
             elif s is None:
                 reasons[i] = "the flow is group-aware and the row has no s"
             else:
@@ -258,10 +263,16 @@ class FlowPreprocessor:
         flow, unknown = self._flow_index(s, n)
         finite = np.isfinite(X).all(axis=1)
         ok = finite & ~unknown
-        values = self._run(X, flow, np.flatnonzero(ok), inverse)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing row is refused below, not warned about
+            values = self._run(X, flow, np.flatnonzero(ok), inverse)
+        mapped = np.isfinite(values).all(axis=1)
+        reasons = self._reasons(X, s, finite, unknown, values) if not (ok & mapped).all() else [None] * n
+        if not mapped[ok].all():  # rare: a refused row keeps its input values
+            overflowed = ok & ~mapped
+            values[overflowed], ok = X[overflowed], ok & mapped
         with np.errstate(invalid="ignore"):
             outside = ((X < self.data_min) | (X > self.data_max)).any(axis=1) & ok
-        return Applied(X=values, ok=ok, reasons=self._reasons(X, s, finite, unknown), out_of_range=outside)
+        return Applied(X=values, ok=ok, reasons=reasons, out_of_range=outside)
 
     def transform(self, X, s=None) -> np.ndarray:
         """``T_s(x)`` for every row (a 1-D ``X`` is one row); raises naming the first row it cannot map."""
@@ -294,8 +305,20 @@ class FlowPreprocessor:
             check_labels_cover("flow", "groups", self.groups.tolist(), schema.groups)
 
     def apply(self, batch: Batch) -> Applied:
-        """The module protocol: the mapped features; rows without a flow (unknown s, NaN) get a reason."""
+        """The module protocol: the mapped features; rows without a flow (unknown s, NaN) or overflowing it: reasons."""
         return self.map_rows(batch.X, batch.s)
+
+    def probe(self) -> Batch:
+        """The module protocol's load-time probe: per flow, the standardisation centre and the fit range's corners
+        (three scales from the centre where the range is unbounded)."""
+        with np.errstate(over="ignore"):  # mean +- 3 scale may overflow: clipped to the largest float
+            low = np.where(np.isfinite(self.data_min), self.data_min, self.mean - 3.0 * self.scale)
+            high = np.where(np.isfinite(self.data_max), self.data_max, self.mean + 3.0 * self.scale)
+            rows = np.clip(np.stack([self.mean, low, high]), -_LARGEST, _LARGEST)
+        groups = self.groups[:self.n_flows]  # a blind flow reads no s: any label will do
+        X = np.tile(rows, (len(groups), 1))
+        return Batch(X=X, keys=np.array([f"probe-{i}" for i in range(len(X))], dtype=object),
+                     s=np.repeat(groups, len(rows)), columns=self.columns)
 
     # ------------------------------------------------------------------ artifacts
 

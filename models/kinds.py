@@ -3,8 +3,10 @@
 The worker, the registry, re-fit jobs and the monitor look kinds up here and never special-case
 one: a new kind is one class implementing :class:`~fairstream.repair.protocol.FrozenModule`, named
 in :data:`MODULE_KINDS`. Each declares the arrays its artifact holds (``array_layout``); loading
-checks every one of them, so a corrupt payload is an :class:`ArtifactError` here, which the
-registry counts as a refusal while the previous version keeps serving.
+checks every one of them and then applies the module to a few of its own ordinary inputs (its
+``probe``), so a corrupt payload, or one whose weights overflow every output, is an
+:class:`ArtifactError` here, which the registry counts as a refusal while the previous version keeps
+serving.
 
 >>> import numpy as np
 >>> from fairstream.repair.protocol import PipelineSchema
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from fairstream.repair.artifacts import Artifact, ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.protocol import FrozenModule, PipelineSchema
+from fairstream.repair.protocol import FrozenModule, PipelineSchema, check_probe
 
 from .embedding import FairnessModule
 from .flow import FlowPreprocessor
@@ -42,7 +44,12 @@ def module_class(kind: str) -> type:
 
 
 def load_module(artifact: Artifact, schema: PipelineSchema) -> FrozenModule:
-    """Build the module of ``artifact`` and check it against the pipeline ``schema`` (raises if it does not fit)."""
+    """Build the module of ``artifact``, probe it, check it against the pipeline ``schema`` (raises if it does not fit).
+
+    The probe (:func:`~fairstream.repair.protocol.check_probe`) applies the module to a few of its own
+    ordinary inputs: arrays that are each in their domain but overflow together are refused here.
+    """
     module = module_class(artifact.kind).from_artifact(artifact)
+    check_probe(module)
     module.check_compatible(schema)
     return module

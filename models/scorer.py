@@ -67,6 +67,7 @@ __all__ = ["LogisticScorer", "Scorer", "ScorerValidation", "validate_scorer"]
 
 ARTIFACT_KIND = "scorer"
 _MAP_PREFIX = "group_map."
+_LARGEST = np.finfo(np.float64).max
 
 
 class Scorer:
@@ -135,6 +136,10 @@ class Scorer:
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
         check_finite(X, self.columns_)
+        return self._logit(X)
+
+    def _logit(self, X: np.ndarray) -> np.ndarray:
+        """The forward pass on checked rows (a value far outside the training range may overflow it to inf or NaN)."""
         z = (X - self.mean_) / self.scale_
         for w, b in zip(self.weights_[:-1], self.biases_[:-1]):
             z = rowwise_matmul(z, w)
@@ -189,9 +194,45 @@ class Scorer:
             check_labels_cover("scorer's group map", "groups", self.group_map_.groups_.tolist(), schema.groups)
 
     def apply(self, batch: Batch) -> Applied:
-        """The module protocol: the batch's values unchanged, plus columns ``score`` and ``decision``."""
-        score = self.predict_proba(batch.X)
-        return Applied.all_ok(batch, batch.X, score=score, decision=(score >= 0.5).astype(np.int64))
+        """The module protocol: the batch's values unchanged, plus columns ``score`` and ``decision``.
+
+        A row with a non-finite value, or whose logit overflows (a value far outside the training range),
+        is refused with a reason; the others are scored as they would be alone.
+        """
+        self._check_fitted()
+        X = as_2d(batch.X, n_features=self.n_features_in_, columns=self.columns_)
+        usable = np.isfinite(X).all(axis=1)
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflowing row is refused below, not warned about
+            if usable.all():  # the common case: no masked copies
+                logit = self._logit(X)
+            else:
+                logit = np.full(len(X), np.nan)
+                logit[usable] = self._logit(X[usable])
+        ok = np.isfinite(logit)
+        score = expit(logit)
+        reasons = [None] * len(X)
+        if not ok.all():  # rare: refused rows score NaN (decision 0)
+            reasons, score[~ok] = self._reasons(X, usable, ok, logit), np.nan
+        return Applied(X=batch.X, ok=ok, reasons=reasons, out_of_range=np.zeros(len(X), dtype=bool),
+                       columns={"score": score, "decision": (score >= 0.5).astype(np.int64)})
+
+    def _reasons(self, X: np.ndarray, usable: np.ndarray, ok: np.ndarray, logit: np.ndarray) -> list:
+        reasons: list = [None] * len(X)
+        for i in np.flatnonzero(~ok):
+            if not usable[i]:
+                k = int(np.argmin(np.isfinite(X[i])))
+                reasons[i] = f"column {self.columns_[k]!r} has a non-finite value {float(X[i, k])!r}"
+            else:
+                reasons[i] = (f"the scorer's logit is {float(logit[i])!r}: the row's values overflow its network "
+                              "(far outside the range it was trained on)")
+        return reasons
+
+    def probe(self) -> Batch:
+        """The module protocol's load-time probe: the standardisation centre and three scales either side of it."""
+        self._check_fitted()
+        with np.errstate(over="ignore"):
+            X = np.clip(self.mean_ + np.array([[0.0], [-3.0], [3.0]]) * self.scale_, -_LARGEST, _LARGEST)
+        return Batch(X=X, keys=np.array(["probe-0", "probe-1", "probe-2"], dtype=object), columns=tuple(self.columns_))
 
     # ------------------------------------------------------------------ artifacts
 

@@ -67,6 +67,9 @@ POOLING = ("tilt", "none")
 _IMPUTE_SALT = 0x5EED_0F_5
 # A stored pmf sums to 1 up to the rounding of its construction (about 1e-15); anything further off is not a pmf.
 _PMF_TOLERANCE = 1e-9
+# A grid step must be at least this many machine epsilons of the grid's largest |node| (and a normal float), so
+# consecutive nodes stay distinct after rounding and a record's bin position means something.
+_NODE_SEPARATION = 16
 
 
 @dataclass
@@ -206,7 +209,8 @@ class DistributionalRepair:
 
     def _design(self, X: np.ndarray, s: np.ndarray, u: np.ndarray) -> None:
         n_u, n_s, n_k = len(self.strata_), len(self.groups_), len(self.features_)
-        grids = [[self._grid(X[u == a, col], self.discrete_[k]) for k, col in enumerate(self.features_)] for a in self.strata_]
+        grids = [[self._grid(X[u == a, col], self.discrete_[k], self.columns_[col])
+                  for k, col in enumerate(self.features_)] for a in self.strata_]
         n_max = max(len(g) for row in grids for g in row)
         self.grid_start_ = np.array([[g[0] for g in row] for row in grids])
         self.grid_step_ = np.array([[g[1] - g[0] if len(g) > 1 else 0.0 for g in row] for row in grids])
@@ -228,18 +232,21 @@ class DistributionalRepair:
                 for pmf, b in zip(pmfs, groups):
                     self.source_pmf_[a, b, k, :m] = pmf
 
-    def _grid(self, x: np.ndarray, discrete: bool) -> np.ndarray:
+    def _grid(self, x: np.ndarray, discrete: bool, name: str) -> np.ndarray:
         """Uniform grid over the (padded) research range of one (stratum, feature)."""
         lo, hi = float(x.min()), float(x.max())
-        margin = self.pad * (hi - lo)
+        margin = self.pad * (hi - lo) if self.pad else 0.0  # 0 * inf would be NaN: a range of +-1.7e308 overflows
         lo, hi = lo - margin, hi + margin
         if discrete:
-            lo, hi = np.floor(lo), np.ceil(hi)
-            if hi - lo + 1 <= self.n_q:
+            lo, hi = float(np.floor(lo)), float(np.ceil(hi))
+            if hi - lo + 1 <= self.n_q and separates(lo, 1.0, int(hi - lo) + 1):
                 return lo + np.arange(int(hi - lo) + 1, dtype=np.float64)
         if hi == lo:
             return np.array([lo])
         step = (hi - lo) / (self.n_q - 1)
+        if not separates(lo, step, self.n_q):  # what a plan could not load with (see array_layout)
+            raise RepairInputError(f"column {name!r} spans [{float(lo)!r}, {float(hi)!r}], which float64 cannot split "
+                                   f"into {self.n_q} distinct grid nodes at its magnitude; rescale it or lower n_q")
         return lo + step * np.arange(self.n_q)
 
     def _pmfs(self, x: np.ndarray, s: np.ndarray, groups: np.ndarray, nodes: np.ndarray) -> np.ndarray:
@@ -351,6 +358,16 @@ class DistributionalRepair:
         return Applied(X=result.values, ok=result.ok, reasons=result.reasons,
                        out_of_range=result.out_of_range.any(axis=1), imputed=result.imputed, s=result.s)
 
+    def probe(self) -> Batch:
+        """The module protocol's load-time probe: per planned (u, s) cell, a record at its grids' starts and ends."""
+        self._check_fitted()
+        cells = np.argwhere(self.has_plan_)
+        a, b = np.repeat(cells[:, 0], 2), np.repeat(cells[:, 1], 2)
+        X = np.zeros((len(a), self.n_features_in_))
+        X[:, self.features_] = np.where(np.arange(len(a))[:, None] % 2 == 0, self.grid_start_[a], self.grid_stop_[a])
+        return Batch(X=X, keys=np.array([f"probe-{i}" for i in range(len(X))], dtype=object),
+                     s=self.groups_[b], u=self.strata_[a], columns=tuple(self.columns_))
+
     def repair(self, X, s, u, keys=None, impute_s: bool = False) -> RepairResult:
         """Repair what can be repaired and say, per row, why the rest could not.
 
@@ -374,31 +391,38 @@ class DistributionalRepair:
         finite = np.isfinite(X).all(axis=1)
         imputed = missing & finite & ~u_unseen if impute_s and self.posterior_ is not None else np.zeros(n, dtype=bool)
         if imputed.any():
-            s_codes[imputed] = self._draw_s(X[imputed], u_codes[imputed], key_hash[imputed])
+            drawn, drawable = self._draw_s(X[imputed], u_codes[imputed], key_hash[imputed])
+            s_codes[imputed] = drawn
+            imputed[np.flatnonzero(imputed)[~drawable]] = False  # values that overflow Pr[s | x, u]: refused
         s_unseen &= ~missing
         planned = ~s_unseen & ~u_unseen & (~missing | imputed) & self.has_plan_[u_codes, s_codes]
         runnable = finite & planned
         out_of_range = np.zeros((n, len(self.features_)), dtype=bool)
-        if runnable.all():  # the common case: no masked copies
-            values, out_of_range = self._apply(X, s_codes, u_codes, key_hash)
-        else:
-            values = X.copy()
-            values[runnable], out_of_range[runnable] = self._apply(X[runnable], s_codes[runnable], u_codes[runnable], key_hash[runnable])
+        with np.errstate(over="ignore"):  # a value of 1e308 overflows its bin position, which is then clamped
+            if runnable.all():  # the common case: no masked copies
+                values, out_of_range = self._apply(X, s_codes, u_codes, key_hash)
+            else:
+                values = X.copy()
+                values[runnable], out_of_range[runnable] = self._apply(X[runnable], s_codes[runnable],
+                                                                       u_codes[runnable], key_hash[runnable])
         ok = runnable
         if self.out_of_range == "reject":
             ok = runnable & ~out_of_range.any(axis=1)
             values[~ok] = X[~ok]
-        reasons = self._reasons(X, s_in, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing, impute_s)
+        reasons = self._reasons(X, s_in, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing,
+                                impute_s, imputed)
         s_used = s_in.astype(object)
         s_used[planned] = self.groups_.astype(object)[s_codes[planned]]
         return RepairResult(values=values, ok=ok, reasons=reasons, out_of_range=out_of_range, imputed=imputed, s=s_used)
 
-    def _draw_s(self, X: np.ndarray, u_codes: np.ndarray, keys: np.ndarray) -> np.ndarray:
-        """Group codes drawn from Pr[s | x, u] restricted to the groups with a plan, keyed by record."""
-        proba = self.posterior_.proba_codes(X, u_codes) * self.has_plan_[u_codes]
+    def _draw_s(self, X: np.ndarray, u_codes: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Group codes drawn from Pr[s | x, u] restricted to the groups with a plan, keyed by record, and which
+        rows had a finite Pr[s | x, u] to draw from (values far outside the research range overflow it)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            proba = self.posterior_.proba_codes(X, u_codes) * self.has_plan_[u_codes]
         cum = np.cumsum(proba, axis=1)
         level = uniforms(self._seed ^ _IMPUTE_SALT, keys, 1)[:, 0] * cum[:, -1]
-        return np.minimum((level[:, None] >= cum).sum(axis=1), len(self.groups_) - 1)
+        return np.minimum((level[:, None] >= cum).sum(axis=1), len(self.groups_) - 1), np.isfinite(cum[:, -1])
 
     def transform(self, X, s, u, keys=None) -> np.ndarray:
         """Repaired copy of ``X``; raises :class:`RepairInputError` naming the first bad value."""
@@ -443,7 +467,8 @@ class DistributionalRepair:
             return target
         return x + t * (target - x)
 
-    def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing, impute_s) -> list:
+    def _reasons(self, X, s, u, ok, finite, s_unseen, u_unseen, planned, out_of_range, missing, impute_s,
+                 imputed) -> list:
         """Messages for the refused rows only (a loop over bad rows, which are rare by construction)."""
         reasons: list = [None] * len(X)
         if ok.all():
@@ -462,6 +487,9 @@ class DistributionalRepair:
                 reasons[i] = "s is missing and this input does not impute it"
             elif missing[i] and self.posterior_ is None:
                 reasons[i] = "s is missing and the plan has no posterior Pr[s | x, u] to impute it from; re-fit it"
+            elif missing[i] and not imputed[i]:
+                reasons[i] = "s is missing and Pr[s | x, u] is not finite at the row's values (far outside the " \
+                             "research range), so it cannot be imputed"
             elif not planned[i]:
                 reasons[i] = f"no plan for u={u_all[i]!r}, s={s_all[i]!r}: fewer than {self.min_group_size} research rows"
             else:
@@ -553,8 +581,9 @@ class DistributionalRepair:
             ArraySpec("n_research", "iu", cells, (at_least(0),)),
             ArraySpec("has_plan", "b", cells, (any_true(), _planned_where_enough(enough))),
             ArraySpec("grid_start", "f", grids, (finite(),)),
-            ArraySpec("grid_step", "f", grids, (finite(), at_least(0.0), above(0.0, where=_MULTI_NODE))),
             ArraySpec("grid_size", "iu", grids, (at_least(1), at_most("n_nodes"))),
+            ArraySpec("grid_step", "f", grids, (finite(), at_least(0.0), above(0.0, where=_MULTI_NODE),
+                                                _finite_grid_end(), _separating_step())),
             ArraySpec("source_pmf", "f", (*cells, "n_repaired", "n_nodes"), (*pmf, _pmfs_on_grid(source=True))),
             ArraySpec("barycenter", "f", (*grids, "n_nodes"), (*pmf, _pmfs_on_grid(source=False))),
         )
@@ -598,6 +627,45 @@ class DistributionalRepair:
 # value domains of a plan's arrays (see DistributionalRepair.array_layout)
 
 _MULTI_NODE = ("grid_size > 1", lambda ctx: ctx.arrays["grid_size"] > 1)
+
+
+def grid_end(start, step, size) -> np.ndarray:
+    """The last node of each grid, as a plan computes it (inf when it overflows)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.asarray(start) + np.asarray(step) * (np.asarray(size) - 1)
+
+
+def separates(start, step, size) -> np.ndarray:
+    """Whether a grid of ``size`` nodes from ``start`` by ``step`` has a finite end and distinct nodes.
+
+    The step must be a normal float and at least ``_NODE_SEPARATION`` epsilons of the grid's largest |node|:
+    a step of 5e-324, or of 1 on nodes near 1e17, would round consecutive nodes together.
+
+    >>> separates([0.0, 1e17, 0.0, 1e308], [0.5, 1.0, 5e-324, 1e308], 3).tolist()
+    [True, False, False, False]
+    """
+    end = grid_end(start, step, size)
+    magnitude = np.maximum(np.abs(start), np.abs(end))
+    smallest = np.maximum(np.finfo(np.float64).tiny, _NODE_SEPARATION * np.finfo(np.float64).eps * magnitude)
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(end) & (np.asarray(step) >= smallest)
+
+
+def _finite_grid_end() -> Check:
+    """A multi-node grid ends at a finite value: start 1e308 by 1e308 would repair records to inf."""
+    def bad(step, ctx):
+        end = grid_end(ctx.arrays["grid_start"], step, ctx.arrays["grid_size"])
+        return ~np.isfinite(end) & (ctx.arrays["grid_size"] > 1), end
+    return Check("such that each grid ends at a finite value (grid_start + grid_step * (grid_size - 1))", bad)
+
+
+def _separating_step() -> Check:
+    """A multi-node grid's step separates its nodes (see :func:`separates`)."""
+    def bad(step, ctx):
+        size = ctx.arrays["grid_size"]
+        return ~separates(ctx.arrays["grid_start"], step, size) & (size > 1), step
+    return Check(f"a normal float of at least {_NODE_SEPARATION} epsilons of the grid's largest |node| "
+                 "(consecutive nodes distinct) where grid_size > 1", bad)
 
 
 def _pmfs_on_grid(source: bool) -> Check:

@@ -17,10 +17,16 @@ ever call these four members, so adding a kind is writing one class (and naming 
 - ``apply(batch)``: values for every row of a decoded :class:`Batch`, which rows could not be
   processed and why, and any per-row columns the module adds (a scorer's score and decision).
   A row's output is bit-identical whatever batch it arrives in (draws keyed by the record,
-  products row by row: :func:`rowwise_matmul`), so a replayed batch reproduces its outputs.
+  products row by row: :func:`rowwise_matmul`), so a replayed batch reproduces its outputs;
+- ``probe()``: a few deterministic rows the module must serve (its grid ends, its fit range, its
+  standardisation centre). :func:`check_probe` applies the module to them at load, so an artifact
+  whose every array is in its domain but whose outputs overflow (weights of 1e300) is refused
+  before it serves.
 
 A record pipeline is an ordered chain of modules (``plan``; ``flow`` then ``scorer``); see
-:func:`apply_chain`. Nothing here knows Kafka or a message type: a batch is arrays.
+:func:`apply_chain`, which also keeps one record from stopping a batch: a row whose output is not
+finite is refused, and a module that raises on a batch is applied part by part so only the rows
+that raise are refused. Nothing here knows Kafka or a message type: a batch is arrays.
 
 >>> import numpy as np
 >>> class Double:
@@ -36,6 +42,7 @@ A record pipeline is an ordered chain of modules (``plan``; ``flow`` then ``scor
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
@@ -43,8 +50,18 @@ import numpy as np
 
 from .artifacts import ArrayLayout, Artifact, ArtifactError
 
-__all__ = ["Applied", "Batch", "FrozenModule", "IncompatibleArtifact", "PipelineSchema", "apply_chain",
-           "check_labels_cover", "rowwise_matmul"]
+__all__ = ["MODULE_ERRORS", "Applied", "Batch", "FrozenModule", "IncompatibleArtifact", "PipelineSchema",
+           "apply_chain", "check_labels_cover", "check_probe", "rowwise_matmul"]
+
+log = logging.getLogger(__name__)
+
+MODULE_ERRORS = (ValueError, ArithmeticError, LookupError)
+"""What a module may raise on data it cannot process: its own input errors (``RepairInputError``), numpy's
+``FloatingPointError`` and ``OverflowError``, an ``IndexError`` from a crafted record. :func:`apply_chain`
+refuses the rows that raise them; anything else (``MemoryError``, ``KeyboardInterrupt``, a ``TypeError``
+from a programming error) is the process's problem and propagates."""
+
+_MAX_REASON_CHARS = 300  # an exception's message as a dead letter's reason: its first line, bounded
 
 
 class IncompatibleArtifact(ArtifactError):
@@ -74,6 +91,8 @@ class Batch:
     ``keys`` seed every deterministic draw, so a row's output does not depend on its batch.
     A missing ``s`` entry is ``None`` or NaN; ``impute_s`` says whether the batch's input has such
     rows repaired under an imputed s (True) or refused, to be dead-lettered (False, the default).
+    ``columns`` names the columns of ``X`` (the pipeline's features) in the reasons rows are refused
+    with; None: they are named by position.
     """
 
     X: np.ndarray
@@ -82,15 +101,20 @@ class Batch:
     u: np.ndarray | None = None
     y: np.ndarray | None = None
     impute_s: bool = False
+    columns: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.X)
 
-    def take(self, rows: np.ndarray) -> "Batch":
-        """The sub-batch of ``rows`` (indices or a boolean mask)."""
+    def take(self, rows) -> "Batch":
+        """The sub-batch of ``rows`` (indices, a boolean mask or a slice)."""
         pick = (lambda a: None if a is None else a[rows])
         return Batch(X=self.X[rows], keys=self.keys[rows], s=pick(self.s), u=pick(self.u), y=pick(self.y),
-                     impute_s=self.impute_s)
+                     impute_s=self.impute_s, columns=self.columns)
+
+    def column_name(self, k: int) -> str:
+        """How a reason names column ``k``: ``feature 'age'``, or ``column 3`` when the batch has no names."""
+        return f"feature {self.columns[k]!r}" if self.columns is not None and k < len(self.columns) else f"column {k}"
 
 
 @dataclass
@@ -145,12 +169,21 @@ class FrozenModule(Protocol):
     def apply(self, batch: Batch) -> Applied:
         """Process every row of ``batch``; per-row failures are reasons, never exceptions."""
 
+    def probe(self) -> Batch:
+        """A few deterministic rows the module must serve with finite outputs (checked at load)."""
+
 
 def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
     """Apply modules in order; a row refused by one module is not passed to the next.
 
     The result's ``X`` is the last module's output, ``reasons`` the first refusal of each row,
     ``columns`` every column the modules added (NaN, or -1 for integer columns, on refused rows).
+    No single row can stop the chain or leave it with a non-finite value: after each module, a row
+    whose values or added columns are not finite is refused, naming the module's kind and the column
+    (:func:`refuse_non_finite`), and a module that raises one of :data:`MODULE_ERRORS` on a batch is
+    applied to its halves, and theirs, until only the rows that raise are left; they are refused with
+    the exception's message, the others get exactly what the whole batch would have given them
+    (a row's output does not depend on its batch).
     """
     n = len(batch)
     result = Applied(X=batch.X.copy(), ok=np.ones(n, dtype=bool), reasons=[None] * n,
@@ -158,7 +191,8 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
     for module in modules:
         rows = np.flatnonzero(result.ok)
         current = _with_x(batch, result.X)
-        step = module.apply(current.take(rows) if len(rows) < n else current)
+        current = current.take(rows) if len(rows) < n else current
+        step = refuse_non_finite(module.kind, current, apply_isolating(module, current))
         result.X[rows[step.ok]] = step.X[step.ok]  # a refused row keeps the values it came in with
         result.out_of_range[rows] |= step.out_of_range
         for name, values in step.columns.items():
@@ -177,8 +211,133 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
     return result
 
 
+def refuse_non_finite(kind: str, batch: Batch, step: Applied) -> Applied:
+    """``step`` with every processed row whose values or float columns are not finite refused, with a reason.
+
+    Vectorised: one ``isfinite`` per array; the loop runs over the refused rows only (rare by construction).
+
+    >>> batch = Batch(X=np.array([[1.0, 2.0], [3.0, 4.0]]), keys=np.array(["a", "b"]), columns=("age", "hours"))
+    >>> step = Applied.all_ok(batch, np.array([[1.0, 2.0], [3.0, np.inf]]), score=np.array([np.nan, 0.5]))
+    >>> for reason in refuse_non_finite("plan", batch, step).reasons:
+    ...     print(reason)
+    plan produced a non-finite value for its column 'score' (nan)
+    plan produced a non-finite value for feature 'hours' (inf)
+    """
+    columns = {name: column for name, column in step.columns.items() if np.asarray(column).dtype.kind in "fc"}
+    if np.isfinite(step.X).all() and all(np.isfinite(column).all() for column in columns.values()):
+        return step  # the common case: one reduction per array, no per-row mask
+    values = np.isfinite(step.X).reshape(len(step.ok), -1)
+    broken = ~values.all(axis=1)
+    floats = {name: np.isfinite(column).reshape(len(step.ok), -1) for name, column in columns.items()}
+    for finite in floats.values():
+        broken |= ~finite.all(axis=1)
+    broken &= step.ok
+    if not broken.any():
+        return step
+    reasons = list(step.reasons)
+    for i in np.flatnonzero(broken):
+        if not values[i].all():
+            k = int(np.argmin(values[i]))
+            what, value = batch.column_name(k), np.asarray(step.X).reshape(len(step.ok), -1)[i, k]
+        else:
+            name = next(name for name, finite in floats.items() if not finite[i].all())
+            column = np.asarray(step.columns[name]).reshape(len(step.ok), -1)
+            what, value = f"its column {name!r}", column[i, int(np.argmin(floats[name][i]))]
+        reasons[i] = f"{kind} produced a non-finite value for {what} ({float(value)!r})"
+    return Applied(X=step.X, ok=step.ok & ~broken, reasons=reasons, out_of_range=step.out_of_range,
+                   columns=step.columns, imputed=step.imputed, s=step.s)
+
+
+def apply_isolating(module: FrozenModule, batch: Batch) -> Applied:
+    """``module.apply(batch)``, or, if it raises one of :data:`MODULE_ERRORS`, the batch applied part by part.
+
+    Halves are applied until the rows that raise are alone; each is refused with the exception's
+    message (``"<kind> could not process the row: ValueError: ..."``). The other rows' outputs are
+    those of the whole batch, since a row's output does not depend on its batch. numpy's floating-point
+    warnings are off inside: an overflow is a non-finite output, refused by :func:`refuse_non_finite`,
+    whatever ``np.seterr`` the process runs under.
+    """
+    try:
+        return _apply_quietly(module, batch)
+    except MODULE_ERRORS as error:
+        parts = _bisect(module, batch, error)
+    refused = [reason for _, applied, raised in parts if raised for reason in applied.reasons]
+    log.warning("the %s module raised on a batch of %d rows; applied part by part, it refused the %d rows that "
+                "raise, e.g. %s", module.kind, len(batch), len(refused), refused[0] if refused else "none")
+    return _concatenate([(part, applied) for part, applied, _ in parts])
+
+
+def _apply_quietly(module: FrozenModule, batch: Batch) -> Applied:
+    with np.errstate(all="ignore"):
+        return module.apply(batch)
+
+
+def _bisect(module: FrozenModule, batch: Batch, error: Exception) -> list[tuple[Batch, Applied, bool]]:
+    """(part, its outcome, whether it raised) for consecutive parts of ``batch``, on which the module raised."""
+    if len(batch) <= 1:
+        return [(batch, _raised(module.kind, batch, error), True)]
+    parts = []
+    half = len(batch) // 2
+    for part in (batch.take(slice(0, half)), batch.take(slice(half, None))):
+        try:
+            parts.append((part, _apply_quietly(module, part), False))
+        except MODULE_ERRORS as part_error:
+            parts += _bisect(module, part, part_error)
+    return parts
+
+
+def _raised(kind: str, batch: Batch, error: Exception) -> Applied:
+    """Every row of ``batch`` refused with the first line of ``error`` (which it raised alone)."""
+    message = (str(error).strip().splitlines() or [""])[0]
+    reason = f"{kind} could not process the row: {type(error).__name__}: {message}"[:_MAX_REASON_CHARS]
+    n = len(batch)
+    return Applied(X=batch.X.copy(), ok=np.zeros(n, dtype=bool), reasons=[reason] * n,
+                   out_of_range=np.zeros(n, dtype=bool))
+
+
+def _concatenate(parts: list[tuple[Batch, Applied]]) -> Applied:
+    """The outcomes of consecutive parts of a batch as one; a part without a column (it raised) gets the fill."""
+    outcomes = [applied for _, applied in parts]
+    names = dict.fromkeys(name for applied in outcomes for name in applied.columns)
+    columns = {}
+    for name in names:
+        model = next(np.asarray(applied.columns[name]) for applied in outcomes if name in applied.columns)
+        columns[name] = np.concatenate([np.asarray(applied.columns[name]) if name in applied.columns
+                                        else _empty_column(model, len(applied.ok)) for applied in outcomes])
+    imputed = s = None
+    if any(applied.imputed is not None for applied in outcomes):
+        imputed = np.concatenate([np.zeros(len(a.ok), dtype=bool) if a.imputed is None else a.imputed
+                                  for a in outcomes])
+    if any(applied.s is not None for applied in outcomes):  # a part that raised keeps its input s
+        s = np.concatenate([np.asarray(a.s, dtype=object) if a.s is not None else
+                            (np.full(len(a.ok), None, dtype=object) if part.s is None else part.s.astype(object))
+                            for part, a in parts])
+    return Applied(X=np.concatenate([applied.X for applied in outcomes]),
+                   ok=np.concatenate([applied.ok for applied in outcomes]),
+                   reasons=[reason for applied in outcomes for reason in applied.reasons],
+                   out_of_range=np.concatenate([applied.out_of_range for applied in outcomes]),
+                   columns=columns, imputed=imputed, s=s)
+
+
+def check_probe(module: FrozenModule) -> None:
+    """Refuse (:class:`ArtifactError`) a module that does not serve its own :meth:`~FrozenModule.probe` rows.
+
+    The rows are the module's ordinary inputs (its grid ends, fit range, standardisation centre), so a
+    module that refuses one, raises on it or gives it a non-finite output would fail on ordinary records:
+    an artifact whose arrays are each in their domain but overflow together (weights of 1e300) is refused
+    at load, while the previous version keeps serving.
+    """
+    probe = module.probe()
+    outcome = apply_chain([module], probe)
+    if not outcome.ok.all():
+        i = int(np.argmin(outcome.ok))
+        raise ArtifactError(f"{module.kind} artifact: it cannot serve its own probe input (row {i} of "
+                            f"{len(probe)}: {outcome.reasons[i]}); refusing to load")
+
+
 def _with_x(batch: Batch, X: np.ndarray) -> Batch:
-    return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y, impute_s=batch.impute_s)
+    return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y, impute_s=batch.impute_s,
+                 columns=batch.columns)
 
 
 def _empty_column(values: np.ndarray, n: int) -> np.ndarray:

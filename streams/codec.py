@@ -3,8 +3,11 @@
 A batch of raw Kafka values becomes numpy arrays plus a list of (position, reason) for every value
 that cannot be used; the agent repairs the arrays in one vectorised call and dead-letters the rest.
 Parsing JSON is per message by nature; everything after it (range, finiteness, repair) is on
-arrays. Encoding fills one precompiled template per batch, and floats are written with ``repr``,
-which round-trips exactly, so a repaired value read back equals the batch ``transform`` bit for bit.
+arrays. No single message can make a batch's decoding raise (whatever a decoder raises on it, it is
+refused with a reason). Encoding fills one precompiled template per batch, and floats are written
+with ``repr``, which round-trips exactly, so a repaired value read back equals the batch
+``transform`` bit for bit; only JSON is written: a NaN or an infinity never reaches an output
+(:func:`non_finite_rows` finds the rows that hold one, and the encoders refuse them).
 
 >>> from fairstream.streams.config import adult_config
 >>> batch = decode_records([b'{"id": 1, "features": {"age": 30, "hours-per-week": 40}, "s": 0, "u": 1}',
@@ -18,13 +21,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
 import operator
 import time
 import uuid
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Any, Sequence, Union
+from typing import Sequence, Union
 
 import msgspec
 import numpy as np
@@ -33,6 +37,8 @@ from fairstream.repair.protocol import Batch
 from fairstream.streams.config import PipelineConfig
 
 from .schemas import DeadLetter, EmbeddingRecord, InputRecord
+
+log = logging.getLogger(__name__)
 
 _INPUT_REQUIRED = frozenset(InputRecord.required_fields())
 _INPUT_ALLOWED = frozenset(InputRecord.field_names())
@@ -104,13 +110,14 @@ class DecodedRecords:
     errors: list[tuple[int, str]] = field(default_factory=list)
 
     impute_s: bool = False  # records without s were accepted, to be repaired under an imputed s
+    columns: tuple[str, ...] | None = None  # the features, in the order of X's columns (reasons name them)
 
     def batch(self) -> Batch:
         """The usable records as the modules' :class:`~fairstream.repair.protocol.Batch`."""
         y = self.fields.y
         labelled = bool(y) and all(v is not None for v in y)
         return Batch(X=self.X, keys=self.keys, s=self.s, u=self.u, y=np.array(y, dtype=np.int64) if labelled else None,
-                     impute_s=self.impute_s)
+                     impute_s=self.impute_s, columns=self.columns)
 
 
 def _parse(value: bytes | None, limit: int) -> dict:
@@ -218,27 +225,28 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
     labels are not configured, takes the reference path, which accepts exactly the same records
     and words the dead-letter reason. The pipeline's valid ranges are then checked on the decoded
     features of both paths at once (:func:`range_errors`).
+
+    No message can make the batch raise: one that makes a decoder raise anything (deep nesting makes
+    msgspec raise ``RecursionError``) is refused with a reason naming the error.
     """
     fast = _FastRecords.for_config(config)
     groups, strata = frozenset(config.groups), frozenset(config.strata)
-    index, rows, errors = [], [], []
-    ids, ts, s_values, u_values, ys, digests = [], [], [], [], [], []
+    index, rows, columns, errors, unexpected = [], [], [], [], []
     for i, value in enumerate(values):
-        record = fast.decode(value)
-        if record is not None:
-            ids.append(record.id), ts.append(record.ts), s_values.append(record.s), u_values.append(record.u)
-            ys.append(record.y), rows.append(fast.row(record))
-        else:
-            try:
-                obj = _parse(value, config.max_message_bytes)
-                rows.append(_check_record(obj, config, groups, strata))
-            except Invalid as exc:
-                errors.append((i, str(exc)))
-                continue
-            ids.append(obj["id"]), ts.append(obj.get("ts")), s_values.append(obj.get("s")), u_values.append(obj["u"])
-            ys.append(obj.get("y"))
-        digests.append(input_digest(value))
+        try:
+            row, column = _decode_record(value, fast, config, groups, strata)
+        except Invalid as exc:
+            errors.append((i, str(exc)))
+            continue
+        except Exception as exc:  # anything else one message makes a decoder raise: refused, not the batch
+            errors.append((i, _unexpected(exc, unexpected)))
+            continue
         index.append(i)
+        rows.append(row)
+        columns.append(column)
+    _log_unexpected(unexpected, "records")
+    ids, ts, s_values, u_values, ys = (list(c) for c in zip(*columns)) if columns else ([] for _ in range(5))
+    digests = [input_digest(values[i]) for i in index]
     X = np.array(rows, dtype=np.float64).reshape(len(rows), len(config.features))
     fields = RecordFields(ids, ts, s_values, u_values, ys, digests)
     outside = range_errors(X, config)
@@ -251,7 +259,31 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
     return DecodedRecords(
         index=np.array(index, dtype=np.intp), fields=fields, keys=np.array([str(rid) for rid in fields.ids], dtype=str),
         X=X, s=labels_array(fields.s), u=labels_array(fields.u), errors=errors, impute_s=config.imputes_s,
+        columns=tuple(config.features),
     )
+
+
+def _decode_record(value: bytes | None, fast: "_FastRecords", config: PipelineConfig, groups: frozenset,
+                   strata: frozenset) -> tuple[list[float], tuple]:
+    """One record's features in configured order and its (id, ts, s, u, y); :class:`Invalid` says why not."""
+    record = fast.decode(value)
+    if record is not None:
+        return fast.row(record), (record.id, record.ts, record.s, record.u, record.y)
+    obj = _parse(value, config.max_message_bytes)
+    return _check_record(obj, config, groups, strata), (obj["id"], obj.get("ts"), obj.get("s"), obj["u"], obj.get("y"))
+
+
+def _unexpected(exc: Exception, seen: list) -> str:
+    """The dead-letter reason of a message that made a decoder raise something other than :class:`Invalid`."""
+    seen.append(exc)
+    return f"the record could not be decoded ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+def _log_unexpected(seen: list, agent: str) -> None:
+    # Once per batch: a flood of one poison message must not flood the log too.
+    if seen:
+        log.error("%d %s message(s) of a batch made the decoder raise (first: %s: %s); dead-lettered", len(seen),
+                  agent, type(seen[0]).__name__, str(seen[0])[:200], exc_info=seen[0])
 
 
 def range_errors(X: np.ndarray, config: PipelineConfig) -> list[tuple[int, str]]:
@@ -316,8 +348,8 @@ class _FastRecords:
             return None
         try:
             record = self._decoder.decode(value)
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):  # ValueError: bad UTF-8
-            return None
+        except Exception:  # DecodeError, ValidationError, bad UTF-8, RecursionError (deep nesting): the reference
+            return None  # path decides and words the reason
         rid = record.id
         if not _plain_id(rid):
             return None
@@ -377,9 +409,8 @@ class DecodedEmbeddings:
 def _check_embedding(obj: dict, dimension: int) -> list[float]:
     _check_fields(obj, _EMBEDDING_REQUIRED, _EMBEDDING_ALLOWED)
     _key(obj)
-    identity = obj.get("identity")
-    if identity is not None and (isinstance(identity, bool) or not isinstance(identity, (int, str))):
-        raise Invalid(f"identity must be an integer or a string, got {json.dumps(identity)}")
+    for name in ("group", "identity"):
+        _optional_label(obj.get(name), name)
     vector = obj["vector"]
     if not isinstance(vector, list):
         raise Invalid(f"vector must be a JSON array, got {type(vector).__name__}")
@@ -388,8 +419,21 @@ def _check_embedding(obj: dict, dimension: int) -> list[float]:
     return [_number(v, f"vector[{j}]") for j, v in enumerate(vector)]
 
 
+def _optional_label(value, name: str) -> None:
+    # A label, like the configured groups: an integer or a string (NaN, 1.5, true or an array are not), or absent.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, str))):
+        raise Invalid(f"{name} must be an integer or a string, got {_describe(value)}")
+
+
+def _describe(value) -> str:
+    """A value of the wrong type, for a reason: containers by kind (printing a 900-deep array recurses)."""
+    if isinstance(value, (list, dict)):
+        return "a JSON array" if isinstance(value, list) else "a JSON object"
+    return json.dumps(value) if isinstance(value, bool) else repr(value)  # a float: 1.5, nan, inf
+
+
 _EMBEDDING_DECODER = msgspec.json.Decoder(msgspec.defstruct(
-    "Embedding", [("id", Union[int, str]), ("vector", list[float]), ("group", Any, None),
+    "Embedding", [("id", Union[int, str]), ("vector", list[float]), ("group", Union[int, str, None], None),
                   ("identity", Union[int, str, None], None)], forbid_unknown_fields=True))
 """The typed fast path of ``embeddings.in``: accepts a subset of what the reference path accepts (512 floats
 are one C call here, 512 Python checks there)."""
@@ -401,34 +445,45 @@ def _fast_embedding(value: bytes | None, dimension: int, limit: int):
         return None
     try:
         record = _EMBEDDING_DECODER.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-        return None
+    except Exception:  # DecodeError, ValidationError, bad UTF-8, RecursionError (deep nesting): the reference
+        return None  # path decides and words the reason
     rid = record.id
     if not _plain_id(rid):
         return None
     return record if len(record.vector) == dimension else None
 
 
+def _decode_embedding(value: bytes | None, dim: int, limit: int) -> tuple[dict, list[float]]:
+    """One record's {"id", "group", "identity"} and its vector; :class:`Invalid` says why not."""
+    fast = _fast_embedding(value, dim, limit)
+    if fast is not None:  # msgspec refuses NaN, Infinity and out-of-range numbers: every float is finite
+        return {"id": fast.id, "group": fast.group, "identity": fast.identity}, fast.vector
+    parsed = _parse(value, limit)
+    row = _check_embedding(parsed, dim)
+    return {"id": parsed["id"], "group": parsed.get("group"), "identity": parsed.get("identity")}, row
+
+
 def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) -> DecodedEmbeddings:
-    """Parse and validate a batch of raw values from ``embeddings.in`` (typed fast path, reference path on doubt)."""
+    """Parse and validate a batch of raw values from ``embeddings.in`` (typed fast path, reference path on doubt).
+
+    ``group`` and ``identity`` are labels (an integer or a string) or absent; no message can make the batch raise.
+    """
     dim, limit = config.embeddings.dimension, config.max_message_bytes
-    index, records, rows, errors, digests = [], [], [], [], []
+    index, records, rows, errors, digests, unexpected = [], [], [], [], [], []
     for i, value in enumerate(values):
-        fast = _fast_embedding(value, dim, limit)
         try:
-            if fast is not None:  # msgspec refuses NaN, Infinity and out-of-range numbers: every float is finite
-                obj, row = {"id": fast.id, "group": fast.group, "identity": fast.identity}, fast.vector
-            else:
-                parsed = _parse(value, limit)
-                row = _check_embedding(parsed, dim)
-                obj = {"id": parsed["id"], "group": parsed.get("group"), "identity": parsed.get("identity")}
+            obj, row = _decode_embedding(value, dim, limit)
         except Invalid as exc:
             errors.append((i, str(exc)))
+            continue
+        except Exception as exc:  # anything else one message makes a decoder raise: refused, not the batch
+            errors.append((i, _unexpected(exc, unexpected)))
             continue
         index.append(i)
         records.append(obj)
         rows.append(row)
         digests.append(input_digest(value))
+    _log_unexpected(unexpected, "embeddings")
     return DecodedEmbeddings(index=np.array(index, dtype=np.intp), records=records,
                              keys=np.array([str(r["id"]) for r in records], dtype=str),
                              vectors=np.array(rows, dtype=np.float64).reshape(len(rows), dim), errors=errors,
@@ -450,14 +505,65 @@ def provenance(stages: Sequence[tuple[str, int, str, str]]) -> dict:
 
 
 def _scalar(value) -> str:
-    """JSON text of a validated scalar field (id, ts, s, u, y) without json.dumps' per-call overhead."""
+    """JSON text of a validated scalar field (id, ts, s, u, y, group, identity) without json.dumps' overhead.
+
+    Only JSON is written: anything but null, a string, a boolean, an integer or a finite float raises
+    (the decoders let nothing else through, so this never fires on a record they accepted).
+    """
+    kind = type(value)  # exact types first: this runs six times per record
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int or (kind is float and value - value == 0.0):  # finite: inf - inf and nan - nan are nan
+        return repr(value)  # repr of an int or a finite float is valid, exact JSON
     if value is None:
         return "null"
-    if isinstance(value, str):
-        return encode_basestring_ascii(value)
     if isinstance(value, bool):
         return "true" if value else "false"
-    return repr(value)  # int, or a finite float (validated): repr is valid, exact JSON
+    if isinstance(value, str):
+        return encode_basestring_ascii(str(value))
+    if isinstance(value, int) or (isinstance(value, float) and math.isfinite(value)):  # subclasses (numpy floats)
+        return repr(int(value) if isinstance(value, int) else float(value))
+    raise ValueError(f"{value!r} is not a JSON scalar (null, string, boolean, integer or finite number)")
+
+
+def non_finite_rows(columns: dict[str, tuple[np.ndarray, Sequence | None]]) -> list[tuple[int, str]]:
+    """(row, reason) for every row of the output ``columns`` that holds a NaN or an infinity.
+
+    ``columns`` maps a field's name to its values, (n,) or (n, k), and the names of its k entries
+    (None: numbered). JSON has no NaN or infinity, and an output with one is not JSON (``repr``
+    writes ``inf``; msgspec writes ``null``, a silent change of value): such a row is dead-lettered
+    with this reason instead, and the encoders refuse it (:func:`_require_finite`). One vectorised
+    check per column: a few microseconds for a batch of 1,000 records.
+    """
+    if not columns:
+        return []
+    flat = {name: (_columns_of(values), names) for name, (values, names) in columns.items()}
+    finite = np.logical_and.reduce([np.isfinite(values).all(axis=1) for values, _ in flat.values()])
+    return [(int(i), _non_finite_reason(flat, int(i))) for i in np.flatnonzero(~finite)]
+
+
+def _columns_of(values) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64)
+    return values[:, None] if values.ndim == 1 else values
+
+
+def _non_finite_reason(flat: dict, row: int) -> str:
+    for name, (values, names) in flat.items():
+        bad = np.flatnonzero(~np.isfinite(values[row]))
+        if bad.size:
+            j = int(bad[0])
+            entry = "" if values.shape[1] == 1 and names is None else f"[{names[j]!r}]" if names else f"[{j}]"
+            return (f"the output's {name}{entry} would be {values[row, j].item()!r}, which JSON cannot carry "
+                    f"(no NaN or infinity is written): the record is not sent")
+    raise AssertionError("a row flagged non-finite has only finite values")
+
+
+def _require_finite(*arrays: np.ndarray) -> None:
+    # The boundary of every output: a NaN or an infinity reaching an encoder is a bug upstream, never an output.
+    for values in arrays:
+        if not np.isfinite(values).all():
+            raise ValueError("an output value is NaN or infinite (JSON cannot carry it): refuse the row first "
+                             "(non_finite_rows)")
 
 
 def _literal(text: str) -> str:
@@ -472,7 +578,8 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     On an input that imputes a missing s, every record says whether its s was imputed
     (``s_imputed``); ``s`` itself stays as it arrived (null when missing). Every record carries the
     ``input_digest`` of the message it came from (see :func:`input_digest`). A chain ending in a
-    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields.
+    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields. Every float
+    written must be finite (:func:`non_finite_rows` finds the rows that are not).
     """
     names = [_literal(json.dumps(n)) for n in config.features]
     features = ",".join(f"{n}:%r" for n in names)
@@ -487,6 +594,8 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
         marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
         flags = [',"s_imputed":true' if flag else ',"s_imputed":false' for flag in marks.tolist()]
     template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
+    written = (repaired, *((X,) if config.include_original else ()), *(() if scored is None else (scored["score"],)))
+    _require_finite(*written)
     new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
     old_rows = X.tolist() if config.include_original else [[]] * len(fields)
     scores = [""] * len(fields) if scored is None else [
@@ -504,11 +613,15 @@ _VECTOR_ENCODER = msgspec.json.Encoder()  # shortest round-trip floats, like rep
 
 def encode_embeddings(records: list[dict], vectors: np.ndarray, prov: dict,
                       digests: Sequence[str] | None = None) -> list[bytes]:
-    """``embeddings.repaired`` values: each record with its new vector, its ``input_digest`` and the provenance."""
+    """``embeddings.repaired`` values: each record with its new vector, its ``input_digest`` and the provenance.
+
+    Every vector must be finite (:func:`non_finite_rows` finds the rows that are not).
+    """
     tail = ',"provenance":' + json.dumps(prov, separators=(",", ":")) + "}"
     digests = digests if digests is not None else [None] * len(records)
+    _require_finite(vectors)
     return [
-        ('{"id":%s,"group":%s,"vector":%s,"input_digest":%s' % (_scalar(r["id"]), json.dumps(r.get("group")),
+        ('{"id":%s,"group":%s,"vector":%s,"input_digest":%s' % (_scalar(r["id"]), _scalar(r.get("group")),
                                                                  _VECTOR_ENCODER.encode(v).decode(), _scalar(d))
          + ("" if r.get("identity") is None else ',"identity":' + _scalar(r["identity"])) + tail).encode()
         for r, v, d in zip(records, vectors.tolist(), digests)
@@ -529,6 +642,7 @@ class RepairedBatch:
     versions: np.ndarray | None = None  # provenance version of each record (when decoded from the topic)
     out_of_range: np.ndarray | None = None  # rows with a value outside the plan's range (known in the worker)
     decision: np.ndarray | None = None  # the scorer's decision of each record (a chain ending in a scorer)
+    unreadable: int = 0  # values of the topic left out as unreadable (when decoded from the topic)
 
     def __len__(self) -> int:
         return len(self.s)
@@ -542,27 +656,73 @@ class RepairedBatch:
 
 
 def decode_repaired(values: Sequence[bytes], config: PipelineConfig) -> RepairedBatch:
-    """Arrays of ``records.repaired`` values that carry their original features (``include_original``)."""
-    return repaired_arrays([json.loads(v) for v in values], config)
+    """Arrays of ``records.repaired`` values that carry their original features (``include_original``).
+
+    A reader of the topic meets whatever was written to it: a value that is not a readable repaired
+    record (not JSON, a field missing or of the wrong type, a non-finite feature, a label not
+    configured, a version beyond 64 bits) is left out and counted in ``unreadable``; it never raises.
+    """
+    records, unreadable = [], 0
+    for value in values:
+        try:
+            records.append(json.loads(value))
+        except Exception:  # malformed JSON, bad UTF-8, deep nesting (RecursionError)
+            unreadable += 1
+    return repaired_arrays(records, config, unreadable)
 
 
-def repaired_arrays(records: Sequence[dict], config: PipelineConfig) -> RepairedBatch:
-    """Arrays of parsed ``records.repaired`` records; records without their original features are left out."""
-    records = [r for r in records if r.get("original") is not None]
-    names = config.features
-    ys = [r.get("y") for r in records]
-    decisions = [r.get("decision") for r in records]
-    now = time.time()
+def repaired_arrays(records: Sequence, config: PipelineConfig, unreadable: int = 0) -> RepairedBatch:
+    """Arrays of parsed ``records.repaired`` records that carry their original features and their true s.
+
+    Records without their original features or with an imputed s are left out (nothing to measure);
+    unusable ones too, counted in ``unreadable`` (see :func:`decode_repaired`).
+    """
+    groups, strata, now = frozenset(config.groups), frozenset(config.strata), time.time()
+    rows = []
+    for record in records:
+        if isinstance(record, dict) and (record.get("original") is None or record.get("s_imputed") is True):
+            continue
+        try:
+            rows.append(_repaired_row(record, config, groups, strata, now))
+        except Exception:  # Invalid, or any other way a record is not what this codec writes
+            unreadable += 1
+    d = len(config.features)
+    before, after, s, u, y, keys, ts, versions, decisions = (list(c) for c in zip(*rows)) if rows else (
+        [] for _ in range(9))
     return RepairedBatch(
-        before=np.array([[r["original"][f] for f in names] for r in records], dtype=np.float64).reshape(-1, len(names)),
-        after=np.array([[r["features"][f] for f in names] for r in records], dtype=np.float64).reshape(-1, len(names)),
-        s=labels_array([r["s"] for r in records]), u=labels_array([r["u"] for r in records]),
-        y=np.array(ys, dtype=np.int64) if ys and all(v is not None for v in ys) else None,
-        keys=np.array([str(r["id"]) for r in records], dtype=object),
-        ts=np.array([r["ts"] if r.get("ts") is not None else now for r in records], dtype=np.float64),
-        versions=np.array([r["provenance"]["version"] for r in records], dtype=np.int64),
+        before=np.array(before, dtype=np.float64).reshape(-1, d),
+        after=np.array(after, dtype=np.float64).reshape(-1, d),
+        s=labels_array(s), u=labels_array(u),
+        y=np.array(y, dtype=np.int64) if y and None not in y else None,
+        keys=np.array(keys, dtype=object), ts=np.array(ts, dtype=np.float64),
+        versions=np.array(versions, dtype=np.int64),
         decision=np.array(decisions, dtype=np.int64) if decisions and None not in decisions else None,
+        unreadable=unreadable,
     )
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _repaired_row(record: dict, config: PipelineConfig, groups: frozenset, strata: frozenset, now: float) -> tuple:
+    """(original, features, s, u, y, key, ts, version, decision) of one repaired record; raises if it has none."""
+    original, features = record["original"], record["features"]
+    if not isinstance(original, dict) or not isinstance(features, dict):
+        raise Invalid("original and features must be JSON objects")
+    before = [_number(original[name], f"original {name!r}") for name in config.features]
+    after = [_number(features[name], f"feature {name!r}") for name in config.features]
+    _label(record["s"], groups, "s", config.groups)
+    _label(record["u"], strata, "u", config.strata)
+    version = record["provenance"]["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or not _INT64[0] <= version <= _INT64[1]:
+        raise Invalid(f"provenance.version must be a 64-bit integer, got {_describe(version)}")
+    y, decision = record.get("y"), record.get("decision")
+    for name, value in (("y", y), ("decision", decision)):
+        if value is not None and (isinstance(value, bool) or value not in (0, 1)):
+            raise Invalid(f"{name} must be 0 or 1, got {_describe(value)}")
+    ts = record.get("ts")
+    return (before, after, record["s"], record["u"], y, str(_key(record)), now if ts is None else _number(ts, "ts"),
+            version, decision)
 
 
 # --------------------------------------------------------------------------- the output budget
@@ -717,6 +877,15 @@ def parse_request(value: bytes | None) -> RefitRequest:
         raise RefitRequestError(f"refit request is not UTF-8 JSON: {str(exc)[:200]}") from None
     if not isinstance(data, dict):
         raise RefitRequestError(f"a refit request must be a JSON object, got {type(data).__name__}")
+    try:
+        return _request_of(data)
+    except RefitRequestError:
+        raise
+    except Exception as exc:  # whatever else a field makes a check raise: the request is refused, not the reader
+        raise RefitRequestError(f"refit request could not be read ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _request_of(data: dict) -> RefitRequest:
     request_id = _text(data, "request_id", required=True)
     if len(request_id) > _MAX_REQUEST_ID:
         raise RefitRequestError(f"request_id is longer than {_MAX_REQUEST_ID} characters")
@@ -730,7 +899,7 @@ def _text(data: dict, name: str, required: bool = False) -> str | None:
     if value is None and not required:
         return None
     if not isinstance(value, str) or not value:
-        raise RefitRequestError(f"refit request field {name!r} must be a non-empty string, got {value!r}")
+        raise RefitRequestError(f"refit request field {name!r} must be a non-empty string, got {_describe(value)}")
     return value
 
 
@@ -738,6 +907,6 @@ def _seconds(data: dict, name: str, required: bool = False) -> float | None:
     value = data.get(name)
     if value is None and not required:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RefitRequestError(f"refit request field {name!r} must be a finite number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):  # 10**400 too
+        raise RefitRequestError(f"refit request field {name!r} must be a finite number, got {_describe(value)}")
     return float(value)

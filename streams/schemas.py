@@ -65,7 +65,7 @@ class EmbeddingRecord(_Schema):
 
     id: Any
     vector: list
-    group: Any = None
+    group: Any = None  # a label (an int or a string), when known; anything else is dead-lettered
     identity: Any = None  # who the vector shows (an int or a string), when known
 
 

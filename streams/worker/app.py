@@ -226,7 +226,10 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
             with observing("fairness"):
                 pending_refits.extend(map(refit_request, monitor.observe_batch(outcome.monitor_batch, *chain)))
-                if time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
+                if monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
+                    MONITOR_ERRORS.labels("fairness").inc()
+                    FAIRNESS.clear()
+                elif time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
                     export_fairness(monitor)
                     last_export[0] = time.monotonic()
             MONITOR_CPU.inc(time.thread_time() - started)

@@ -20,16 +20,20 @@ in use and per stratum, over a count window and a time window, it keeps:
   (fitted between the groups of its training data, each record's counterparts weighted by their
   share of it; with more than two groups every group is matched to a reference group), per pair of
   groups, the worst pair overall, on the chain's output (``after``: the features the scorer reads,
-  the space its map was fitted in). It is measured on an evenly spaced sample of at most
-  ``MDP_ROWS`` rows per batch, each sampled row weighted by its batch's sampling stride (the rows it
-  stands for), so the window's MDP is an estimate of the MDP of all its records whatever the batch
-  sizes. A map that no longer carries one group onto the other (drift) shows as MDP moving away from
+  the space its map was fitted in). It is measured on a uniform random sample (without replacement)
+  of at most ``MDP_ROWS`` rows per batch, each sampled row weighted by the rows it stands for
+  (``n / m``), so the window's MDP is an unbiased estimate of the MDP of all its records whatever
+  the batch sizes and the order of the records in a batch (groups interleaved, or sorted).
+  A map that no longer carries one group onto the other (drift) shows as MDP moving away from
   the groups' score W1;
 - ``otf`` (only when monitored: it solves a small OT problem per read): the OTF⁰ cost of the
   scorer's scores after the chain (Chen et al.) on a uniform sample of the window;
 - ``out_of_range_rate`` of the repair stage (original values outside a plan's grid).
 
 Every update is a handful of vectorised calls per batch; reading a window merges its buckets.
+The monitor never stops the worker: a batch it cannot measure (data or an artifact that makes a
+statistic raise) ends the monitoring of that chain version with one logged error, and the next
+version is monitored afresh.
 Each statistic named in ``monitor.statistic`` (after the chain) feeds its own river drift
 detector in chunks of ``window_records / 16`` records. Hysteresis turns detector hits into one
 drift event per shift: an event needs the windowed statistic above its ``monitor.threshold`` and
@@ -67,21 +71,36 @@ log = logging.getLogger(__name__)
 
 E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 8000 Adult records)
 MDP_ROWS = 256
-"""MDP is measured on an evenly spaced sample of at most this many rows per batch: matching records to their
+"""MDP is measured on a uniform random sample of at most this many rows per batch: matching records to their
 counterparts is the monitor's costliest step, and a window of 8000 records still holds about 2000 pairs.
 Each sampled row is weighted by ``n / len(sample)`` (:func:`mdp_sample`), so a batch of 2,700 records counts
 nine times one of 300, as its records do in the window."""
 
+MDP_SEED = 0
+"""Seed of the generator that draws the MDP samples (one per chain version): a replay of the same batches
+gives the same statistics."""
 
-def mdp_rows(n: int) -> np.ndarray:
-    """The rows of a batch of ``n`` whose MDP pairs the monitor measures (every k-th row, at most ``MDP_ROWS``)."""
-    return np.arange(0, n, max(1, -(-n // MDP_ROWS)))
+
+def mdp_rows(n: int, rng: np.random.Generator) -> np.ndarray:
+    """The rows of a batch of ``n`` whose MDP pairs the monitor measures: at most ``MDP_ROWS``, drawn uniformly
+    without replacement, in increasing order.
+
+    Not every k-th row: a producer that interleaves the groups (0, 1, 0, 1, ...) would make every k-th row,
+    for an even k, a row of one group.
+    """
+    if n <= MDP_ROWS:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=MDP_ROWS, replace=False))
 
 
-def mdp_sample(n: int) -> tuple[np.ndarray, float]:
-    """:func:`mdp_rows` of a batch of ``n`` and the weight of each: the records it stands for (the weights sum to n)."""
-    rows = mdp_rows(n)
-    return rows, n / len(rows)
+def mdp_sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """:func:`mdp_rows` of a batch of ``n`` and the weight of each: the records it stands for (the weights sum to n).
+
+    Each row is in the sample with probability ``m / n``, so weighting it by ``n / m`` makes the window's MDP an
+    unbiased estimate of the MDP of all its records.
+    """
+    rows = mdp_rows(n, rng)
+    return rows, n / max(len(rows), 1)
 
 
 DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
@@ -143,7 +162,7 @@ def plan_edges(plan, bins: int) -> list[np.ndarray]:
     """Fixed equal-width bins per feature over the plan's grid range (all strata)."""
     lo = plan.grid_start_.min(axis=0)
     hi = plan.grid_stop_.max(axis=0)
-    return [np.linspace(a, b if b > a else a + 1.0, bins + 1) for a, b in zip(lo, hi)]
+    return [finite_edges(a, b, bins) for a, b in zip(lo, hi)]
 
 
 def stage_edges(module, X: np.ndarray, bins: int) -> list[np.ndarray]:
@@ -154,8 +173,39 @@ def stage_edges(module, X: np.ndarray, bins: int) -> list[np.ndarray]:
     if module is not None and hasattr(module, "grid_start_"):
         return plan_edges(module, bins)
     lo, hi = X.min(axis=0), X.max(axis=0)
-    pad = np.maximum(0.1 * (hi - lo), 1e-9)
-    return equal_width_edges(np.vstack([lo - pad, hi + pad]), bins)
+    pad = np.maximum(0.1 * hi - 0.1 * lo, 1e-9)  # not 0.1 * (hi - lo), which overflows for -1e308 and 1e308
+    with np.errstate(over="ignore"):
+        return [finite_edges(a, b, bins) for a, b in zip(lo - pad, hi + pad)]
+
+
+_BOUND = float(np.finfo(np.float64).max) / 2  # edges within it: bin centres (a + b) / 2 and widths never overflow
+
+
+def finite_edges(lo: float, hi: float, bins: int) -> np.ndarray:
+    """``bins + 1`` finite, strictly increasing, equal-width edges over [lo, hi] (the bins of one feature).
+
+    ``np.linspace`` where it gives such edges within +-8.99e307 (every real range does); a range it
+    cannot cut (an end beyond that, a span that overflows, a single point, a span of a few ulps) gets
+    edges clipped to it or, failing that, bins of width 1 (or 1e-6 of the value) around its middle.
+    Values outside the edges fall in the end bins: a statistic is still measured, never raised.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        edges = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+    if _usable(edges):
+        return edges
+    lo, hi = np.clip(np.nan_to_num([lo, hi]), -_BOUND, _BOUND)
+    if hi > lo:
+        t = np.linspace(0.0, 1.0, bins + 1)
+        edges = np.clip(lo * (1.0 - t) + hi * t, -_BOUND, _BOUND)  # no hi - lo: it may overflow
+        if _usable(edges):
+            return edges
+    middle = float(np.clip(lo / 2 + hi / 2, -_BOUND / 2, _BOUND / 2))
+    return middle + max(abs(middle) * 1e-6, 1.0) * (np.arange(bins + 1) - bins / 2)
+
+
+def _usable(edges: np.ndarray) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool((np.abs(edges) <= _BOUND).all() and (np.diff(edges) > 0).all())
 
 
 DETECTOR_SCALE = 4.0
@@ -188,10 +238,11 @@ class Matched:
     weights: np.ndarray
 
     @classmethod
-    def of(cls, scorer, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray) -> "Matched":
+    def of(cls, scorer, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray,
+           rng: np.random.Generator) -> "Matched":
         """The pairs of :func:`mdp_sample` of ``X`` by the scorer's frozen map (counterparts in the reference group,
-        in every other group for a reference record), weighted by the sampling stride."""
-        sample, weight = mdp_sample(len(X))
+        in every other group for a reference record), weighted by the records each sampled row stands for."""
+        sample, weight = mdp_sample(len(X), rng)
         pairs = scorer.matched_counterparts(X[sample], s[sample])
         rows = sample[pairs.rows]
         return cls(scores[rows], scorer.predict_proba(pairs.X), s[rows], pairs.s, u[rows], rows,
@@ -228,8 +279,10 @@ class MonitoredBatch:
                                  else value[rows] for name, value in vars(self).items()})
 
 
-def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray) -> MonitoredBatch:
-    """Score a delivered batch: decisions before and after the chain, and MDP's pairs when the scorer carries a map."""
+def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray,
+                    rng: np.random.Generator) -> MonitoredBatch:
+    """Score a delivered batch: decisions before and after the chain, and MDP's pairs (on a sample drawn with
+    ``rng``) when the scorer carries a map."""
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
     scorer = chain.scorer
     if scorer is None:
@@ -240,7 +293,7 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     # The worker hands over the decisions the records carry; a reader of the topic recomputes them.
     view.decision_after = batch.decision if batch.decision is not None else (view.score_after >= 0.5).astype(np.int64)
     if getattr(scorer, "group_map_", None) is not None:
-        view.matched_after = Matched.of(scorer, batch.after, batch.s, batch.u, view.score_after)
+        view.matched_after = Matched.of(scorer, batch.after, batch.s, batch.u, view.score_after, rng)
     return view
 
 
@@ -479,11 +532,15 @@ class FairnessMonitor:
         self.config, self.monitor, self.clock = config, config.monitor, clock
         self.version: int | None = None
         self.chain_key: tuple | None = None
-        self.skipped = 0
+        self.refused: tuple | None = None  # the chain whose statistics could not be measured (see observe_batch)
+        self.skipped = 0  # records of other versions (observe)
+        self.unreadable = 0  # values of the topic that are not readable repaired records (observe)
+        self.unmeasured = 0  # records of a refused chain
 
     def _start(self, chain: Chain, first: RepairedBatch) -> None:
         m = self.monitor
-        self.chain_key, self.version = chain.key, chain.version
+        self.chain_key, self.version, self.refused = chain.key, chain.version, None
+        self.rng = np.random.default_rng(MDP_SEED)  # per version: its statistics do not depend on what came before
         self.statistics = BatchStatistics(chain, self.config, first)
         features = list(self.config.features)
         self.windows = {
@@ -501,19 +558,43 @@ class FairnessMonitor:
         """Update every window with ``records.repaired`` values made by the chain ``actives``; returns drift events."""
         chain = as_chain(actives)
         batch = decode_repaired(values, self.config)
+        self.unreadable += batch.unreadable
         mine = np.flatnonzero(batch.versions == chain.version)
         self.skipped += len(batch) - len(mine)
         return self.observe_batch(batch.take(mine), *chain.actives) if len(mine) else []
 
     def observe_batch(self, batch: RepairedBatch, *actives) -> list[DriftEvent]:
-        """Update every window with the arrays of a batch that went through the chain ``actives``, in order."""
+        """Update every window with the arrays of a batch that went through the chain ``actives``, in order.
+
+        Never raises: a batch that makes a statistic raise (an artifact or data the monitor cannot measure)
+        ends the monitoring of this chain (:meth:`_refuse`); its records are then only counted (``unmeasured``)
+        until another chain version arrives. The worker goes on repairing either way.
+        """
         chain = as_chain(actives)
         if len(batch.s) == 0:
             return []
+        if chain.key == self.refused:
+            self.unmeasured += len(batch.s)
+            return []
+        try:
+            return self._observe(batch, chain)
+        except Exception as exc:  # the monitor only watches: whatever it cannot measure must not stop the worker
+            self._refuse(chain.key, exc)
+            self.unmeasured += len(batch.s)
+            return []
+
+    def _refuse(self, key: tuple, exc: Exception) -> None:
+        log.error("the fairness monitor cannot measure %s (%s: %s): no statistics for this chain version until "
+                  "another one is served; records are still repaired",
+                  ", ".join(f"{kind} v{version}" for kind, version in key), type(exc).__name__, str(exc)[:300],
+                  exc_info=exc)
+        self.refused, self.chain_key, self.version = key, None, None  # rows() and statistic() say nothing
+
+    def _observe(self, batch: RepairedBatch, chain: Chain) -> list[DriftEvent]:
         if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
             self._start(chain, batch)
         out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
-        view = monitored_batch(batch, chain, out_of_range)
+        view = monitored_batch(batch, chain, out_of_range, self.rng)
         accumulators = self.statistics.of(view)
         for windows in self.windows.values():
             windows.add(accumulators, len(view), ts=float(np.max(batch.ts)))
@@ -542,7 +623,11 @@ class FairnessMonitor:
         """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records."""
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return []
-        return [row for row in self.windows[window].rows(statistic) if np.isfinite(row[-1])]
+        try:
+            return [row for row in self.windows[window].rows(statistic) if np.isfinite(row[-1])]
+        except Exception as exc:  # read by the gauge export after each batch: it must not stop the worker either
+            self._refuse(self.chain_key, exc)
+            return []
 
     def statistic(self, window: str = "count", name: str | None = None) -> float | None:
         """A detector's statistic (default: the first configured) after the chain, all strata, over a window."""

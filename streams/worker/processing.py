@@ -4,7 +4,9 @@ Keeping this apart from the agents means the exact code path of the stream can b
 list of messages in a test or a benchmark, and the agents stay a few lines of I/O. Every input
 message produces exactly one output: a repaired record or a dead letter with its reason, and every
 output fits under the producer's limit (:data:`~fairstream.streams.codec.MAX_OUTPUT_BYTES`): a repaired
-output that would not is dead-lettered instead, and dead letters fit by construction.
+output that would not is dead-lettered instead, and dead letters fit by construction. Every output is
+JSON: a record whose output holds a NaN or an infinity (which the chain refuses already) is dead-lettered
+with the field it names, never written; the encoders refuse such a value outright.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fairstream.streams.codec import (
     decode_records,
     encode_embeddings,
     encode_repaired,
+    non_finite_rows,
     oversized,
     provenance,
 )
@@ -91,6 +94,21 @@ def _fitting(outputs: list, failures: list, positions: Sequence[int]) -> np.ndar
     return fits
 
 
+def _finite_rows(ok: np.ndarray, columns: dict, failures: list, positions: Sequence[int]) -> np.ndarray:
+    """The rows of ``ok`` whose outputs (``columns``: name -> (values of every row, entry names)) are all finite.
+
+    The inputs (``positions``) of the others join ``failures``: JSON cannot carry a NaN or an infinity, so such a
+    row is dead-lettered, never written (the chain refuses non-finite outputs; this is the codec's boundary).
+    """
+    bad = non_finite_rows({name: (values[ok], names) for name, (values, names) in columns.items()})
+    if not bad:
+        return ok
+    failures += [(int(positions[ok[j]]), reason) for j, reason in bad]
+    keep = np.ones(len(ok), dtype=bool)
+    keep[[j for j, _ in bad]] = False
+    return ok[keep]
+
+
 def _provenance(chain: Sequence) -> dict:
     return provenance([(a.kind, a.version, a.sha256, a.module.seed) for a in chain])
 
@@ -117,8 +135,10 @@ class RecordRepairer:
         if len(decoded.index):
             batch = decoded.batch()
             result = apply_chain([a.module for a in chain], batch)
-            ok = np.flatnonzero(result.ok)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
+            outputs = {"features": (result.X, self.config.features),
+                       **({"score": (result.columns["score"], None)} if "score" in result.columns else {})}
+            ok = _finite_rows(np.flatnonzero(result.ok), outputs, failures, decoded.index)
             fields = decoded.fields.take(ok)
             imputed = result.imputed[ok] if result.imputed is not None else None
             scored = {name: result.columns[name][ok] for name in ("score", "decision")} \
@@ -195,19 +215,24 @@ class EmbeddingRepairer:
     def process(self, messages: Sequence[MessageLike], active=None) -> BatchOutcome:
         """``active`` is the registry's active ``embedding`` artifact, or None for the identity (normalisation)."""
         decoded = decode_embeddings([m.value for m in messages], self.config)
+        failures = list(decoded.errors)
         if active is None:  # the identity module: L2 normalisation, what a trained module starts from
             vectors, prov = normalise(decoded.vectors), provenance([("identity", 0, "", "")])
-        else:
-            vectors, prov = apply_chain([active.module], decoded.batch()).X, _provenance([active])
-        values = encode_embeddings(decoded.records, vectors, prov, decoded.digests)
-        repaired = [(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index, decoded.records, values)]
-        failures = list(decoded.errors)
-        fits = _fitting(repaired, failures, decoded.index).tolist()
-        labelled = [k for k, r in enumerate(decoded.records) if fits[k] and r.get("identity") is not None]
+            ok = np.arange(len(vectors))
+        else:  # the chain refuses rows one by one: only the others go on
+            result, prov = apply_chain([active.module], decoded.batch()), _provenance([active])
+            vectors, ok = result.X, np.flatnonzero(result.ok)
+            failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
+        ok = _finite_rows(ok, {"vector": (vectors, None)}, failures, decoded.index)
+        records = [decoded.records[k] for k in ok]
+        values = encode_embeddings(records, vectors[ok], prov, [decoded.digests[k] for k in ok])
+        repaired = [(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index[ok], records, values)]
+        fits = _fitting(repaired, failures, decoded.index[ok]).tolist()
+        labelled = [k for k, r in enumerate(records) if fits[k] and r.get("identity") is not None]
         return BatchOutcome(
             repaired=[pair for pair, fit in zip(repaired, fits) if fit],
             dead=_dead_letters(messages, failures, self.agent),
             version=prov["version"],
-            labelled=(vectors[labelled], *zip(*[(decoded.records[k]["identity"], decoded.records[k].get("group"),
-                                                 decoded.records[k]["id"]) for k in labelled])) if labelled else None,
+            labelled=(vectors[ok[labelled]], *zip(*[(records[k]["identity"], records[k].get("group"), records[k]["id"])
+                                                    for k in labelled])) if labelled else None,
         )

@@ -118,3 +118,22 @@ def test_single_precision_apply_is_close_and_typed():
     np.testing.assert_allclose(out32, m.transform(v), rtol=1e-5, atol=1e-5)
     with pytest.raises(RepairInputError, match="float64 or float32"):
         m.transform(v, dtype=np.int64)
+
+
+def test_a_module_whose_weights_overflow_is_refused_at_load_and_its_rows_at_apply():
+    # The red team's F8 (p5_extreme_scorer_flow.py): weights of 1e300 loaded and every vector came out
+    # as [null, null, ...] (msgspec writes NaN as null): valid JSON, nothing dead-lettered.
+    from fairstream.models.kinds import load_module
+    from fairstream.repair.protocol import apply_chain
+
+    d, hidden = 8, 4
+    huge = FairnessModule(np.full((hidden, d), 1e300), np.full(hidden, 1e300), np.full((d, hidden), 1e300),
+                          np.full(d, 1e300))
+    refused = r"embedding artifact: it cannot serve its own probe input \(row 0 of 5: embedding produced a non-finite"
+    with pytest.raises(artifacts.ArtifactError, match=refused):
+        load_module(huge.to_artifact(), PipelineSchema(dimension=d))
+    vectors = np.abs(np.random.default_rng(0).normal(size=(3, d)))  # every hidden unit active: all overflow
+    result = apply_chain([huge], Batch(X=vectors, keys=np.arange(3)))  # built directly, past the load check
+    assert not result.ok.any() and result.X.tolist() == vectors.tolist()
+    assert result.reasons[0].startswith("embedding produced a non-finite value for column ")
+    load_module(random_module(d).to_artifact(), PipelineSchema(dimension=d))  # an ordinary module loads

@@ -227,3 +227,61 @@ def test_validate_flow_applies_the_flow_and_leaves_out_unmapped_rows():
     assert v.n_refused == 1 and v.n_rows == 3
     assert v.positive_rates == {0: 0.0, 1: 1.0} and v.accuracy == 1.0
     assert np.isnan(v.eo_gap) and "eo_gap" not in v.as_metrics()  # no y=0 row in group 1
+
+
+def overflowing_flow():
+    """Each array finite, but a scale of 1e308 with shift biases of 10 maps every row to +-inf (F5's crafted flow)."""
+    base = FlowPreprocessor.identity(COLUMNS, n_blocks=1, hidden=(4,))
+    return dataclasses.replace(base, scale=np.full(3, 1e308),
+                               shift_biases=tuple(np.full_like(b, 10.0) for b in base.shift_biases))
+
+
+def test_a_row_the_flow_maps_to_a_non_finite_value_is_refused_and_keeps_its_input():
+    # Before, map_rows marked rows ok from their input alone: the inf went on to the scorer, which
+    # raised for the whole batch.
+    X = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    result = overflowing_flow().map_rows(X, [0, 1])
+    assert not result.ok.any() and result.X.tolist() == X.tolist()
+    assert result.reasons[0].startswith("the flow maps column 'a' of the row to inf (its values overflow the flow")
+    with pytest.raises(RepairInputError, match="the flow maps column"):
+        overflowing_flow().transform(X, [0, 1])
+
+
+def test_a_flow_that_overflows_its_own_fit_range_is_refused_at_load():
+    with pytest.raises(artifacts.ArtifactError, match=r"flow artifact: it cannot serve its own probe input "
+                                                      r"\(row 0 of 6: the flow maps column 'a' of the row to inf"):
+        load_module(overflowing_flow().to_artifact(), PipelineSchema())
+    probe = random_flow().probe()  # an ordinary flow: its centre and fit-range corners, per group
+    assert probe.X[:3].tolist() == [[1.0, -2.0, 0.5], [-5.0] * 3, [5.0] * 3] and probe.s.tolist() == [0, 0, 0, 1, 1, 1]
+    load_module(random_flow().to_artifact(), PipelineSchema())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_record_of_extreme_age_through_a_flow_and_a_scorer_never_stops_the_batch(seed):
+    # The red team's F5 (p6c_sweep.py): ordinary-looking flows (coupling weights N(0, 0.5)) in front of
+    # an ordinary scorer, a pipeline without valid_ranges and one valid record with age = +-1.7e308:
+    # before, 37 of 80 (flow, record) pairs raised for the whole batch; now that row is refused or
+    # served finite, and the 50 others get exactly what they get without it.
+    from fairstream.models.scorer import Scorer
+
+    rng = np.random.default_rng(seed)
+    columns = ("age", "hours-per-week")
+    base = FlowPreprocessor.identity(columns, n_blocks=2, hidden=(8,), mean=[38.0, 40.0], scale=[13.0, 12.0])
+    flow = dataclasses.replace(base, **{f"{net}_weights": tuple(rng.normal(scale=0.5, size=w.shape)
+                                                                for w in getattr(base, f"{net}_weights"))
+                                        for net in ("scale", "shift")})
+    scorer = Scorer.from_weights([rng.normal(size=(2, 4)), rng.normal(size=(4, 1))], [np.zeros(4), np.zeros(1)],
+                                 [38.0, 40.0], [13.0, 12.0], columns=list(columns))
+    normal = np.column_stack([rng.normal(38, 13, 50).round(), rng.normal(40, 12, 50).round()])
+    s = rng.integers(0, 2, 51)
+    for age in (1.7e308, -1.7e308):
+        X = np.vstack([normal[:25], [[age, 40.0]], normal[25:]])
+        batch = Batch(X=X, keys=np.array([f"r-{i}" for i in range(51)], dtype=object), s=s, columns=columns)
+        result = apply_chain([flow, scorer], batch)
+        assert np.isfinite(result.X[result.ok]).all() and np.isfinite(result.columns["score"][result.ok]).all()
+        without = apply_chain([flow, scorer], batch.take(np.r_[0:25, 26:51]))
+        assert without.ok.all() and result.ok[np.r_[0:25, 26:51]].all()
+        assert np.array_equal(result.X[np.r_[0:25, 26:51]], without.X)
+        assert np.array_equal(result.columns["score"][np.r_[0:25, 26:51]], without.columns["score"])
+        if not result.ok[25]:
+            assert result.reasons[25].startswith(("the flow maps column", "the scorer's logit", "scorer produced"))

@@ -268,3 +268,30 @@ def test_validate_scorer_by_hand():
     # AUC over the 9 (positive, negative) pairs: high-high ties 2 x 0.5, high-low wins 2 x 2, low-low ties 2 x 0.5.
     assert result.auc == pytest.approx(6 / 9)
     assert set(result.as_metrics()) >= {"accuracy", "auc", "dp_gap", "mdp", "eo_gap", "pdp", "peo"}
+
+
+def test_apply_refuses_a_non_finite_or_overflowing_row_alone(fitted):
+    # Before, one NaN row made Scorer.apply raise for the whole batch (F5: the flow in front of it had
+    # mapped age = 1.7e308 to inf, and the batch, with every valid record in it, stopped the partition).
+    model, X = fitted
+    net = Scorer.from_weights([np.ones((3, 2)), np.array([[1.0], [1.0]])], [np.zeros(2), np.zeros(1)],
+                              np.zeros(3), np.full(3, 1e-300), columns=["a", "b", "c"])
+    rows = np.vstack([X[:2], [[np.nan, 0.0, 0.0]], X[2:4], [[1e10, 0.0, 0.0]]])
+    for scorer_, refused in ((model, [2]), (net, [2, 5])):  # the network's logit overflows at 1e10 / 1e-300
+        applied = scorer_.apply(Batch(X=rows, keys=np.arange(6)))
+        assert np.flatnonzero(~applied.ok).tolist() == refused
+        assert applied.reasons[2] == "column 'a' has a non-finite value nan"
+        served = np.flatnonzero(applied.ok)
+        assert np.array_equal(applied.columns["score"][served], scorer_.predict_proba(rows[served]))
+        assert np.isnan(applied.columns["score"][refused]).all() and (applied.columns["decision"][refused] == 0).all()
+    assert applied.reasons[5].startswith("the scorer's logit is inf: the row's values overflow its network")
+
+
+def test_a_scorer_whose_outputs_overflow_at_its_own_centre_is_refused_at_load():
+    # Each array is finite (in its domain), but together they overflow: the probe at the standardisation
+    # centre and three scales either side of it refuses the artifact before it serves.
+    huge = Scorer.from_weights([np.full((3, 2), 1e300), np.array([[1e300], [1e300]])], [np.zeros(2), np.zeros(1)],
+                               np.zeros(3), np.ones(3), columns=["a", "b", "c"])
+    with pytest.raises(artifacts.ArtifactError, match=r"scorer artifact: it cannot serve its own probe input "
+                                                      r"\(row 2 of 3: the scorer's logit is inf"):
+        load_module(huge.to_artifact(), PipelineSchema())

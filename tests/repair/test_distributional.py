@@ -338,3 +338,54 @@ def test_plan_parameters_are_checked_at_load_as_fit_checks_them(fitted):
         DistributionalRepair.from_artifact(artifacts.pack("plan", no_posterior, dict(art.parameters)))
     older = artifacts.pack("plan", no_posterior, {k: v for k, v in art.parameters.items() if k != "posterior"})
     assert DistributionalRepair.from_artifact(older).posterior_ is None  # written before the posterior existed
+
+
+def _grids(art, start, step):
+    """The plan artifact with every grid moved to ``start`` (None: kept) by ``step``, re-sealed."""
+    keep = _corrupt(art, "grid_step", lambda a: np.full_like(a, step))
+    return keep if start is None else _corrupt(keep, "grid_start", lambda a: np.full_like(a, start))
+
+
+@pytest.mark.parametrize("start, step, message", [
+    (1e308, 1e308, r"such that each grid ends at a finite value \(grid_start \+ grid_step \* \(grid_size - 1\)\), "
+                   r"got inf at index \(0, 0\)"),
+    (-1.7e308, 1e308, r"such that each grid ends at a finite value .*, got inf at index \(0, 0\)"),
+    (None, 5e-324, r"a normal float of at least 16 epsilons of the grid's largest \|node\| .*, got 5e-324"),
+    (1e17, 1.0, r"a normal float of at least 16 epsilons .*, got 1.0 at index \(0, 0\)"),  # nodes round together
+])
+def test_a_plan_whose_grids_overflow_or_merge_their_nodes_is_refused_at_load(fitted, start, step, message):
+    # The red team's F4 and F8 (p4_extreme_plan.py): before, all four loaded; the first two then wrote
+    # inf into records.repaired for 73 and 227 of 300 records, the third repaired every record to the
+    # grid start, and the monitor raised on every batch (bin edges must be finite).
+    from fairstream.models.kinds import load_module
+    from fairstream.repair.artifacts import ArtifactError
+    from fairstream.repair.protocol import PipelineSchema
+
+    with pytest.raises(ArtifactError, match=r"plan artifact: array 'grid_step' must be " + message):
+        load_module(_grids(fitted.to_artifact(), start, step), PipelineSchema())
+
+
+@pytest.mark.parametrize("column, message", [
+    (1e17 + 16.0 * (np.arange(400) % 3), r"column 'x0' spans \[1e\+17, 1.0000000000000003e\+17\], which float64 cannot "
+                                       r"split into 50 distinct grid nodes at its magnitude"),
+    (np.resize([-1.7e308, 1.7e308, 0.0], 400), r"column 'x0' spans \[-1.7e\+308, 1.7e\+308\]"),
+])
+def test_fit_refuses_a_column_whose_grid_a_plan_could_not_load_with(column, message):
+    # What array_layout refuses at load, fit refuses first, naming the column (before, the first column
+    # gave a plan whose nodes rounded together, the second one whose grid ended at inf).
+    X, s, u = paper_simulation(400, seed=16)
+    X[:, 0] = column
+    with pytest.raises(RepairInputError, match=message):
+        DistributionalRepair(n_q=50).fit(X, s, u)
+    X[:, 0] = 1e17  # constant at any magnitude: one node, as before
+    assert DistributionalRepair(n_q=50).fit(X, s, u).grid_size_[:, 0].tolist() == [1, 1]
+
+
+def test_the_probe_holds_each_planned_cells_grid_ends_and_is_served(fitted):
+    from fairstream.repair.protocol import apply_chain
+
+    probe = fitted.probe()
+    assert len(probe) == 2 * int(fitted.has_plan_.sum()) and probe.columns == ("x0", "x1")
+    assert probe.X[0].tolist() == fitted.grid_start_[0].tolist()
+    assert probe.X[1].tolist() == fitted.grid_stop_[0].tolist()
+    assert apply_chain([fitted], probe).ok.all()

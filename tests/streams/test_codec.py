@@ -35,6 +35,7 @@ from fairstream.streams.codec import (
     encode_embeddings,
     encode_repaired,
     input_digest,
+    non_finite_rows,
     original_bytes,
     output_bytes,
     provenance,
@@ -860,15 +861,11 @@ def test_valid_embeddings(changes, drop):
 def embedding_batches(draw):
     n = draw(st.integers(0, 6))
     vectors = draw(arrays(np.float64, (n, DIM), elements=REPAIRED_FLOATS))
-    finite_json = st.recursive(st.none() | st.booleans() | st.integers() | FINITE | st.text(max_size=8),
-                               lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
-                                                                                           max_size=3),
-                               max_leaves=6)
     records = []
     for _ in range(n):
         obj = {"id": draw(IDS), "vector": []}
         if draw(st.booleans()):
-            obj["group"] = draw(finite_json)
+            obj["group"] = draw(st.none() | st.integers() | st.text(max_size=8))  # a label, as decoded
         records.append(obj)
     return records, vectors
 
@@ -988,6 +985,142 @@ def test_repaired_output_matches_its_schema():
         obj = json.loads(encode_repaired(RecordFields.of([record(ts=1, y=0)]), X, X, config, PROV)[0])
         assert set(RepairedRecord.required_fields()) <= set(obj) <= set(RepairedRecord.field_names())
         assert ("original" in obj) == include_original
+
+
+# --------------------------------------------------------------------------- poison inputs, non-JSON outputs
+
+DEPTH = 2_000  # deeper than msgspec's and json's recursion limits, 4 KB: a message of the red team's kind
+
+
+@pytest.mark.parametrize("field", ["id", "vector", "group", "identity", "extra"])
+def test_deep_nesting_in_any_embedding_field_is_dead_lettered_not_raised(field):
+    # msgspec raises RecursionError (not DecodeError) on a deep `group`: every batch holding it raised.
+    deep = "[" * DEPTH + "]" * DEPTH
+    obj = {"id": '"e"', "vector": "[" + ",".join(["0.5"] * DIM) + "]", field: deep}
+    value = ("{" + ",".join(f'"{k}":{v}' for k, v in obj.items()) + "}").encode()
+    batch = decode_embeddings([value, raw(emb(id="next"))], EMB)
+    assert batch.keys.tolist() == ["next"] and [i for i, _ in batch.errors] == [0]
+
+
+@pytest.mark.parametrize("field", ["group", "identity"])
+@pytest.mark.parametrize("text, shown", [
+    ("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("1e999", "inf"), ("1.5", "1.5"), ("1.0", "1.0"),
+    ("true", "true"), ("[1]", "a JSON array"), ('{"x": [NaN]}', "a JSON object"),
+    ("[" * 900 + "]" * 900, "a JSON array"),
+])
+def test_an_embedding_group_or_identity_that_is_not_a_label_is_dead_lettered_naming_the_field(field, text, shown):
+    # A group of NaN, Infinity or 1e999 was repaired and written as {"group":NaN}: not JSON.
+    value = ('{"id": "e", "vector": [1, 2, 3, 4], "%s": %s}' % (field, text)).encode()
+    assert one_error(value, EMB, decode_embeddings) == f"{field} must be an integer or a string, got {shown}"
+
+
+@pytest.mark.parametrize("group", [0, -3, 10**300, "a", "\u00e9t\u00e9", ""])
+def test_an_embedding_group_that_is_a_label_comes_out_unchanged(group):
+    value = raw(emb(group=group))
+    batch = decode_embeddings([value], EMB)
+    assert batch.errors == [] and batch.records[0]["group"] == group
+    assert strict_loads(encode_embeddings(batch.records, batch.vectors, PROV)[0])["group"] == group
+
+
+@pytest.mark.parametrize("decode, value", [(decode_records, GOOD), (decode_embeddings, raw(emb()))],
+                         ids=["records", "embeddings"])
+def test_no_exception_of_one_message_escapes_the_decoder_of_a_batch(monkeypatch, decode, value, caplog):
+    # Whatever a decoder raises on one message (here: the reference path raising MemoryError on it), that
+    # message is dead-lettered with a reason naming the error, the others are decoded, the batch goes on.
+    real = codec._parse
+
+    def failing(raw_value, limit):
+        if raw_value == b"{poison":
+            raise MemoryError("out of memory on this message")
+        return real(raw_value, limit)
+
+    monkeypatch.setattr(codec, "_parse", failing)
+    config = EMB if decode is decode_embeddings else ADULT
+    batch = decode([value, b"{poison", value], config)
+    assert batch.index.tolist() == [0, 2]
+    assert batch.errors == [(1, "the record could not be decoded (MemoryError: out of memory on this message)")]
+    assert [r.levelname for r in caplog.records if "made the decoder raise" in r.getMessage()] == ["ERROR"]
+
+
+NON_FINITE = [math.nan, math.inf, -math.inf]
+
+
+@PROPERTY
+@given(arrays(np.float64, st.tuples(st.integers(0, 8), st.just(2)),
+              elements=REPAIRED_FLOATS | st.sampled_from(NON_FINITE)),
+       st.lists(st.sampled_from([0.5, *NON_FINITE]), min_size=8, max_size=8))
+def test_rows_with_a_non_finite_output_are_found_and_the_others_encode_as_strict_json(repaired, scores):
+    score = np.array(scores[:len(repaired)])
+    bad = non_finite_rows({"features": (repaired, ADULT.features), "score": (score, None)})
+    finite = np.isfinite(repaired).all(axis=1) & np.isfinite(score)
+    assert [row for row, _ in bad] == np.flatnonzero(~finite).tolist()
+    for row, reason in bad:
+        assert "which JSON cannot carry" in reason
+        assert ("features['" in reason) == (not np.isfinite(repaired[row]).all())
+    ok = np.flatnonzero(finite)
+    records = [record(id=int(i)) for i in ok]
+    scored = {"score": score[ok], "decision": np.zeros(len(ok), dtype=np.int64)}
+    for value in encode_repaired(RecordFields.of(records), repaired[ok], repaired[ok], ADULT, PROV, scored=scored):
+        strict_loads(value)
+
+
+def test_a_non_finite_reason_names_the_field_and_the_value():
+    repaired = np.array([[1.0, 2.0], [3.0, math.inf]])
+    assert non_finite_rows({"features": (repaired, ADULT.features)}) == [
+        (1, "the output's features['hours-per-week'] would be inf, which JSON cannot carry (no NaN or infinity is "
+            "written): the record is not sent")]
+    vectors = np.array([[0.0, math.nan, 1.0]])
+    assert non_finite_rows({"vector": (vectors, None)})[0][1].startswith("the output's vector[1] would be nan")
+    assert non_finite_rows({"score": (np.array([0.5, -math.inf]), None)})[0][1].startswith(
+        "the output's score would be -inf")
+
+
+@pytest.mark.parametrize("where", ["repaired", "original", "score"])
+def test_the_record_encoder_never_writes_a_nan_or_an_infinity(where):
+    # Floats are written with %r: an inf reaching the encoder was written as `inf`, which is not JSON.
+    X, repaired, score = np.array([[30.0, 40.0]]), np.array([[31.0, 41.0]]), np.array([0.5])
+    {"repaired": repaired, "original": X, "score": score}[where][0, ...] = math.inf
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        encode_repaired(RecordFields.of([record()]), X, repaired, ADULT, PROV,
+                        scored={"score": score, "decision": np.array([1])})
+
+
+def test_the_embedding_encoder_never_writes_a_nan_or_an_infinity():
+    # msgspec writes NaN as null: a vector of nulls is JSON, but silently not the vector.
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        encode_embeddings([{"id": "e"}], np.array([[0.5, math.nan, 0.0, 0.0]]), PROV)
+    for group in (math.nan, math.inf, -math.inf, [1], {"a": 1}):
+        with pytest.raises(ValueError, match="not a JSON scalar"):
+            encode_embeddings([{"id": "e", "group": group}], np.zeros((1, DIM)), PROV)
+
+
+def test_a_reader_of_records_repaired_leaves_out_what_it_cannot_read_and_never_raises():
+    X = np.array([[30.0, 40.0]])
+    good = encode_repaired(RecordFields.of([record(id="ok")]), X, X + 1, ADULT, PROV)[0]
+    obj = json.loads(good)
+
+    def changed(**fields) -> bytes:
+        return json.dumps({**obj, **fields}).encode()
+
+    unreadable = [
+        b"{", b"[" * DEPTH + b"]" * DEPTH, b'"a string"', b"\xff",
+        changed(provenance={**PROV, "version": 2**63}),  # a squatted version: OverflowError in the array
+        changed(provenance={**PROV, "version": "7"}), changed(provenance=None),
+        changed(features={"age": float("nan"), "hours-per-week": 1.0}), changed(original={"age": 1.0}),
+        changed(s=7), changed(u=[1]), changed(y=2), changed(decision=True), changed(ts="now"), changed(id=[1]),
+    ]
+    not_measured = [changed(original=None), changed(s=None, s_imputed=True)]
+    batch = codec.decode_repaired([good, *unreadable, *not_measured, good], ADULT)
+    assert batch.unreadable == len(unreadable) and batch.keys.tolist() == ["ok", "ok"]
+    assert batch.after.tolist() == [[31.0, 41.0]] * 2 and batch.versions.tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("ts", ["1" + "0" * 400, "-" + "9" * 400])
+def test_a_refit_request_with_an_integer_beyond_the_float_range_is_refused_not_raised(ts):
+    value = ('{"request_id": "r", "kind": "plan", "reason": "drift", "ts": %s}' % ts).encode()
+    with pytest.raises(codec.RefitRequestError, match="'ts' must be a finite number"):
+        codec.parse_request(value)
+
 
 
 # --------------------------------------------------------------------------- docstring

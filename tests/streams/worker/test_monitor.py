@@ -1,10 +1,14 @@
 """The fairness monitor on what the record agent really produces, without a broker."""
 
+import copy
 import itertools
+import logging
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fairstream.models.flow import FlowPreprocessor
 from fairstream.models.scorer import LogisticScorer
@@ -16,7 +20,7 @@ from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.loop import balanced_scorer
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.worker.monitor import MDP_ROWS, FairnessMonitor, mdp_rows
+from fairstream.streams.worker.monitor import MDP_ROWS, MDP_SEED, FairnessMonitor, finite_edges, mdp_rows, stage_edges
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 CONFIG = adult_config().with_monitor(window_records=8000, buckets=8, min_records=500, threshold=0.1,
@@ -66,11 +70,11 @@ def test_statistics_show_the_repair(adult):
     assert stat(monitor, "w1", "after", feature="hours-per-week") < stat(monitor, "w1", "before", feature="hours-per-week") / 3
     # MDP with the scorer's frozen map, on the features the scorer reads: the same as measured offline on the
     # monitor's sample of each batch (the map breaks exact ties between distinct points round-robin per call).
-    gaps, weights = [], []
+    gaps, weights, rng = [], [], np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
     for batch in in_batches(repaired_values(archive.subset(slice(0, 8000)), plan, "a")):
         window = codec_arrays(batch)
-        rows = mdp_rows(len(window))
-        assert len(rows) <= MDP_ROWS and rows[-1] >= len(window) - len(window) // MDP_ROWS - 1
+        rows = mdp_rows(len(window), rng)
+        assert len(rows) == MDP_ROWS and np.unique(rows).size == MDP_ROWS and rows.max() < len(window)
         f = scorer.module.predict_proba(window.after[rows])
         pairs = scorer.module.matched_counterparts(window.after[rows], window.s[rows])
         gaps.append(np.abs(f[pairs.rows] - scorer.module.predict_proba(pairs.X)))
@@ -137,40 +141,47 @@ def mapped_scorer():
 
 
 def arrivals(order, rng):
-    """30,000 records and their batches. Records of the drifted kind (a shift the frozen map never saw, so
-    their MDP gaps are large) arrive in batches of 300, the others in batches of 2,700:
-    - ``alternating``: batch sizes alternate 300, 2,700; the small batches are a drifted source;
-    - ``sorted by group``: group 0 (drifted here) first in batches of 300, then group 1 in batches of 2,700,
-      so every batch, and every sample of one, is of a single group."""
-    s = np.repeat([0, 1], 15000) if order == "alternating" else np.repeat([0, 1], [3000, 27000])
-    rng.shuffle(s) if order == "alternating" else None
-    X = rng.normal(size=(30000, 2)) + np.where(s[:, None] == 1, [0.5, 0.0], 0.0)
+    """Records and their batches. Records of the drifted kind (a shift the frozen map never saw, so their MDP gaps
+    are large) arrive
+    - ``alternating``: 30,000 records in batches alternating 300, 2,700; the small batches are a drifted source;
+    - ``sorted by group``: group 0 (drifted) first in batches of 300, then group 1 in batches of 2,700, so every
+      batch, and every sample of one, is of a single group;
+    - ``interleaved groups``: 18,120 records whose groups alternate 0, 1, 0, 1, ... (a producer that interleaves
+      two sources), group 0 drifted, in batches of 1,000, 512 and 300: every k-th row of a batch, for an even k,
+      is of group 0."""
+    if order == "interleaved groups":
+        sizes = [1000, 512, 300] * 10
+        s = np.arange(sum(sizes)) % 2
+    elif order == "alternating":
+        s, sizes = rng.permutation(np.repeat([0, 1], 15000)), [300, 2700] * 10
+    else:
+        s, sizes = np.repeat([0, 1], [3000, 27000]), [300] * 10 + [2700] * 10
+    X = rng.normal(size=(len(s), 2)) + np.where(s[:, None] == 1, [0.5, 0.0], 0.0)
     if order == "alternating":
-        small = np.zeros(30000, dtype=bool)
+        small = np.zeros(len(s), dtype=bool)
         small[np.arange(10)[:, None] * 3000 + np.arange(300)] = True  # the first 300 of every 3,000
         X[small] += 1.5
-        sizes = [300, 2700] * 10
     else:
         X[s == 0] += 1.5
-        sizes = [300] * 10 + [2700] * 10
     return X, s, np.cumsum([0] + sizes)
 
 
-@pytest.mark.parametrize("order", ["alternating", "sorted by group"])
-def test_windowed_mdp_estimates_the_mdp_of_all_the_windows_records(mapped_scorer, order):
+def windowed_mdp(scorer_active, order):
+    """(the monitor's MDP of the window, the true MDP of all its records, a 4-standard-error tolerance, and the
+    MDP of the monitor's samples with every sampled row counted once whatever its batch's size)."""
     from fairstream.repair.measure.mdp import matched_dp
     from fairstream.streams.codec import RepairedBatch
 
     config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
         window_records=30000, buckets=10, min_records=500, statistic="mdp")
     X, s, bounds = arrivals(order, np.random.default_rng(1))
-    monitor, scorer = FairnessMonitor(config), mapped_scorer.module
+    monitor, scorer = FairnessMonitor(config), scorer_active.module
     for a, b in zip(bounds[:-1], bounds[1:]):
         n = b - a
         monitor.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None,
-                                            np.arange(a, b).astype(str), np.full(n, 1000.0)), mapped_scorer)
-    assert monitor.windows["count"].n_records == 30000  # the window holds every record
-    # The truth: MDP of all 30,000 records with the same map (matched_dp on the whole window), and each
+                                            np.arange(a, b).astype(str), np.full(n, 1000.0)), scorer_active)
+    assert monitor.windows["count"].n_records == len(X)  # the window holds every record
+    # The truth: MDP of all the records with the same map (matched_dp on the whole window), and each
     # record's own gap (its counterparts' weighted mean gap).
     f = scorer.predict_proba(X)
     pairs = scorer.matched_counterparts(X, s)
@@ -178,17 +189,41 @@ def test_windowed_mdp_estimates_the_mdp_of_all_the_windows_records(mapped_scorer
     truth = matched_dp(f[pairs.rows], scorer.predict_proba(pairs.X), s[pairs.rows], pairs.s, weights=pairs.weights)
     gap = np.bincount(pairs.rows, pairs.weights * gaps, minlength=len(X))
     assert truth.overall == pytest.approx(gap.mean())
-    # Sampling noise: batch b contributes n_b * (mean of its m_b sampled gaps), a sample without replacement,
-    # so the estimate's variance is sum_b n_b^2 (1 - m_b / n_b) var_b / m_b / N^2 (the order within a batch
-    # is random). 4 standard errors: a seed this far off happens about once in 16,000.
-    samples = [(a + mdp_rows(b - a), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
+    # Sampling noise: batch b contributes n_b * (mean of its m_b sampled gaps), a uniform sample without
+    # replacement, so the estimate's variance is sum_b n_b^2 (1 - m_b / n_b) var_b / m_b / N^2.
+    # 4 standard errors: a seed this far off happens about once in 16,000.
+    rng = np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
+    samples = [(a + mdp_rows(b - a, rng), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
     variance = sum(n**2 * (1 - len(rows) / n) * gap[a:a + n].var(ddof=1) / len(rows)
                    for (rows, n), a in zip(samples, bounds[:-1]))
-    tolerance = 4 * np.sqrt(variance) / len(X)
-    assert abs(stat(monitor, "mdp", "after") - truth.overall) <= tolerance
-    # Every sampled row counted once whatever its batch's size (the former rule) is about 25% off here.
     naive = np.concatenate([gap[rows] for rows, _ in samples]).mean()
-    assert abs(naive - truth.overall) > max(2 * tolerance, 0.08 * truth.overall)
+    return stat(monitor, "mdp", "after"), truth.overall, 4 * np.sqrt(variance) / len(X), naive
+
+
+@pytest.mark.parametrize("order", ["alternating", "sorted by group"])
+def test_windowed_mdp_estimates_the_mdp_of_all_the_windows_records(mapped_scorer, order):
+    estimate, truth, tolerance, naive = windowed_mdp(mapped_scorer, order)
+    assert abs(estimate - truth) <= tolerance
+    # Every sampled row counted once whatever its batch's size (the former rule) is about 25% off here.
+    assert abs(naive - truth) > max(2 * tolerance, 0.08 * truth)
+
+
+def test_windowed_mdp_of_interleaved_groups_samples_both_groups(mapped_scorer):
+    # Every 4th row of a batch of 1,000 and every 2nd of 512 or 300 (the former sample) were all of group 0,
+    # whose drifted gaps are about three times group 1's: the window's MDP was far above its records' MDP.
+    estimate, truth, tolerance, _ = windowed_mdp(mapped_scorer, "interleaved groups")
+    assert abs(estimate - truth) <= tolerance
+
+
+def test_mdp_rows_are_a_uniform_sample_of_the_batch():
+    rng = np.random.default_rng(0)
+    assert mdp_rows(100, rng).tolist() == list(range(100))  # a batch within MDP_ROWS: every row
+    drawn = np.concatenate([mdp_rows(1000, rng) for _ in range(400)])
+    assert all(np.unique(mdp_rows(n, rng)).size == MDP_ROWS for n in (257, 512, 2700))
+    counts = np.bincount(drawn, minlength=1000)  # each row in a sample with probability 256 / 1000
+    expected = 400 * MDP_ROWS / 1000
+    by_phase = counts.reshape(250, 4).mean(axis=0)  # rows 0, 1, 2, 3 mod 4: every 4th row was the former sample
+    assert abs(by_phase - expected).max() < 0.05 * expected
 
 
 # --------------------------------------------------------------------------- chains with a scorer
@@ -291,3 +326,60 @@ def test_otf0_is_an_optional_statistic_of_the_window(adult):
     plain = FairnessMonitor(adult_config(records=AgentConfig(artifact="scorer")).with_monitor(statistic="dp_difference"))
     plain.observe(chain_values(archive.subset(slice(0, 600)), (fair,), "p", config)[:600], fair)
     assert ("otf", "after") not in plain.statistics.factories
+
+
+# --------------------------------------------------------------------------- a monitor never stops the worker
+
+
+def test_a_batch_the_monitor_cannot_measure_ends_that_versions_statistics_not_the_worker(adult, caplog):
+    _, archive, plan, _ = adult
+    monitor = FairnessMonitor(CONFIG)
+    good = codec_arrays(repaired_values(archive.subset(slice(0, 1000)), plan, "h"))
+    monitor.observe_batch(good, plan)
+    unknown = good.take(np.arange(100))
+    unknown.s = np.full(100, 7)  # a group the pipeline does not have: the accumulators raise on it
+    with caplog.at_level(logging.ERROR, logger="fairstream.streams.worker.monitor"):
+        assert monitor.observe_batch(unknown, plan) == []
+        assert monitor.observe_batch(good, plan) == []  # the same version: counted, not measured, not logged again
+    assert [r.levelname for r in caplog.records if "cannot measure" in r.getMessage()] == ["ERROR"]
+    assert monitor.unmeasured == 1100 and monitor.rows() == [] and monitor.statistic() is None
+    v2 = Active("plan", 2, "r" * 64, None, plan.module)  # the next version is monitored afresh
+    monitor.observe_batch(good, v2)
+    assert monitor.version == 2 and monitor.windows["count"].n_records == 1000 and monitor.rows()
+
+
+def test_a_plan_grid_ending_beyond_the_float_range_still_gives_finite_bins(adult):
+    # A grid of 1e308 steps (hash-consistent, before load checked grid ends) made every batch raise in the
+    # monitor ("bin edges must be finite"): the worker exited, restarted, met the same artifact, and so on.
+    _, archive, plan, _ = adult
+    huge = copy.deepcopy(plan.module)
+    huge.grid_start_ = np.full_like(huge.grid_start_, 1e308)
+    huge.grid_step_ = np.full_like(huge.grid_step_, 1e308)
+    with np.errstate(over="ignore"):
+        huge.grid_stop_ = huge.grid_start_ + huge.grid_step_ * (huge.grid_size_ - 1)
+    monitor = FairnessMonitor(CONFIG)
+    batch = codec_arrays(repaired_values(archive.subset(slice(0, 1000)), plan, "i"))
+    monitor.observe_batch(batch, Active("plan", 3, "h" * 64, None, huge))
+    assert monitor.refused is None and monitor.version == 3
+    assert np.isfinite(stat(monitor, "dependence_e", "before")) and stat(monitor, "out_of_range_rate", "before") == 1
+
+
+def test_a_first_batch_spanning_the_float_range_gets_finite_bins():
+    X = np.array([[-1.7976931348623157e308, 0.0], [1.7976931348623157e308, 5e-324], [0.0, 1e-300]])
+    for edges in stage_edges(None, X, 200):
+        assert len(edges) == 201 and np.isfinite(edges).all() and (np.diff(edges) > 0).all()
+
+
+ENDS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([1e308, -1e308, 5e-324, 0.0, 1.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(ENDS, ENDS, st.sampled_from([1, 20, 200]))
+def test_finite_edges_are_finite_strictly_increasing_and_linspace_where_linspace_can(lo, hi, bins):
+    edges = finite_edges(lo, hi, bins)
+    bound = np.finfo(np.float64).max / 2  # bin centres and widths computed from the edges cannot overflow
+    assert edges.shape == (bins + 1,) and (np.abs(edges) <= bound).all() and (np.diff(edges) > 0).all()
+    with np.errstate(all="ignore"):
+        reference = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
+        if (np.abs(reference) <= bound).all() and (np.diff(reference) > 0).all():
+            assert edges.tolist() == reference.tolist()  # every real range: the bins are what they always were
