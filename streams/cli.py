@@ -217,7 +217,8 @@ def _control(config, bootstrap: str):
     from fairstream.streams.control.client import ControlClient
     from fairstream.streams.control.store import ArtifactStore
 
-    return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    # With the pipeline's schema, list and rollback check artifacts as this pipeline's workers do.
+    return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir), schema=config.schema())
 
 
 def _cmd_artifacts(args: argparse.Namespace) -> int:
@@ -243,14 +244,22 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 def _print_listing(control) -> None:
-    """Every record with its verdict, the workers serving each version beside it, then every announced worker."""
-    rows, workers, now = control.listing_sync(), control.workers_sync(), time.time()
+    """Every record with its verdict, the workers serving each version beside it, then every announced worker.
+
+    "*" marks what the workers activate: a version they refuse at load is marked "refused" with the
+    reason, and the version before it keeps the "*", as it keeps serving.
+    """
+    (rows, workers), now = control.status_sync(), time.time()
     print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}{'active':<8}served by")
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["published_at"])) if row["published_at"] else "-"
         mark = "refused" if row["refused"] else "*" if row["active"] else "-"
-        beside = f"ignored by every worker: {row['refused']}" if row["refused"] else ", ".join(
-            f"{w['worker']} ({_ago(w['age'])}{', stale' if w['stale'] else ''})" for w in row["served_by"])
+        served = ", ".join(f"{w['worker']} ({_ago(w['age'])}{', stale' if w['stale'] else ''})"
+                           for w in row["served_by"])
+        beside = served
+        if row["refused"]:  # announcements stay beside a refused load: they are the ground truth
+            why = "ignored by every worker" if row["refused_at"] == "log" else "refused at load"
+            beside = f"{why}: {row['refused']}" + (f"; yet announced as served by {served}" if served else "")
         print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
               f"{when:<22}{mark:<8}{beside}".rstrip())
     if not rows:

@@ -6,13 +6,17 @@ history survives compaction and rollback can always go back. Versions follow the
 too: :meth:`ControlClient.publish` proposes the highest version claimed so far plus one, writes,
 reads the log back to its own record and, if an earlier record took that version (another
 publisher at the same moment), withdraws its record and publishes again under the next version.
+
+The listing is what the workers do, not what the log says alone: a version whose artifact cannot
+be loaded (missing store file, damaged blob, or, with the pipeline's schema, one that does not fit)
+is marked refused, and the version active before it stays active, as the workers' registry decides
+(:func:`~fairstream.streams.control.registry.build_active` is the registry's own check).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import logging
 import time
@@ -23,24 +27,24 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from fairstream.models.kinds import load_module
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import Artifact, ArtifactError
+from fairstream.repair.artifacts import Artifact
 from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
 from .records import (
+    ANNOUNCED,
+    EVENT,
+    RECORD,
     ControlError,
     VersionLedger,
     WorkerStatus,
     control_key,
     encode_control,
-    notice,
-    parse_announcement,
-    parse_control,
-    parse_event,
+    read_message,
 )
-from .registry import control_consumer, message_limit, open_at_beginning
+from .registry import build_active, control_consumer, load_refusal, message_limit, module_loaders, open_at_beginning
 from .store import ArtifactStore
 
 log = logging.getLogger(__name__)
@@ -56,7 +60,10 @@ PUBLISH_ATTEMPTS = 8
 
 @dataclass(frozen=True)
 class Entry:
-    """One artifact record of the control topic, and why the version rule ignores it (None: it takes effect)."""
+    """One artifact record of the control topic, and why every reader ignores it (None: it takes effect).
+
+    A record is ignored when the version rule refuses it, or when it came under a key that is not its own.
+    """
 
     offset: int
     record: ControlRecord
@@ -68,30 +75,45 @@ class ControlLog:
     """The control topic read in log order through one :class:`VersionLedger`, as a worker's registry reads it.
 
     ``entries`` are the artifact records (refused ones included, with the reason), ``workers`` the
-    latest announcement of each worker, ``events`` the events de-duplicated by key.
+    latest announcement of each worker, ``events`` the events de-duplicated by key, ``skipped`` the
+    (offset, reason) of each message no reader takes; ``next_offset`` is the offset after the last
+    message read.
     """
 
     ledger: VersionLedger = field(default_factory=VersionLedger)
     entries: list[Entry] = field(default_factory=list)
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
     events: dict[bytes, dict] = field(default_factory=dict)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    next_offset: int = 0
 
     def add(self, message) -> None:
-        """Read one message (in log order)."""
-        kind = notice(message.value)
-        if kind == "announcement":
-            status = parse_announcement(message.value)
-            if status is not None:
-                self.workers[status.worker] = status
-        elif kind == "event":
-            self.events.setdefault(message.key, parse_event(message.value))
-        elif kind is None:
-            try:
-                record = parse_control(message.value)
-            except ControlError as exc:
-                log.warning("skipping unreadable control record at offset %d: %s", message.offset, exc)
-                return
-            self.entries.append(Entry(message.offset, record, self.ledger.admit(record)))
+        """Read one message (in log order), by its key and value as a worker reads it; never raises.
+
+        A message that is no record, announcement or event under its key is skipped (see
+        :meth:`warn_skipped`); a record under a key that is not its own is kept as an entry every
+        worker ignores.
+        """
+        self.next_offset = message.offset + 1
+        read = read_message(message.key, message.value)
+        if read.what == ANNOUNCED:
+            self.workers[read.status.worker] = read.status
+        elif read.what == EVENT:
+            self.events.setdefault(message.key, read.event)
+        elif read.what == RECORD:
+            self.entries.append(Entry(message.offset, read.record, self.ledger.admit(read.record, message.offset)))
+        elif read.record is not None:  # refused: a record under another key (never a claim)
+            self.entries.append(Entry(message.offset, read.record, read.refusal))
+        elif read.refusal is not None:
+            self.skipped.append((message.offset, read.refusal))
+
+    def warn_skipped(self) -> None:
+        """One warning for every message skipped (a topic full of garbage is one line, not one per message)."""
+        if self.skipped:
+            offsets = ", ".join(str(offset) for offset, _ in self.skipped[:5]) + (", ..." if len(self.skipped) > 5
+                                                                                  else "")
+            log.warning("skipped %d control message(s) that no reader takes (at offsets %s); the first: %s",
+                        len(self.skipped), offsets, self.skipped[0][1])
 
     def history(self) -> list[ControlRecord]:
         """The records that take effect, in log order."""
@@ -114,7 +136,9 @@ class ControlClient:
     """Publish, roll back and list artifact versions on the control topic.
 
     Each ``async`` method has a ``*_sync`` twin for the CLI. The control topic is created (with the
-    rest of the pipeline's topics) when it does not exist yet.
+    rest of the pipeline's topics) when it does not exist yet. ``schema`` is the pipeline's: with
+    it, the listing and rollback check artifacts as the pipeline's workers do (they load and fit);
+    without, only that they load.
     """
 
     def __init__(
@@ -124,12 +148,14 @@ class ControlClient:
         store: ArtifactStore,
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         timeout: float = 30.0,
+        schema: PipelineSchema | None = None,
     ):
         if inline_limit < 0:
             raise ValueError(f"inline_limit must be >= 0 bytes, got {inline_limit}")
         self.bootstrap = bootstrap
         self.topics = topics
         self.store = store
+        self.loaders = module_loaders(schema or PipelineSchema())  # the workers' loaders, checks included
         self.inline_limit = inline_limit
         self.timeout = timeout
         self._topic_checked = False
@@ -146,6 +172,7 @@ class ControlClient:
         control = ControlLog()
         async with self._reader() as reader:
             await reader.read_to_end(control)
+        control.warn_skipped()
         return control
 
     async def history(self) -> list[ControlRecord]:
@@ -202,10 +229,12 @@ class ControlClient:
             raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
         stack = stacks[kind]
         target = self._rollback_target(control, stack, kind, version)
-        self._check_loadable(target)
+        cannot = self._load_refusal(target)  # refuse to send a rollback every worker would refuse
+        if cannot is not None:
+            raise ControlError(f"cannot roll back to {kind} version {target.version}: {cannot}")
         record = ControlRecord(kind=kind, version=target.version, sha256=target.sha256, action="rollback",
                                blob_b64=target.blob_b64, path=target.path, published_at=time.time())
-        refusal = control.ledger.admit(record)  # the workers' rule, applied before writing
+        refusal = control.ledger.admit(record, control.next_offset)  # the workers' rule, applied before writing
         if refusal is not None:
             raise ControlError(f"refusing to roll back: {refusal}")
         await self._send(record)
@@ -215,22 +244,35 @@ class ControlClient:
     async def listing(self) -> list[dict]:
         """One row per artifact record (log order) with its verdict, for ``fairstream artifacts list``.
 
-        ``active``: the version the rule makes current; ``refused``: why every worker ignores the
-        record (None if it takes effect); ``served_by``: the workers that announced they serve
-        this version, on the last record that activated it.
+        ``refused``: why every worker ignores the record (``refused_at`` "log": the version rule or
+        its key) or refuses its artifact (``refused_at`` "load": the registry's own build fails here:
+        a missing store file, a damaged blob, with a schema a module that does not fit); None if it
+        takes effect. ``active``: the version the workers serve, as their registry decides: the last
+        record that takes effect and loads. ``served_by``: the workers that announced they serve this
+        version, on the last record of it the version rule admits (the ground truth, even where this
+        client's store or schema differs from the workers').
         """
+        return self._listing(await self.read())
+
+    async def status(self) -> tuple[list[dict], list[WorkerStatus]]:
+        """:meth:`listing` and :meth:`workers` from one read of the topic."""
         control = await self.read()
-        history = control.history()
-        active = {id(stack[-1]) for stack in _activation_stacks(history).values()}
-        last_of_version = {(r.kind, r.version): id(r) for r in history}
+        return self._listing(control), list(control.workers.values())
+
+    def _listing(self, control: ControlLog) -> list[dict]:
+        unloadable = self._unloadable(control)
+        taking = [e for e in control.entries if e.refusal is None]
+        active = {e.record.kind: e.offset for e in taking if e.offset not in unloadable}
+        last_of_version = {(e.record.kind, e.record.version): e.offset for e in taking}
         now = time.time()
         rows = []
         for entry in control.entries:
             record = entry.record
-            shows_workers = entry.refusal is None and last_of_version[(record.kind, record.version)] == id(record)
+            shows_workers = entry.refusal is None and last_of_version[(record.kind, record.version)] == entry.offset
             workers = [w for w in control.workers.values() if shows_workers
                        and w.serves(record.kind, record.version, record.sha256)]
-            rows.append(_row(entry, id(record) in active, workers, now))
+            rows.append(_row(entry, active.get(record.kind) == entry.offset, unloadable.get(entry.offset),
+                             workers, now))
         return rows
 
     # ------------------------------------------------------------------ sync twins for the CLI
@@ -258,6 +300,10 @@ class ControlClient:
     def listing_sync(self) -> list[dict]:
         """Blocking :meth:`listing`."""
         return asyncio.run(self.listing())
+
+    def status_sync(self) -> tuple[list[dict], list[WorkerStatus]]:
+        """Blocking :meth:`status`."""
+        return asyncio.run(self.status())
 
     # ------------------------------------------------------------------ plumbing
 
@@ -345,19 +391,26 @@ class ControlClient:
             raise ControlError(f"{kind} version {version} is already active; nothing to roll back")
         return target
 
-    def _check_loadable(self, record: ControlRecord) -> None:
-        """Refuse to send a rollback every worker would refuse (blob or store file damaged)."""
+    def _load_refusal(self, record: ControlRecord) -> str | None:
+        """Why every worker would refuse ``record``'s artifact at load (the registry's own build), or None."""
         try:
-            if record.blob_b64 is not None:
-                artifact = artifacts.decode(base64.b64decode(record.blob_b64, validate=True), kind=record.kind)
-            else:
-                artifact = self.store.get(record.sha256)
-        except (ArtifactError, binascii.Error) as exc:
-            raise ControlError(f"cannot roll back to {record.kind} version {record.version}: {exc}") from None
-        if artifact.sha256 != record.sha256:
-            raise ControlError(
-                f"cannot roll back to {record.kind} version {record.version}: its blob does not match its sha256"
-            )
+            build_active(record, self.loaders, self.store)
+        except Exception as exc:  # whatever the registry would count as a refusal
+            return load_refusal(exc)[0]
+        return None
+
+    def _unloadable(self, control: ControlLog) -> dict[int, str]:
+        """offset -> why the workers refuse the artifact, for each record the version rule admits."""
+        reasons, seen = {}, {}
+        for entry in control.entries:
+            if entry.refusal is None:
+                record = entry.record
+                same = (record.kind, record.sha256, record.blob_b64)  # a rollback loads as its publish did
+                if same not in seen:
+                    seen[same] = self._load_refusal(record)
+                if seen[same] is not None:
+                    reasons[entry.offset] = seen[same]
+        return reasons
 
 
 @dataclass
@@ -420,8 +473,9 @@ def _activation_stacks(history: list[ControlRecord]) -> dict[str, list[ControlRe
     return stacks
 
 
-def _row(entry: Entry, active: bool, workers: list[WorkerStatus], now: float) -> dict:
+def _row(entry: Entry, active: bool, unloadable: str | None, workers: list[WorkerStatus], now: float) -> dict:
     record = entry.record
+    refused_at = "log" if entry.refusal is not None else "load" if unloadable is not None else None
     return {
         "kind": record.kind,
         "version": record.version,
@@ -430,6 +484,7 @@ def _row(entry: Entry, active: bool, workers: list[WorkerStatus], now: float) ->
         "published_at": record.published_at,
         "via": "inline" if record.blob_b64 is not None else "path",
         "active": active,
-        "refused": entry.refusal,
+        "refused": entry.refusal or unloadable,
+        "refused_at": refused_at,
         "served_by": [{"worker": w.worker, "age": max(0.0, now - w.at), "stale": w.is_stale(now)} for w in workers],
     }

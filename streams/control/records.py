@@ -11,33 +11,59 @@ version that survived.
 
 Versions. A version names one artifact. :class:`VersionLedger` is the rule, applied in log order
 (the topic has one partition, so every reader sees one order): a publish claims ``(kind, version)``
-and is admitted only if its version is above every version of its kind claimed before it; a
-rollback must name a claimed version and that version's sha256. Publishers propose "highest
-claimed + 1", write, read the log back and publish again under the next version if an earlier
-record took theirs (a compare-and-set through the log order; see the client). The registry of
-every worker and the client's history and listing share the one ledger, so they agree by
-construction.
+and is admitted only if its version is the next one of its kind, one above the highest claimed
+before it; a rollback must name a claimed version and that version's sha256. Versions are safe
+integers (at most :data:`MAX_VERSION`), so every JSON reader of an output reads them exactly. A
+version may be skipped only as far as the offsets allow (see :meth:`VersionLedger.admit`): each
+message since the kind's highest claim allows one, which is what compaction may have removed, so
+one crafted record moves the numbering by at most one version per message on the topic and can
+never squat a far version. Publishers propose "highest claimed + 1", write, read the log back and
+publish again under the next version if an earlier record took theirs (a compare-and-set through
+the log order; see the client). The registry of every worker and the client's history and listing
+share the one ledger, so they agree by construction.
 
-Besides artifact records the topic carries notices, which no reader takes for a record (see
-:func:`notice`): events (a re-embed after a swap), worker announcements (what one worker serves,
-keyed per worker so compaction keeps the latest) and tombstones (a publisher withdrawing the
-record that lost a version, so compaction removes it).
+Besides artifact records the topic carries notices (see :func:`read_message`): events (a re-embed
+after a swap), worker announcements (what one worker serves, keyed per worker so compaction keeps
+the latest) and tombstones (a publisher withdrawing the record that lost a version, so compaction
+removes it). Readers decide what a message is by its key and its value together: a record counts
+only under the control key its value implies, an announcement only under ``status/worker/<its
+worker>``, an event only under its event key; anything else is refused, never taken for another
+kind of message. No message can stop a reader: whatever one holds (invalid UTF-8, nesting deep
+enough to exhaust the recursion limit, numbers out of range), it is refused, not raised.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
+import reprlib
 from dataclasses import dataclass
 
 from fairstream.streams.schemas import ControlRecord
 
 ACTIONS = ("publish", "rollback")
+MAX_VERSION = 2**53 - 1
+"""The highest version: every JSON reader (JavaScript's numbers included) reads versions up to it exactly."""
+_LATEST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: any later "published_at" is not a time
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_KIND = re.compile(r"[a-z][a-z0-9_]{0,31}")  # a kind is one segment of the control key: no "/"
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 2, 60, 60
+
 
 class ControlError(ValueError):
     """A control record that cannot be parsed, or a control operation that cannot be done."""
+
+
+def shown(value) -> str:
+    """``repr(value)`` cut short: a hostile message must not write megabytes into a log line.
+
+    >>> shown("x" * 1000)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx'"
+    """
+    return _SHOWN.repr(value)
 
 
 # --------------------------------------------------------------------------- control messages
@@ -62,18 +88,25 @@ def control_key(record: ControlRecord, value: bytes) -> bytes:
 REEMBED = "reembed"
 """The event a worker publishes after a live swap of the embedding module: templates embedded under
 the previous version no longer compare with new embeddings and must be re-embedded."""
+_EVENT_PREFIX = b"event/"
 
 
 def reembed_event(previous, current) -> tuple[bytes, bytes]:
     """(key, value) of the re-embed event for a swap from ``previous`` to ``current`` (registry ``Active``s).
 
     Every worker that sees the swap sends the same bytes under the same key, so compaction keeps one
-    and readers de-duplicate by key. Workers skip events when they replay the topic (see :func:`parse_event`).
+    and readers de-duplicate by key. Workers skip events when they replay the topic (see :func:`read_message`).
     """
     event = {"event": REEMBED, "kind": current.kind, "from_version": previous.version,
              "from_sha256": previous.sha256, "to_version": current.version, "to_sha256": current.sha256}
-    key = f"event/{REEMBED}/{current.kind}/{previous.version}-{current.version}/{current.sha256[:16]}"
-    return key.encode(), json.dumps(event, sort_keys=True).encode("utf-8")
+    return event_key(event), json.dumps(event, sort_keys=True).encode("utf-8")
+
+
+def event_key(event: dict) -> bytes:
+    """An event's key: ``event/<event>/<kind>/<from>-<to>/<to_sha256, 16 hex>``, the only key it is read under."""
+    fields = [event.get(name) for name in ("event", "kind", "from_version", "to_version", "to_sha256")]
+    name, kind, start, end, sha = (str(value) for value in fields)
+    return f"event/{name}/{kind}/{start}-{end}/{sha[:16]}".encode()
 
 
 def parse_event(value: bytes | None) -> dict | None:
@@ -92,6 +125,7 @@ def parse_event(value: bytes | None) -> dict | None:
 
 ANNOUNCEMENT = "worker"
 SERVING, STOPPED = "serving", "stopped"
+_ANNOUNCEMENT_PREFIX = f"status/{ANNOUNCEMENT}/".encode()
 
 
 @dataclass(frozen=True)
@@ -123,12 +157,17 @@ class WorkerStatus:
         return self.state == SERVING and (kind, version, sha256) in self.serving
 
 
+def announcement_key(worker: str) -> bytes:
+    """The key of a worker's announcements, ``status/worker/<worker>``: compaction keeps each worker's latest."""
+    return _ANNOUNCEMENT_PREFIX + worker.encode("utf-8", "surrogatepass")
+
+
 def encode_announcement(status: WorkerStatus) -> tuple[bytes, bytes]:
     """(key, value) of an announcement: keyed per worker, so compaction keeps each worker's latest."""
     value = {"announcement": ANNOUNCEMENT, "worker": status.worker, "app_id": status.app_id, "host": status.host,
              "pid": status.pid, "at": status.at, "every": status.every, "kinds": list(status.kinds),
              "serving": [{"kind": k, "version": v, "sha256": h} for k, v, h in status.serving], "state": status.state}
-    return f"status/{ANNOUNCEMENT}/{status.worker}".encode(), json.dumps(value, sort_keys=True).encode("utf-8")
+    return announcement_key(status.worker), json.dumps(value, sort_keys=True).encode("utf-8")
 
 
 def parse_announcement(value: bytes | None) -> WorkerStatus | None:
@@ -137,37 +176,135 @@ def parse_announcement(value: bytes | None) -> WorkerStatus | None:
     if data is None or data.get("announcement") != ANNOUNCEMENT:
         return None
     try:
-        serving = tuple((s["kind"], int(s["version"]), s["sha256"]) for s in data["serving"])
+        serving = tuple((str(s["kind"]), _version(s["version"]), str(s["sha256"])) for s in data["serving"])
         return WorkerStatus(worker=str(data["worker"]), app_id=str(data["app_id"]), host=str(data["host"]),
-                            pid=int(data["pid"]), at=float(data["at"]), every=float(data["every"]),
+                            pid=int(data["pid"]), at=_finite(data["at"]), every=_finite(data["every"]),
                             kinds=tuple(map(str, data["kinds"])), serving=serving, state=str(data["state"]))
-    except (KeyError, TypeError, ValueError):
+    except Exception:  # any shape a hostile writer can give (inf pid, nested lists, ...) means "not one"
         return None
 
 
-def notice(value: bytes | None) -> str | None:
-    """What a control message is when it is not an artifact record: "event", "announcement" or "tombstone".
+def _finite(value) -> float:
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"not a finite number: {value!r}")
+    return number
 
-    Every reader (the registry, the client's history) skips notices before it parses records, so an
-    announcement or an event is never refused, counted or listed as a publish.
 
-    >>> notice(None), notice(b'{"event": "reembed"}'), notice(b'{"announcement": "worker"}')
-    ('tombstone', 'event', 'announcement')
-    >>> notice(b'{"kind": "plan", "version": 1}') is None
-    True
+# --------------------------------------------------------------------------- reading a message
+
+RECORD, ANNOUNCED, EVENT, TOMBSTONE, REFUSED = "record", "announcement", "event", "tombstone", "refused"
+NOTICES = (ANNOUNCED, EVENT, TOMBSTONE)
+"""What a message is when it is not an artifact record; readers skip notices (never refused, counted or listed)."""
+
+
+class _ImpliedKey:
+    def __repr__(self) -> str:
+        return "IMPLIED_KEY"
+
+
+IMPLIED_KEY = _ImpliedKey()
+"""Pass as the key of a value that was not read from the topic (one the caller encoded itself): the
+message is then taken under the key its value implies."""
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """What one message of the control topic is, decided by its key and its value together.
+
+    ``what`` is :data:`RECORD` (``record`` holds it), :data:`ANNOUNCED` (``status``), :data:`EVENT`
+    (``event``), :data:`TOMBSTONE` or :data:`REFUSED` (``refusal`` says why; ``record`` holds the
+    record when the value is one but the key is not its own).
     """
+
+    what: str
+    record: ControlRecord | None = None
+    status: WorkerStatus | None = None
+    event: dict | None = None
+    refusal: str | None = None
+
+
+def read_message(key, value: bytes | None) -> ControlMessage:
+    """What the message ``(key, value)`` is, for every reader of the control topic; never raises.
+
+    A record is taken only under the control key its value implies (:func:`control_key`), an
+    announcement only under its worker's key, an event only under its event key: a publish body
+    keyed ``status/worker/...``, or a record keyed like another record, is refused.
+
+    >>> plan = ControlRecord("plan", 1, "a" * 64, path="p")
+    >>> value = encode_control(plan)
+    >>> read_message(control_key(plan, value), value).record == plan
+    True
+    >>> read_message(b"status/worker/evil", value).refusal
+    "keyed b'status/worker/evil', not plan/1/publish/..., the control key its value implies: a record is taken only
+    under its own key"
+    >>> read_message(b"status/worker/evil", b"{}").refusal
+    'keyed as a worker announcement (status/worker/...), but the value is not the announcement of that worker'
+    >>> read_message(b"x", b"[" * 5000).what
+    'refused'
+    >>> read_message(b"plan", None).what
+    'tombstone'
+    """
+    try:
+        return _read(key, value)
+    except Exception as exc:  # a reader must outlive any message: RecursionError, MemoryError, a bug here
+        return ControlMessage(REFUSED, refusal=f"unreadable control message ({type(exc).__name__}: {shown(str(exc))})")
+
+
+def _read(key, value: bytes | None) -> ControlMessage:
     if value is None:
-        return "tombstone"
-    if parse_event(value) is not None:
-        return "event"
-    data = _json_object(value)
-    return "announcement" if data is not None and data.get("announcement") == ANNOUNCEMENT else None
+        return ControlMessage(TOMBSTONE)
+    if key is IMPLIED_KEY:
+        key = _implied_key(value)
+    key = b"" if key is None else bytes(key)
+    notice = _notice(key, value)
+    if notice is not None and notice.what != REFUSED:
+        return notice
+    try:  # a record, or a record body under a notice's key (refused below, but listed as a record)
+        record = parse_control(value)
+    except ControlError as exc:
+        return notice or ControlMessage(REFUSED, refusal=f"unparsable control message: {exc}")
+    expected = control_key(record, value)
+    if key != expected:
+        return ControlMessage(REFUSED, record=record, refusal=(
+            f"keyed {shown(key)}, not {expected.decode()}, the control key its value implies: a record is taken "
+            "only under its own key"))
+    return ControlMessage(RECORD, record=record)
+
+
+def _notice(key: bytes, value: bytes) -> ControlMessage | None:
+    """The announcement or event under its own key, REFUSED under a notice's key, None under any other key."""
+    if key.startswith(_ANNOUNCEMENT_PREFIX):
+        status = parse_announcement(value)
+        if status is not None and key == announcement_key(status.worker):
+            return ControlMessage(ANNOUNCED, status=status)
+        return ControlMessage(REFUSED, refusal="keyed as a worker announcement (status/worker/...), but the value "
+                                               "is not the announcement of that worker")
+    if key.startswith(_EVENT_PREFIX):
+        event = parse_event(value)
+        if event is not None and key == event_key(event):
+            return ControlMessage(EVENT, event=event)
+        return ControlMessage(REFUSED, refusal=f"keyed as an event ({shown(key)}), but the value is not that event")
+    return None
+
+
+def _implied_key(value: bytes) -> bytes | None:
+    event = parse_event(value)
+    if event is not None:
+        return event_key(event)
+    status = parse_announcement(value)
+    if status is not None:
+        return announcement_key(status.worker)
+    try:
+        return control_key(parse_control(value), value)
+    except ControlError:
+        return None
 
 
 def _json_object(value: bytes | None) -> dict | None:
     try:
         data = json.loads(value) if value else None
-    except (ValueError, UnicodeDecodeError):
+    except Exception:  # not JSON, not UTF-8, nested past the recursion limit, a 5,000-digit number...
         return None
     return data if isinstance(data, dict) else None
 
@@ -176,52 +313,78 @@ def _json_object(value: bytes | None) -> dict | None:
 
 
 class VersionLedger:
-    """The version rule, fed every artifact record of the control topic in log order.
+    """The version rule, fed every artifact record of the control topic in log order, with its offset.
 
     :meth:`admit` returns None for a record that takes effect and the reason otherwise: a publish
-    whose version is not above every version of its kind claimed so far (a collision with an
-    earlier publish, or a stale re-send), a rollback to a version that was never claimed or that
-    names another artifact. Claims depend on the log alone, not on whether an artifact loads, so
-    every reader of one log agrees; refused records change nothing.
+    whose version is not the next one of its kind (a collision with an earlier publish, a stale
+    re-send, or a gap), a rollback to a version that was never claimed or that names another
+    artifact. Claims depend on the log alone, not on whether an artifact loads, so every reader of
+    one log agrees; refused records change nothing.
 
     >>> ledger, sha = VersionLedger(), "a" * 64
-    >>> ledger.admit(ControlRecord("plan", 1, sha, path="p")), ledger.next_version("plan")
+    >>> ledger.admit(ControlRecord("plan", 1, sha, path="p"), offset=0), ledger.next_version("plan")
     (None, 2)
-    >>> ledger.admit(ControlRecord("plan", 9, sha, action="rollback", path="p"))
+    >>> ledger.admit(ControlRecord("plan", 2**53 - 1, sha, path="p"), offset=1)
+    'version gap: plan version 9007199254740991 skips versions after 1, the highest published:
+     a publish takes the next version, 2'
+    >>> ledger.admit(ControlRecord("plan", 9, sha, action="rollback", path="p"), offset=2)
     'rollback to plan version 9, which was never published (published: 1)'
     """
 
     def __init__(self):
         self._claims: dict[str, dict[int, str]] = {}  # kind -> version -> sha256 of the artifact it names
+        self._highest: dict[str, tuple[int, int]] = {}  # kind -> (highest claimed version, offset of its claim)
 
-    def admit(self, record: ControlRecord) -> str | None:
-        """Apply ``record`` to the ledger; None if it takes effect, else why every reader ignores it."""
+    def admit(self, record: ControlRecord, offset: int) -> str | None:
+        """Apply ``record``, read at ``offset``; None if it takes effect, else why every reader ignores it.
+
+        A publish takes the next version: one above the highest claimed of its kind. It may skip
+        versions only as far as the messages since that claim allow, one each (``offset`` minus the
+        claim's offset, minus one): a compacted log lacks the records compaction removed, and a
+        publish after them keeps its version. Offsets survive compaction, so every reader, whether
+        it read the log before or after compaction, reaches the same verdict, and a crafted record
+        cannot squat a far version (each step costs a message on the topic).
+        """
         claims = self._claims.setdefault(record.kind, {})
         if record.action == "rollback":
             return self._check_rollback(record, claims)
-        if claims and record.version <= max(claims):
-            return self._refuse_publish(record, claims)
-        claims[record.version] = record.sha256
-        return None
+        refusal = self._check_publish(record, claims, offset)
+        if refusal is None:
+            claims[record.version] = record.sha256
+            self._highest[record.kind] = (record.version, offset)
+        return refusal
 
     def next_version(self, kind: str) -> int:
         """The version a new publish of ``kind`` proposes: one above the highest claimed."""
-        return 1 + max(self._claims.get(kind, {}), default=0)
+        return 1 + self._highest.get(kind, (0, -1))[0]
 
     def claimed(self, kind: str, version: int) -> str | None:
         """The sha256 of the artifact ``version`` of ``kind`` names, or None if it was never published."""
         return self._claims.get(kind, {}).get(version)
 
+    def _check_publish(self, record: ControlRecord, claims: dict[int, str], offset: int) -> str | None:
+        highest, claimed_at = self._highest.get(record.kind, (0, -1))
+        if record.version <= highest:
+            return self._refuse_publish(record, claims, highest)
+        reach = highest + max(1, offset - claimed_at)
+        if record.version <= reach:
+            return None
+        skipped = f"version gap: {record.kind} version {record.version} skips versions after {highest}"
+        if reach == highest + 1:
+            return f"{skipped}, the highest published: a publish takes the next version, {highest + 1}"
+        return (f"{skipped}, the highest published: a publish takes the next version, {highest + 1}, or at most "
+                f"{reach}, one more per message written since (compaction may have removed records)")
+
     @staticmethod
-    def _refuse_publish(record: ControlRecord, claims: dict[int, str]) -> str:
+    def _refuse_publish(record: ControlRecord, claims: dict[int, str], highest: int) -> str:
         owner = claims.get(record.version)
         if owner == record.sha256:
             return f"{record.kind} version {record.version} was already published with this artifact (a re-send)"
         if owner is not None:
             return (f"version collision: {record.kind} version {record.version} already names sha256 {owner[:12]}, "
                     f"an earlier publish took it")
-        return (f"stale publish: {record.kind} version {max(claims)} was published before it, and a publish must "
-                f"take a version above every earlier one (only a rollback may go lower)")
+        return (f"stale publish: {record.kind} version {highest} was published before it, and a publish must "
+                f"take the next version (only a rollback may go lower)")
 
     @staticmethod
     def _check_rollback(record: ControlRecord, claims: dict[int, str]) -> str | None:
@@ -237,19 +400,31 @@ class VersionLedger:
 
 
 def parse_control(value: bytes | None) -> ControlRecord:
-    """A validated :class:`ControlRecord` from a message value; :class:`ControlError` says what is wrong."""
+    """A validated :class:`ControlRecord` from a message value; :class:`ControlError` says what is wrong.
+
+    Nothing else is raised, whatever the value holds.
+    """
     if value is None:
         raise ControlError("empty control message (a tombstone): it withdraws a record, it is not one")
     try:
         data = json.loads(value)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ControlError(f"control message is not JSON: {exc}") from None
+    except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError (deep nesting), ...
+        raise ControlError(f"control message is not JSON: {type(exc).__name__}: {shown(str(exc))}") from None
     if not isinstance(data, dict):
         raise ControlError(f"control message must be a JSON object, got {type(data).__name__}")
+    try:
+        return _record(data)
+    except ControlError:
+        raise
+    except Exception as exc:  # a shape no check foresaw: still one record's refusal, not a reader's crash
+        raise ControlError(f"unreadable control record: {type(exc).__name__}: {shown(str(exc))}") from None
+
+
+def _record(data: dict) -> ControlRecord:
     _check_one_transport(data)
     return ControlRecord(
-        kind=_field(data, "kind", str),
-        version=_positive_int(data.get("version")),
+        kind=_kind(data.get("kind")),
+        version=_version(data.get("version")),
         sha256=_sha256_field(data.get("sha256")),
         action=_action(data.get("action", "publish")),
         blob_b64=_optional(data, "blob_b64", str),
@@ -261,7 +436,7 @@ def parse_control(value: bytes | None) -> ControlRecord:
 def _field(data: dict, name: str, kind: type):
     value = data.get(name)
     if not isinstance(value, kind) or not value:
-        raise ControlError(f"control record field {name!r} must be a non-empty {kind.__name__}, got {value!r}")
+        raise ControlError(f"control record field {name!r} must be a non-empty {kind.__name__}, got {shown(value)}")
     return value
 
 
@@ -269,27 +444,38 @@ def _optional(data: dict, name: str, kind: type):
     return None if data.get(name) is None else _field(data, name, kind)
 
 
-def _positive_int(value) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ControlError(f"control record version must be a positive integer, got {value!r}")
+def _kind(value) -> str:
+    if not isinstance(value, str) or not _KIND.fullmatch(value):
+        raise ControlError(f"control record field 'kind' must be an artifact kind (a lowercase name of up to 32 "
+                           f"letters, digits and '_'), got {shown(value)}")
+    return value
+
+
+def _version(value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_VERSION:
+        raise ControlError(f"control record version must be an integer from 1 to {MAX_VERSION} (2**53 - 1, read "
+                           f"exactly by every JSON reader), got {shown(value)}")
     return value
 
 
 def _sha256_field(value) -> str:
     if not isinstance(value, str) or not _SHA256.fullmatch(value):
-        raise ControlError(f"control record sha256 must be 64 lowercase hex digits, got {value!r}")
+        raise ControlError(f"control record sha256 must be 64 lowercase hex digits, got {shown(value)}")
     return value
 
 
 def _action(value) -> str:
     if value not in ACTIONS:
-        raise ControlError(f"control record action must be one of {ACTIONS}, got {value!r}")
+        raise ControlError(f"control record action must be one of {ACTIONS}, got {shown(value)}")
     return value
 
 
 def _published_at(value) -> float | None:
-    if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
-        raise ControlError(f"control record published_at must be a number of seconds, got {value!r}")
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= _LATEST_TIME:
+        raise ControlError(f"control record published_at must be seconds since 1970 (up to the year 9999), got "
+                           f"{shown(value)}")
     return value
 
 

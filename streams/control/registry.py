@@ -7,10 +7,15 @@ against the pipeline, see :mod:`fairstream.repair.protocol`) and swaps it in wit
 assignment; anything wrong is refused, counted and logged while the previous version keeps serving.
 
 Version rule, shared by the client and every registry (:class:`~fairstream.streams.control.records.VersionLedger`):
-a ``publish`` must take a version above every one of its kind before it in the log (a later record
-claiming a taken version is a collision, refused and counted); a ``rollback`` may go lower but
-only to a published version, and must name that version's sha256. Because the topic has one
-partition, every worker sees the same order and reaches the same state.
+a ``publish`` must take the next version of its kind, one above the highest before it in the log (a
+later record claiming a taken version is a collision, one far above a gap; both refused and
+counted); a ``rollback`` may go lower but only to a published version, and must name that
+version's sha256. Because the topic has one partition, every worker sees the same order and
+reaches the same state.
+
+Messages are read by key and value together (:func:`~fairstream.streams.control.records.read_message`),
+and none can stop the follower: garbage, deep nesting, a record under a key that is not its own,
+even a bug in this code on one record, is a refusal (logged, counted), and the follower goes on.
 
 Announcements: the worker's follower (``follow_control(..., worker=...)``) announces on the control
 topic what the worker serves (kind, version, sha256 per kind it applies) once it has caught up,
@@ -19,8 +24,10 @@ beside each version.
 
 Start-up rule: a new worker replays every record that survived compaction, in order; a record it
 refuses (garbage, a tampered artifact, a version collision) or skips (a tombstone) changes
-nothing, so it serves the newest version that survived. With per-record keys (:func:`~fairstream.streams.control.records.control_key`)
-one hostile record can shadow at most one version, never the history of a kind.
+nothing, so it serves the newest version that survived. With per-record keys
+(:func:`~fairstream.streams.control.records.control_key`) one hostile record can shadow at most one
+version, never the history of a kind, and the versions after it still take effect: a publish may
+skip one version per message since the highest claim of its kind, and compaction keeps offsets.
 
 A pipeline config that disagrees with the artifact (a feature renamed in one of them) is refused
 at load, at start as at a swap, and logged as an error naming both sides; :meth:`ArtifactRegistry.explain_missing`
@@ -53,14 +60,18 @@ from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 
 from .records import (
+    IMPLIED_KEY,
+    NOTICES,
+    REFUSED,
     SERVING,
     STOPPED,
     ControlError,
+    ControlMessage,
     VersionLedger,
     WorkerStatus,
     encode_announcement,
-    notice,
-    parse_control,
+    read_message,
+    shown,
 )
 from .store import ArtifactStore
 
@@ -118,6 +129,7 @@ class ArtifactRegistry:
         self.ledger = VersionLedger()
         self._active: Mapping[str, Active] = MappingProxyType({})
         self._refusals: dict[str, str] = {}  # kind -> its last refusal, for explain_missing
+        self._next_offset = 0  # the offset a message given without one is taken to have
 
     def current(self, kind: str) -> Active | None:
         """What ``kind`` is served with now, or None before its first accepted record."""
@@ -135,67 +147,47 @@ class ArtifactRegistry:
         return logging.ERROR, (f"no usable {kind} artifact: the last one was refused ({refusal}); holding input "
                                "(nothing is dead-lettered) until a compatible one is published or the config is fixed")
 
-    def apply(self, value: bytes | None) -> bool:
+    def apply(self, value: bytes | None, key=IMPLIED_KEY, offset: int | None = None) -> bool:
         """Verify and activate one control message; False (logged, counted) if it is refused.
 
-        Notices on the control topic (events, worker announcements, tombstones) are not artifacts:
-        skipped, not refused. A record the version rule refuses (a collision, a rollback to a version
-        never published) is refused before its artifact is even fetched.
+        ``key`` and ``offset`` are the message's on the topic (the follower passes both); a value the
+        caller encoded itself may come without them (taken under the key it implies, at the offset
+        after the previous message). Notices on the control topic (events, worker announcements,
+        tombstones) are not artifacts: skipped, not refused. A record the version rule refuses (a
+        collision, a gap, a rollback to a version never published) is refused before its artifact is
+        even fetched. Nothing a message holds can raise out of here.
         """
-        if notice(value) is not None:
-            return False
+        offset = self._next_offset if offset is None else offset
+        self._next_offset = offset + 1
         try:
-            record = parse_control(value)
-        except ControlError as exc:
-            return self._refuse(UNKNOWN_KIND, "unparsable control message", str(exc))
+            return self._apply(read_message(key, value), offset)
+        except Exception as exc:  # a bug on one message must not stop the follower (and with it every swap)
+            log.exception("unexpected error on the control message at offset %d", offset)
+            return self._refuse(UNKNOWN_KIND, f"the control message at offset {offset}",
+                                f"{type(exc).__name__}: {shown(str(exc))}")
+
+    def _apply(self, message: ControlMessage, offset: int) -> bool:
+        if message.what in NOTICES:
+            return False
+        if message.what == REFUSED:  # unreadable, or under a key that is not its own: it names no kind we trust
+            what = _what(message.record) if message.record else f"the control message at offset {offset}"
+            return self._refuse(UNKNOWN_KIND, what, message.refusal)
+        record = message.record
         label = record.kind if record.kind in self.loaders else UNKNOWN_KIND
-        what = f"{record.action} of {record.kind} version {record.version} (sha256 {record.sha256[:12]})"
-        version_refusal = self.ledger.admit(record)  # before loading: claims depend on the log alone
+        what = _what(record)
+        version_refusal = self.ledger.admit(record, offset)  # before loading: claims depend on the log alone
         if version_refusal is not None:
             return self._refuse(label, what, version_refusal)
         try:
-            active = self._build(record)
-        except IncompatibleArtifact as exc:  # a valid artifact that does not fit this pipeline's config
-            return self._refuse(label, what, f"the pipeline config and the artifact disagree: {exc}", logging.ERROR)
+            active = build_active(record, self.loaders, self.store)
         except Exception as exc:  # loaders are arbitrary code; whatever they raise is a refusal
-            return self._refuse(label, what, f"{type(exc).__name__}: {exc}")
+            return self._refuse(label, what, *load_refusal(exc))
         # One assignment of a fresh mapping: readers see the old state or the new one, never a mix.
         self._active = MappingProxyType({**self._active, record.kind: active})
         self.accepted_total[record.kind] += 1
         log.info("activated %s", what)
         self._notify_change(active)
         return True
-
-    def _build(self, record: ControlRecord) -> Active:
-        loader = self.loaders.get(record.kind)
-        if loader is None:
-            raise ControlError(f"no loader for artifact kind {record.kind!r} (configured: {sorted(self.loaders)})")
-        artifact = self._fetch(record)
-        if artifact.kind != record.kind:
-            raise ControlError(f"the record is for kind {record.kind!r}, the artifact is a {artifact.kind!r}")
-        if artifact.sha256 != record.sha256:
-            raise ControlError(
-                f"the record names sha256 {record.sha256[:12]}, the artifact's payload is {artifact.sha256[:12]}"
-            )
-        if artifact.version != record.version:
-            # The store keeps one file per payload, so a re-published payload may carry an older
-            # number in its manifest; the control record is what numbers versions.
-            artifact = artifacts.with_version(artifact, record.version)
-        module = loader(artifact)
-        return Active(record.kind, record.version, record.sha256, artifact, module)
-
-    def _fetch(self, record: ControlRecord) -> Artifact:
-        if record.blob_b64 is not None:
-            try:
-                blob = base64.b64decode(record.blob_b64, validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise ControlError(f"inline blob is not valid base64: {exc}") from None
-            return artifacts.decode(blob, kind=record.kind)
-        if self.store is None:
-            raise ControlError(f"the artifact travels by path ({record.path}) but this worker has no artifact store")
-        # Looked up by hash in this worker's own store, not at the record's path: stores may be
-        # mounted at different places, and a message must not make a worker open arbitrary files.
-        return self.store.get(record.sha256)
 
     def _refuse(self, label: str, what: str, reason: str, level: int = logging.WARNING) -> bool:
         self.refused_total[label] += 1
@@ -211,6 +203,57 @@ class ArtifactRegistry:
     def _notify_change(self, active: Active) -> None:
         if self.on_change is not None:
             _call_safely(self.on_change, active)
+
+
+def build_active(record: ControlRecord, loaders: Mapping[str, Callable[[Artifact], object]],
+                 store: ArtifactStore | None) -> Active:
+    """The module ``record`` names, fetched, verified and built as every worker builds it; raises why it cannot be.
+
+    Shared by the registry (what a worker activates) and the client's listing (what it marks active).
+    """
+    loader = loaders.get(record.kind)
+    if loader is None:
+        raise ControlError(f"no loader for artifact kind {record.kind!r} (configured: {sorted(loaders)})")
+    artifact = fetch_artifact(record, store)
+    if artifact.kind != record.kind:
+        raise ControlError(f"the record is for kind {record.kind!r}, the artifact is a {artifact.kind!r}")
+    if artifact.sha256 != record.sha256:
+        raise ControlError(
+            f"the record names sha256 {record.sha256[:12]}, the artifact's payload is {artifact.sha256[:12]}"
+        )
+    if artifact.version != record.version:
+        # The store keeps one file per payload, so a re-published payload may carry an older
+        # number in its manifest; the control record is what numbers versions.
+        artifact = artifacts.with_version(artifact, record.version)
+    module = loader(artifact)
+    return Active(record.kind, record.version, record.sha256, artifact, module)
+
+
+def fetch_artifact(record: ControlRecord, store: ArtifactStore | None) -> Artifact:
+    """The artifact of ``record``: its inline blob, else the store's file of its sha256 (size and hash checked)."""
+    if record.blob_b64 is not None:
+        try:
+            blob = base64.b64decode(record.blob_b64, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ControlError(f"inline blob is not valid base64: {exc}") from None
+        return artifacts.decode(blob, kind=record.kind)
+    if store is None:
+        raise ControlError(f"the artifact travels by path ({shown(record.path)}) but this worker has no artifact "
+                           "store")
+    # Looked up by hash in this reader's own store, not at the record's path: stores may be
+    # mounted at different places, and a message must not make a worker open arbitrary files.
+    return store.get(record.sha256)
+
+
+def load_refusal(exc: Exception) -> tuple[str, int]:
+    """(reason, log level) of a record whose module :func:`build_active` could not build."""
+    if isinstance(exc, IncompatibleArtifact):  # a valid artifact that does not fit this pipeline's config
+        return f"the pipeline config and the artifact disagree: {exc}", logging.ERROR
+    return f"{type(exc).__name__}: {exc}", logging.WARNING
+
+
+def _what(record: ControlRecord) -> str:
+    return f"{record.action} of {record.kind} version {record.version} (sha256 {record.sha256[:12]})"
 
 
 def _call_safely(callback: Callable, *args) -> None:
@@ -380,7 +423,7 @@ async def follow_control(
         while True:
             batch = await consumer.getmany(partition, timeout_ms=poll_ms)
             for message in batch.get(partition, []):
-                await asyncio.to_thread(registry.apply, message.value)
+                await asyncio.to_thread(registry.apply, message.value, message.key, message.offset)
             highwater = consumer.highwater(partition)
             if not caught_up and highwater is not None and await consumer.position(partition) >= max(end, highwater):
                 caught_up = True

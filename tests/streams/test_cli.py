@@ -203,6 +203,10 @@ def test_publish_refuses_an_artifact_that_does_not_fit_the_pipeline_unless_force
                                                               "cli-fit.control\n")
     code, out, _ = run_main([*publish, str(compas), "--force"], capsys)
     assert code == 0 and out.startswith("published plan version 2")
+    rows, _ = listing(broker.url, toml, capsys)  # what every worker does: refuse it, keep serving version 1
+    assert rows[1] == ("*", "") and rows[2][0] == "refused" and rows[2][1].startswith(
+        "refused at load: the pipeline config and the artifact disagree: the plan was fitted on features "
+        "['priors_count', 'age']")
 
 
 @pytest.mark.integration
@@ -225,6 +229,12 @@ def test_artifacts_list_shows_which_workers_serve_each_version(broker, tmp_path,
         rows, out = listing(broker.url, toml, capsys)
         assert rows[1] == ("-", "") and rows[2][0] == "*" and rows[2][1].startswith(f"{name} (")
         assert f"  {name}  serves plan v2  (announced " in out
+        compas = artifacts.save(tiny_plan(["priors_count", "age"]).to_artifact(), tmp_path / "compas-plan.json")
+        assert run_main([*publish, str(compas), "--force"], capsys)[0] == 0
+        assert worker.wait_for_log("refused publish of plan version 3", timeout=60), worker.log_tail()
+        rows, _ = listing(broker.url, toml, capsys)  # the listing says what the worker did, and the worker agrees
+        assert rows[3][0] == "refused" and rows[3][1].startswith("refused at load: the pipeline config and")
+        assert rows[2][0] == "*" and rows[2][1].startswith(f"{name} (")
     finally:
         worker.stop()
     rows, out = listing(broker.url, toml, capsys)

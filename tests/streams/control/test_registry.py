@@ -95,7 +95,14 @@ def store(tmp_path):
     return ArtifactStore(tmp_path / "store")
 
 
-async def send_raw(bootstrap: str, topic: str, value: bytes, key: bytes = b"plan") -> None:
+def own_key(value: bytes) -> bytes:
+    """The control key a record's value implies: the only key a reader takes it under."""
+    return control_key(parse_control(value), value)
+
+
+async def send_raw(bootstrap: str, topic: str, value: bytes, key: bytes | None = None) -> None:
+    """Write ``value`` to the topic as anyone could, under its own control key unless ``key`` says otherwise."""
+    key = own_key(value) if key is None else key
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
@@ -206,8 +213,15 @@ def test_control_message_round_trip(plans):
         (b"{not json", "not JSON"),
         (b"[1, 2]", "JSON object"),
         (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'"}', "neither"),
-        (b'{"kind": "plan", "version": 0, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "positive integer"),
-        (b'{"kind": "plan", "version": true, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "positive integer"),
+        (b'{"kind": "plan", "version": 0, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "integer from 1 to"),
+        (b'{"kind": "plan", "version": true, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "integer from 1 to"),
+        (b'{"kind": "plan", "version": 9007199254740992, "sha256": "' + b"a" * 64 + b'", "path": "x"}',
+         r"integer from 1 to 9007199254740991 \(2\*\*53 - 1"),
+        (b'{"kind": "plan/1", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "artifact kind"),
+        (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x", "published_at": NaN}',
+         "published_at"),
+        (b"[" * 5000 + b"]" * 5000, "not JSON: RecursionError"),
+        (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "not JSON: RecursionError"),
         (b'{"kind": "plan", "version": 1, "sha256": "abc", "path": "x"}', "64 lowercase hex"),
         (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x", "action": "delete"}', "action"),
         (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x", "blob_b64": "eA=="}',
@@ -298,9 +312,10 @@ def test_version_comes_from_the_record_when_the_store_file_is_older(store, plans
     artifact = plans[0].to_artifact()
     store.put(artifact)  # the store file says version 1
     registry = ArtifactRegistry(LOADERS, store)
-    record = message(artifact, version=4, blob_b64=None, path=str(store.path_for(artifact.sha256)))
+    assert registry.apply(message(plans[1].to_artifact(), version=1))
+    record = message(artifact, version=2, blob_b64=None, path=str(store.path_for(artifact.sha256)))
     assert registry.apply(record)
-    assert registry.current("plan").version == registry.current("plan").artifact.version == 4
+    assert registry.current("plan").version == registry.current("plan").artifact.version == 2
 
 
 def test_snapshot_is_read_only_and_consistent(plans):
@@ -535,13 +550,14 @@ def test_a_scorer_of_another_width_is_refused_at_load(caplog):
 
 
 def compact(log: list[tuple[bytes, bytes | None]], drop_tombstones: bool = False) -> list:
-    """What Kafka's log compaction leaves of ``log``: the last record per key, in log order.
+    """What Kafka's log compaction leaves of ``log``: ``(offset, key, value)`` of the last record per key.
 
-    Tombstones (value None) are kept for ``delete.retention.ms`` and then removed too.
+    Offsets are kept (compaction leaves holes, it does not renumber). Tombstones (value None) are
+    kept for ``delete.retention.ms`` and then removed too.
     """
     last = {key: offset for offset, (key, _) in enumerate(log)}
-    kept = [(key, value) for offset, (key, value) in enumerate(log) if last[key] == offset]
-    return [(key, value) for key, value in kept if value is not None or not drop_tombstones]
+    kept = [(offset, key, value) for offset, (key, value) in enumerate(log) if last[key] == offset]
+    return [(offset, key, value) for offset, key, value in kept if value is not None or not drop_tombstones]
 
 
 def keyed(artifact, version, action="publish") -> tuple[bytes, bytes]:
@@ -570,8 +586,8 @@ def test_no_single_record_can_shadow_every_version(plans):
         for name, value in hostile.items():
             for drop in (False, True):
                 registry = ArtifactRegistry(LOADERS)
-                for _, surviving in compact(log + [(key, value)], drop_tombstones=drop):
-                    registry.apply(surviving)
+                for offset, surviving_key, surviving in compact(log + [(key, value)], drop_tombstones=drop):
+                    registry.apply(surviving, surviving_key, offset)
                 expected = 1 if key == log[-1][0] else 3  # shadowing v3 falls back to the rollback's v1
                 assert served_version(registry) == expected, (key, name, drop)
 
@@ -614,7 +630,8 @@ def test_history_survives_compaction_and_hostile_records(broker, topics, store, 
     log += [(b"plan", b"garbage"), (b"plan", None), (log[-1][0], b"garbage")]
     compacted_topics = TopicConfig(prefix=f"{topics.prefix}-compacted", partitions=1)
     ensure_topics(broker.bootstrap, compacted_topics)
-    asyncio.run(write_log(broker.bootstrap, compacted_topics.control, compact(log, drop_tombstones)))
+    surviving = [(key, value) for _, key, value in compact(log, drop_tombstones)]  # rewritten without holes
+    asyncio.run(write_log(broker.bootstrap, compacted_topics.control, surviving))
     registry = ArtifactRegistry(module_loaders(SCHEMA), store)  # a fresh worker's registry, as the worker builds it
     asyncio.run(catch_up(registry, broker.bootstrap, compacted_topics.control))
     assert last.version == 4 and served_version(registry) == 2  # version 4 was shadowed; 2 was active before it

@@ -1,9 +1,10 @@
-"""A version names one artifact: concurrent publishers, collisions, rollbacks to versions never published,
-and worker announcements that no reader takes for a record."""
+"""A version names one artifact: concurrent publishers, collisions, squats, rollbacks to versions never published,
+messages read by key and value, and a listing that marks active what the workers activate."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing
 import uuid
 from dataclasses import replace
@@ -11,10 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient, ControlLog, _activation_stacks
 from fairstream.streams.control.records import (
     ControlError,
+    VersionLedger,
     WorkerStatus,
     encode_announcement,
     parse_announcement,
@@ -22,7 +25,7 @@ from fairstream.streams.control.records import (
     parse_event,
     reembed_event,
 )
-from fairstream.streams.control.registry import WorkerIdentity, follow_control
+from fairstream.streams.control.registry import WorkerIdentity, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.topics import TopicConfig, ensure_topics
 
@@ -35,6 +38,7 @@ from .test_registry import (
     fit_plan,
     keyed,
     message,
+    own_key,
     send_raw,
     served_version,
 )
@@ -53,10 +57,10 @@ def artifacts():
 def test_a_second_publish_of_a_taken_version_is_a_collision_and_changes_nothing(artifacts, caplog):
     a, b, _ = artifacts
     registry = ArtifactRegistry(LOADERS)
-    assert registry.apply(message(a, version=5))
-    assert not registry.apply(message(b, version=5))  # another publisher proposed 5 at the same moment
-    assert (served_version(registry), registry.current("plan").sha256) == (5, a.sha256)
-    assert registry.refused_total["plan"] == 1 and f"plan version 5 already names sha256 {a.sha256[:12]}" in caplog.text
+    assert registry.apply(message(a, version=1))
+    assert not registry.apply(message(b, version=1))  # another publisher proposed 1 at the same moment
+    assert (served_version(registry), registry.current("plan").sha256) == (1, a.sha256)
+    assert registry.refused_total["plan"] == 1 and f"plan version 1 already names sha256 {a.sha256[:12]}" in caplog.text
 
 
 def test_a_rollback_names_only_a_published_version_and_its_artifact(artifacts):
@@ -70,8 +74,10 @@ def test_a_rollback_names_only_a_published_version_and_its_artifact(artifacts):
     assert (served_version(registry), registry.current("plan").sha256) == (1, a.sha256)
 
 
-def fake_messages(log: list[tuple[bytes, bytes | None]]) -> list:
-    return [SimpleNamespace(offset=offset, key=key, value=value) for offset, (key, value) in enumerate(log)]
+def fake_messages(log: list[tuple]) -> list:
+    """Messages of ``log``: ``(key, value)`` pairs at offsets 0, 1, ..., or ``(offset, key, value)`` triples."""
+    triples = [entry if len(entry) == 3 else (offset, *entry) for offset, entry in enumerate(log)]
+    return [SimpleNamespace(offset=offset, key=key, value=value) for offset, key, value in triples]
 
 
 def client_view(log) -> tuple[dict, list]:
@@ -95,8 +101,8 @@ def test_registry_and_listing_resolve_a_log_with_collisions_alike_compacted_or_n
     for name, surviving in [("as written", log), ("compacted", compact(log)),
                             ("compacted, tombstones removed", compact(log, drop_tombstones=True))]:
         registry = ArtifactRegistry(LOADERS)
-        for _, value in surviving:
-            registry.apply(value)
+        for message_ in fake_messages(surviving):
+            registry.apply(message_.value, message_.key, message_.offset)
         active, history = client_view(surviving)
         assert served_version(registry) == active["plan"] == 3, name
         assert registry.current("plan").sha256 == c.sha256, name
@@ -117,6 +123,62 @@ def test_announcements_and_events_are_not_records_to_any_reader(artifacts):
     assert status.serves("plan", 1, artifacts[0].sha256) and not status.serves("plan", 2, artifacts[0].sha256)
     assert not replace(status, state="stopped").serves("plan", 1, artifacts[0].sha256)
     assert status.is_stale(now=10.0 + 601) and not status.is_stale(now=10.0 + 599)
+
+
+def crafted(version: int, sha256: str = "ab" * 32) -> tuple[bytes, bytes]:
+    """A publish anyone could write, under its own key, naming an artifact that does not exist."""
+    value = json.dumps({"kind": "plan", "version": version, "sha256": sha256, "path": "/does/not/exist"}).encode()
+    return own_key(value), value
+
+
+def test_a_version_cannot_be_squatted_and_compaction_changes_no_verdict(artifacts):
+    a, b, c = artifacts
+    spam = [(b"spam", b"garbage")] * 3  # compaction keeps the last: two holes in the offsets
+    log = [keyed(a, 1), *spam, crafted(2**53 - 1), keyed(b, 2), keyed(c, 9), keyed(c, 3)]
+    for name, surviving in [("as written", log), ("compacted", compact(log))]:
+        registry = ArtifactRegistry(LOADERS)
+        for message_ in fake_messages(surviving):
+            registry.apply(message_.value, message_.key, message_.offset)
+        active, history = client_view(surviving)
+        assert served_version(registry) == active["plan"] == 3 and history == [1, 2, 3], name
+        assert registry.ledger.next_version("plan") == 4 and registry.refused_total["plan"] == 2, name
+
+
+def test_a_publish_may_skip_one_version_per_message_since_the_highest_and_no_more():
+    ledger, sha = VersionLedger(), "a" * 64
+    assert ledger.admit(parse_control(crafted(1, sha)[1]), offset=0) is None
+    assert ledger.admit(parse_control(crafted(5, sha)[1]), offset=4) is None  # 3 messages since: 2, 3, 4 skipped
+    refusal = ledger.admit(parse_control(crafted(7, sha)[1]), offset=5)
+    assert refusal == ("version gap: plan version 7 skips versions after 5, the highest published: a publish takes "
+                       "the next version, 6")
+    assert ledger.next_version("plan") == 6
+
+
+def test_readers_decide_by_key_and_value_not_by_value_alone(artifacts):
+    a, b, _ = artifacts
+    status = WorkerStatus("app@host:1", "app", "host", 1, 10.0, 300.0, ("plan",), (("plan", 1, a.sha256),))
+    status_key, announcement = encode_announcement(status)
+    previous, current = SimpleNamespace(version=1, sha256=a.sha256), SimpleNamespace(kind="embedding", version=2,
+                                                                                      sha256=b.sha256)
+    event_key, event = reembed_event(previous, current)
+    publish_key, publish = keyed(b, 2)
+    log = [keyed(a, 1),
+           (b"status/worker/evil", publish), (keyed(a, 1)[0], publish), (None, publish),  # a publish, wrong keys
+           (b"x", announcement), (b"status/worker/other@host:2", announcement),  # an announcement, wrong keys
+           (b"x", event), (publish_key, event),  # an event under other keys
+           (status_key, announcement), (event_key, event)]  # both under their own keys: taken
+    registry = ArtifactRegistry(LOADERS)
+    for message_ in fake_messages(log):
+        registry.apply(message_.value, message_.key, message_.offset)
+    assert served_version(registry) == 1 and registry.refused_total == {"_unknown": 7}
+    control = ControlLog()
+    for message_ in fake_messages(log):
+        control.add(message_)
+    assert [r.version for r in control.history()] == [1] and list(control.workers) == [status.worker]
+    assert list(control.events) == [event_key] and control.events[event_key]["to_version"] == 2
+    refused = [e.refusal for e in control.entries if e.refusal]
+    assert len(refused) == 3 and all("the control key its value implies" in reason for reason in refused)
+    assert registry.apply(publish, publish_key, len(log)) and served_version(registry) == 2  # under its own key
 
 
 # --------------------------------------------------------------------------- over the broker
@@ -170,7 +232,8 @@ def test_publishes_from_two_processes_at_once_get_distinct_versions(broker, topi
     rows = ControlClient(broker.bootstrap, topics, store).listing_sync()
     assert [(r["version"], r["sha256"]) for r in rows if r["active"]] == [(2 * ROUNDS, last_sha[:12])]
     taken = {(r["version"], r["sha256"]) for r in rows if not r["refused"]}
-    assert taken == {(version, sha[:12]) for *_, version, sha in published}  # each version names one artifact
+    # Each version names one artifact (on failure: every row of the listing, and what each publisher was told).
+    assert taken == {(version, sha[:12]) for *_, version, sha in published}, (rows, published)
 
 
 async def wait_until(condition, timeout: float = FOLLOW_TIMEOUT) -> None:
@@ -213,6 +276,25 @@ def test_a_running_registry_refuses_a_crafted_rollback_and_the_client_refuses_to
 
     asyncio.run(scenario())
     assert registry.current("plan").sha256 == artifacts[0].sha256
+
+
+@pytest.mark.integration
+def test_the_listing_marks_refused_what_no_worker_can_load_and_keeps_the_previous_version_active(broker, topics, store,
+                                                                                                   artifacts):
+    ensure_topics(broker.bootstrap, topics)
+    inline, by_path = (ControlClient(broker.bootstrap, topics, store, inline_limit=limit) for limit in (512 * 1024, 0))
+    inline.publish_sync(artifacts[0])
+    second = by_path.publish_sync(artifacts[1])
+    store.path_for(second.sha256).unlink()  # the file is gone (or the workers' store is another one)
+    asyncio.run(send_raw(broker.bootstrap, topics.control, crafted(3)[1]))  # the red team's bogus path
+    rows = inline.listing_sync()
+    assert [(r["version"], r["active"], r["refused_at"]) for r in rows] == [(1, True, None), (2, False, "load"),
+                                                                            (3, False, "load")]
+    assert all("is not in the store" in row["refused"] for row in rows[1:])
+    registry = ArtifactRegistry(module_loaders(PipelineSchema()), store)  # what a worker does with the same log
+    asyncio.run(catch_up(registry, broker.bootstrap, topics.control))
+    assert served_version(registry) == 1 and registry.refused_total["plan"] == 2
+    assert inline.publish_sync(artifacts[2]).version == 4  # versions 2 and 3 were taken, though never served
 
 
 @pytest.mark.integration

@@ -21,7 +21,7 @@ from fairstream.repair import artifacts, datasets
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
-from fairstream.streams.control.records import encode_control
+from fairstream.streams.control.records import control_key, encode_control
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages
@@ -146,9 +146,13 @@ def test_tampered_artifact_is_refused_and_the_old_version_keeps_serving(pipeline
     blob[-100] ^= 0xFF  # one flipped payload byte
     record = ControlRecord(kind="plan", version=serving + 1, sha256=artifact.sha256, blob_b64=base64.b64encode(bytes(blob)).decode())
     producer = KafkaProducer(bootstrap_servers=pipeline.bootstrap, api_version=KAFKA_API_VERSION)
-    producer.send(pipeline.config.topics.control, key=b"plan", value=encode_control(record)).get(timeout=30)
+    value = encode_control(record)  # under its own key: refused for its payload, not for a key mismatch
+    producer.send(pipeline.config.topics.control, key=control_key(record, value), value=value).get(timeout=30)
     producer.close()
     assert pipeline.worker.wait_for_log(f"refused publish of plan version {serving + 1}", timeout=60)
+    refusal = next(line for line in pipeline.worker.log_path.read_text().splitlines()
+                   if f"refused publish of plan version {serving + 1}" in line)
+    assert "payload sha256 mismatch" in refusal, refusal
     messages = record_messages(pipeline.archive.subset(slice(10000, 10200)), pipeline.config, id_prefix="after-tamper")
     pipeline.send(messages)
     repaired, _ = pipeline.outputs({k.decode() for k, _ in messages})
