@@ -18,6 +18,8 @@ requests (:mod:`~fairstream.streams.refit.service`).
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -169,8 +171,10 @@ class RefitJob:
         from fairstream.streams.control.registry import ArtifactRegistry, module_loaders
 
         registry = ArtifactRegistry(module_loaders(self.config.schema()), store=self.store)
-        for record in self.control.history_sync():
-            registry.apply(encode_control(record))
+        control = asyncio.run(self.control.read())
+        for entry in control.entries:  # at their offsets: the version rule counts the messages between claims
+            if entry.refusal is None:
+                registry.apply(encode_control(entry.record), offset=entry.offset)
         return registry.snapshot()
 
     def current(self):

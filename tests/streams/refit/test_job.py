@@ -127,6 +127,24 @@ def test_first_refit_publishes_v1_when_no_plan_is_active(broker, config, windows
     assert len(control_history(broker, config)) == 1
 
 
+def test_the_job_serves_what_the_workers_serve_after_a_version_skipped_over_other_messages(broker, config, windows):
+    """A version may skip as many numbers as messages were written since its kind's last claim (what
+    compaction can remove); the job's view of what is served must apply that rule at the real offsets."""
+    import asyncio
+
+    from fairstream.repair.distributional import DistributionalRepair
+    from tests.streams.control.test_registry import message, send_raw
+
+    publish_first_plan(broker, config, windows["first"])
+    for _ in range(2):  # two messages no reader takes (garbage under a key of its own)
+        asyncio.run(send_raw(broker.bootstrap, config.topics.control, b"garbage", key=b"garbage"))
+    second = windows["second"]
+    plan = DistributionalRepair(n_q=40).fit(second.X, second.s, second.u)
+    asyncio.run(send_raw(broker.bootstrap, config.topics.control, message(plan.to_artifact(), version=3)))
+
+    assert RefitJob(config, broker.bootstrap).current().version == 3
+
+
 def test_worse_candidate_is_refused_with_both_numbers(broker, config, windows):
     publish_first_plan(broker, config, windows["first"])
     # A partial repair (30 % of the way to the barycentre) on data from the same distribution:
