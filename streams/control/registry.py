@@ -392,6 +392,51 @@ def _describe(status: WorkerStatus) -> str:
     return "serves " + (", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or "nothing yet")
 
 
+class ControlLogRewritten(RuntimeError):
+    """The control topic's log is no longer the one the follower replayed (re-created or truncated).
+
+    The registry's state (version ledger, active artifacts) belongs to the old log, so it cannot
+    go on; the worker must exit and a restarted one replays the new log from the beginning.
+    """
+
+
+class LogContinuity:
+    """Notices that the control partition's log was re-created or truncated under its follower.
+
+    The signs, from the follower's fetches: the high watermark below the follower's position, or
+    lower than one seen before; or a record below the position (the client reset its position
+    after an out-of-range fetch). A broker with memory-only storage restarted, or an operator who
+    deleted and re-created the topic, shows them; a fetch above the end of the new log is not an
+    error on every broker, so without this check the follower would wait for ever at its old
+    position while the new log's records pile up below it.
+    """
+
+    def __init__(self, topic: str, position: int):
+        self.topic, self.position, self.highwater = topic, position, 0
+
+    def check(self, messages, highwater: int | None) -> None:
+        """Raise :class:`ControlLogRewritten` if the fetched ``messages`` or ``highwater`` belong to a new log."""
+        if messages and messages[0].offset < self.position:
+            self._fail(f"it returned offset {messages[0].offset}", highwater)
+        if highwater is not None and (highwater < self.position or highwater < self.highwater):
+            self._fail(f"its high watermark is {highwater}", highwater)
+
+    def advance(self, position: int, highwater: int | None) -> None:
+        """Record the follower's position and the high watermark after a batch was applied."""
+        if position < self.position:  # the client rewound without being asked to: a reset after out-of-range
+            self._fail(f"the client moved back to offset {position}", highwater)
+        self.position = position
+        self.highwater = max(self.highwater, highwater or 0)
+
+    def _fail(self, sign: str, highwater: int | None) -> None:
+        log.critical("the control topic %s was re-created or truncated: the follower was at offset %d (high "
+                     "watermark %d) and %s (new high watermark %s); its state belongs to the old log, so the "
+                     "worker stops (restarted, it replays the new log from the beginning)",
+                     self.topic, self.position, self.highwater, sign, highwater)
+        raise ControlLogRewritten(f"the control topic {self.topic} was re-created or truncated: the follower was "
+                                  f"at offset {self.position}, {sign} (new high watermark {highwater})")
+
+
 async def follow_control(
     registry: ArtifactRegistry,
     bootstrap: str,
@@ -408,7 +453,8 @@ async def follow_control(
     ListOffsets end offset, which the embedded broker under-reports: a worker restarted after a
     publish would otherwise start serving the previous version.) Records are applied in a thread
     (decoding and building a large module must not stall the event loop); cancellation stops the
-    consumer and re-raises ``CancelledError``. The topic must exist.
+    consumer and re-raises ``CancelledError``. The topic must exist. A log that was re-created or
+    truncated under the follower raises :class:`ControlLogRewritten` (see :class:`LogContinuity`).
 
     With ``worker``, what the worker serves is announced on the topic once caught up, after each
     swap, every ``announce_every`` seconds and when the follower stops (see :class:`Announcer`).
@@ -420,11 +466,14 @@ async def follow_control(
         partition, end = await open_at_beginning(consumer, topic)
         log.info("following %s from the beginning (about %d records to replay)", topic, end)
         caught_up = False
+        log_check = LogContinuity(topic, await consumer.position(partition))
         while True:
             batch = await consumer.getmany(partition, timeout_ms=poll_ms)
+            highwater = consumer.highwater(partition)
+            log_check.check(batch.get(partition, []), highwater)  # before applying: a new log's records are not ours
             for message in batch.get(partition, []):
                 await asyncio.to_thread(registry.apply, message.value, message.key, message.offset)
-            highwater = consumer.highwater(partition)
+            log_check.advance(await consumer.position(partition), highwater)
             if not caught_up and highwater is not None and await consumer.position(partition) >= max(end, highwater):
                 caught_up = True
                 log.info("caught up with %s at offset %d", topic, highwater)
