@@ -23,7 +23,11 @@ is recovered in place: a commit refused because the group moved on (a pause long
 timeout, a broker that restarted and forgot the group) leaves the batch delivered but uncommitted,
 so it is replayed, by this worker on the partitions it still owns (it seeks back to the batch's
 first offset) and by the new owner on the others; a broker that is away is waited for (fetches
-return nothing, the client reconnects and rejoins). Anything else (a bug, a delivery that keeps
+return nothing, the client reconnects and rejoins). A position past the end of its partition's log
+(the topic was re-created, as by the memory-only embedded broker restarted: the group's committed
+offsets are the old log's) is Kafka's offset out of range, which Tansu does not report: the worker
+resets that partition to the beginning itself (auto_offset_reset="earliest"), so the new log is
+replayed rather than skipped up to the old offset. Anything else (a bug, a delivery that keeps
 failing, an error the client does not retry, commits that keep failing) ends the loop with the
 exception; mode then crashes the worker and the process exits with a non-zero status.
 """
@@ -123,13 +127,17 @@ class _SettleOnRevoke(ConsumerRebalanceListener):
 
 
 def _names(partitions) -> str:
-    return ", ".join(sorted(f"{tp.topic}[{tp.partition}]" for tp in partitions)) or "none"
+    return ", ".join(sorted(map(_name, partitions))) or "none"
 
 
 def _short(exc: BaseException) -> str:
     """One line naming the error (Kafka errors' own text starts with their name)."""
     text = " ".join(str(exc).split())
     return (text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}")[:160]
+
+
+def _name(tp: TopicPartition) -> str:
+    return f"{tp.topic}[{tp.partition}]"
 
 
 class BatchConsumer(mode.Service):
@@ -199,6 +207,7 @@ class BatchConsumer(mode.Service):
             return
         active = waited.result
         fetched = await self._fetch()
+        await self._reset_partitions_past_their_end()
         messages = [m for records in fetched.values() for m in records]
         if not messages:
             await self._note_if_caught_up()
@@ -231,7 +240,9 @@ class BatchConsumer(mode.Service):
     async def _commit(self, fetched: dict) -> bool:
         """Commit a delivered batch; False if the group moved on without us (the batch is then replayed)."""
         try:
-            await self._consumer.commit({tp: records[-1].offset + 1 for tp, records in fetched.items()})
+            offsets = self._offsets_the_broker_holds({tp: records[-1].offset + 1 for tp, records in fetched.items()})
+            if offsets:
+                await self._consumer.commit(offsets)
         except GROUP_MOVED_ON as exc:
             self._failed_commits += 1
             if self._failed_commits >= FAILED_COMMITS_IN_A_ROW:
@@ -246,6 +257,56 @@ class BatchConsumer(mode.Service):
         self._failed_commits = 0
         self._progress_at = time.monotonic()
         return True
+
+    def _offsets_the_broker_holds(self, offsets: dict) -> dict:
+        """The batch's offsets without those past their partition's highwater (a log that got shorter).
+
+        Committing them would make the group skip the new log up to there. They are not committed, and
+        not replayed either: the broker no longer holds those records, and their outputs were delivered
+        (to the broker that answered the sends: the new one). The reset on the next fetch
+        (:meth:`_reset_partitions_past_their_end`) then replays what the broker holds now.
+        """
+        kept = {}
+        for tp, offset in offsets.items():
+            try:
+                highwater = self._consumer.highwater(tp)
+            except (IllegalStateError, AssertionError):  # revoked: the commit is refused, the batch replayed
+                highwater = None
+            if highwater is None or offset <= highwater:
+                kept[tp] = offset
+            else:
+                self._last_error = f"offsets lost by the broker: {_name(tp)} batch ends at {offset}, log at {highwater}"
+                log.warning("%s: %s[%d]: the delivered batch ends at offset %d but the partition's log now ends at "
+                            "%d (the topic was re-created or truncated): its offset is not committed", self.spec.agent,
+                            tp.topic, tp.partition, offset, highwater)
+        return kept
+
+    async def _reset_partitions_past_their_end(self) -> None:
+        """Reset to the beginning every owned partition whose position is past its log's end (its highwater).
+
+        That is Kafka's offset out of range: the log is shorter than where the group is (the topic was
+        re-created, e.g. by the memory-only embedded broker after a restart, or truncated). Kafka answers
+        such a fetch with OFFSET_OUT_OF_RANGE and the client applies ``auto_offset_reset``; Tansu answers
+        it with no records and no error, so the group would wait there and skip every record below its
+        position in silence. The reset is the policy the consumer declares ("earliest"): replay what the
+        broker holds (at-least-once; duplicates are identical). Cheap: highwater and a known position are
+        local to the client.
+        """
+        for tp in self._consumer.assignment():
+            try:
+                highwater = self._consumer.highwater(tp)
+                if highwater is None or (position := await self._consumer.position(tp)) <= highwater:
+                    continue
+                # Offset 0 is the beginning of a re-created log; on a log that starts later the fetch is
+                # out of range and the client's "earliest" reset moves it to the log's start.
+                self._consumer.seek(tp, 0)
+            except (IllegalStateError, AssertionError):  # revoked meanwhile: its next owner checks it
+                continue
+            self._next_offset.pop(tp, None)
+            self._last_error = f"offset out of range: {_name(tp)} at {position}, log ends at {highwater}"
+            log.warning("%s: %s[%d] is at offset %d but its log ends at %d (the topic was re-created or truncated): "
+                        "offset out of range, reset to the beginning (auto_offset_reset=earliest); what the broker "
+                        "holds is replayed", self.spec.agent, tp.topic, tp.partition, position, highwater)
 
     def _rewind(self, fetched: dict) -> list[TopicPartition]:
         """Seek the partitions this worker still owns back to the batch's first offset: at-least-once."""

@@ -66,7 +66,8 @@ class ScriptedConsumer:
 
     def seek(self, tp, offset):
         self.seeks.append((tp, offset))
-        self.batches.insert(0, next(b for b in self.served if b[0].offset == offset))
+        self.at = offset
+        self.batches[:0] = [b for b in self.served if b[0].offset == offset][:1]  # a batch served again
 
     def assignment(self):
         return set(self.owned)
@@ -290,3 +291,33 @@ def test_progress_is_a_commit_or_an_empty_fetch_at_the_end_of_every_partition_th
     assert after_commit.seconds_since < 5
     assert behind.seconds_since is None and quiet.seconds_since is None
     assert caught_up.seconds_since < 5
+
+
+def test_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_out_of_range(caplog):
+    async def run():
+        worker, scripted, _ = make([])
+        scripted.at, scripted.end = 500, 75  # the committed offset of a log the broker lost; the new one is short
+        await worker._one_batch()  # the fetch past the end returns nothing, and no error
+        reset = (list(scripted.seeks), worker.progress())
+        await worker._one_batch()  # now at 0 < 75: nothing more to reset
+        return scripted, reset, worker.progress()
+
+    with caplog.at_level(logging.WARNING):
+        scripted, (seeks, progress), later = asyncio.run(run())
+    assert seeks == [(TP, 0)] and scripted.seeks == [(TP, 0)]
+    assert progress.seconds_since is None  # not "caught up": 75 records below the position were never read
+    assert progress.last_error == "offset out of range: in[0] at 500, log ends at 75"
+    assert "in[0] is at offset 500 but its log ends at 75" in caplog.text
+
+
+def test_a_batch_past_the_end_of_a_shorter_log_is_delivered_but_its_offset_not_committed(caplog):
+    async def run():
+        worker, scripted, producer = make([batch(498, 2)])
+        scripted.end = 75  # the broker lost the log while the batch was in flight; the sends reached the new one
+        await worker._one_batch()
+        return worker, scripted, producer
+
+    with caplog.at_level(logging.WARNING):
+        worker, scripted, producer = asyncio.run(run())
+    assert [value for _, _, value in producer.sent] == [b"V498", b"V499"] and scripted.commits == []
+    assert "the delivered batch ends at offset 500 but the partition's log now ends at 75" in caplog.text

@@ -239,7 +239,9 @@ def test_a_broker_killed_and_restarted_on_its_port_loses_nothing_it_holds_and_th
     worker = None
     try:
         config = pipeline(tmp_path, "restart", broker.bootstrap, plan)
-        worker = WorkerProcess(config, broker.bootstrap, tmp_path, name="w").start()
+        # Supervised: the worker exits when it sees the control topic re-created (its state belongs to the
+        # old log) and its restart replays the new one.
+        worker = SupervisedWorker(config, broker.bootstrap, tmp_path, name="w").start()
         wait_ready(worker)
         before = record_messages(archive.subset(slice(0, 1000)), config, "before")
         send(broker.bootstrap, config, before)
@@ -252,7 +254,8 @@ def test_a_broker_killed_and_restarted_on_its_port_loses_nothing_it_holds_and_th
         # Tansu creates any topic a client asks about (the control topic with 4 partitions); Kafka in
         # production does not (compose turns it off). The worker is frozen for the second the operator
         # takes to restart the broker and re-create the topics, so that its clients cannot race them.
-        os.kill(worker.pid, signal.SIGSTOP)
+        frozen = worker_pid(worker)
+        os.kill(frozen, signal.SIGSTOP)
         try:
             broker.restart()  # memory storage: topics, offsets and the group are gone
             restarted = time.monotonic()
@@ -262,11 +265,13 @@ def test_a_broker_killed_and_restarted_on_its_port_loses_nothing_it_holds_and_th
             # More records than before on each partition, so the worker's old positions are valid offsets
             # of the new topics: resuming from them would skip the records below them. It must rejoin
             # and start from the new group's (absent) commits, whether its heartbeat reaches the new
-            # broker first or a fetch does (then its commit is refused and the batch replayed).
+            # broker first or a fetch does (then its commit is refused and the batch replayed), and a
+            # commit of its old batch that the new broker accepted (beyond the new logs' ends) must be
+            # reset as out of range rather than resumed from.
             after = record_messages(archive.subset(slice(1000, 4000)), config, "after")
             send(broker.bootstrap, config, after)
         finally:
-            os.kill(worker.pid, signal.SIGCONT)
+            os.kill(frozen, signal.SIGCONT)
         ids = {key.decode() for key, _ in after}
         repaired, dead = collect_outputs(broker.bootstrap, config, ids, timeout=restarted + 90 - time.monotonic(),
                                          alive=died(worker))
@@ -340,6 +345,11 @@ class SupervisedWorker(WorkerProcess):
         return super()._command() + ["--supervise", "--max-restarts", "2"]
 
 
+def worker_pid(supervisor: SupervisedWorker) -> int:
+    """The pid of the worker the supervisor started last."""
+    return int(re.findall(r"started the worker \(pid (\d+)\)", supervisor.log_path.read_text())[-1])
+
+
 @pytest.mark.integration
 def test_a_supervised_worker_is_restarted_after_a_crash_replays_the_batch_and_stops_cleanly(broker, adult, tmp_path):
     archive, plan = adult
@@ -396,5 +406,56 @@ def test_a_monitor_that_fails_on_every_batch_does_not_stop_the_worker(broker, ad
         assert status == 200 and errors and float(errors.group(1)) >= 1, metrics[:2000]
         assert worker.running and get(probe_port(worker), "/readyz")[0] == 200
         assert "FloatingPointError: injected" in worker.log_path.read_text()
+    finally:
+        worker.stop()
+
+
+def commit_past_the_end(bootstrap: str, topic: str, group: str, offset: int) -> dict:
+    """Commit ``offset`` on every partition of ``topic`` for ``group``, as a broker that lost the log leaves it.
+
+    The state a memory-only broker restarted under a worker with a batch in flight ends in: the group's
+    committed offsets (the old log's) lie beyond the end of the re-created, shorter topic.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from fairstream.streams.kafka import aiokafka_options
+
+    async def commit() -> dict:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, **aiokafka_options(), group_id=group,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            await consumer.topics()  # metadata
+            partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+            consumer.assign(partitions)
+            await consumer.commit({tp: offset for tp in partitions})
+            return {tp.partition: await consumer.committed(tp) for tp in partitions}
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(commit())
+
+
+STALE_OFFSET = 500  # per partition, beyond the ~75 records each of the 4 partitions gets below
+
+
+@pytest.mark.integration
+def test_committed_offsets_beyond_the_end_of_a_re_created_log_are_reset_and_every_id_comes_out(broker, adult, tmp_path):
+    archive, plan = adult
+    config = pipeline(tmp_path, "stale", broker.bootstrap, plan)
+    group = f"{config.topics.prefix}-{config.name}.records"  # the worker's records group (default app id)
+    committed = commit_past_the_end(broker.bootstrap, config.topics.records_in, group, STALE_OFFSET)
+    assert set(committed.values()) == {STALE_OFFSET}, committed  # the broker accepts it: the state is real
+    messages = record_messages(archive.subset(slice(0, 300)), config, "stale")
+    send(broker.bootstrap, config, messages)
+    worker = WorkerProcess(config, broker.bootstrap, tmp_path, name="w").start()
+    try:
+        started = time.monotonic()
+        ids = {key.decode() for key, _ in messages}
+        repaired, dead = collect_outputs(broker.bootstrap, config, ids, timeout=READY_SECONDS, alive=died(worker))
+        check_one_place(ids, repaired, dead)
+        log = worker.log_path.read_text()
+        assert "offset out of range" in log and f"is at offset {STALE_OFFSET} but its log ends at" in log
+        print(f"\nall {len(ids)} ids out {time.monotonic() - started:.1f} s after the worker started")
     finally:
         worker.stop()
