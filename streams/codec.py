@@ -643,6 +643,7 @@ class RepairedBatch:
     out_of_range: np.ndarray | None = None  # rows with a value outside the plan's range (known in the worker)
     decision: np.ndarray | None = None  # the scorer's decision of each record (a chain ending in a scorer)
     unreadable: int = 0  # values of the topic left out as unreadable (when decoded from the topic)
+    score: np.ndarray | None = None  # the scorer's score of each record, as computed once by the chain (None: recompute)
 
     def __len__(self) -> int:
         return len(self.s)
@@ -652,7 +653,7 @@ class RepairedBatch:
         pick = (lambda a: None if a is None else a[rows])
         return RepairedBatch(self.before[rows], self.after[rows], self.s[rows], self.u[rows], pick(self.y),
                              self.keys[rows], self.ts[rows], pick(self.versions), pick(self.out_of_range),
-                             pick(self.decision))
+                             pick(self.decision), score=pick(self.score))
 
 
 def decode_repaired(values: Sequence[bytes], config: PipelineConfig) -> RepairedBatch:

@@ -164,7 +164,7 @@ class RecordRepairer:
             measured = ok[mine]
             outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
                                                    result.out_of_range[measured], times[mine],
-                                                   result.columns.get("decision"), measured)
+                                                   result.columns.get("decision"), measured, result.columns.get("score"))
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
@@ -199,9 +199,10 @@ def _arrival(message: MessageLike) -> float | None:
     return None if timestamp is None else timestamp / 1000
 
 
-def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, decision, rows) -> RepairedBatch:
+def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, decision, rows, score=None) -> RepairedBatch:
     return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
-                         out_of_range=out_of_range, decision=None if decision is None else decision[rows])
+                         out_of_range=out_of_range, decision=None if decision is None else decision[rows],
+                         score=None if score is None else score[rows])
 
 
 class EmbeddingRepairer:
