@@ -83,7 +83,7 @@ bench-stream: $(STAMP)
 	$(PY) benchmarks/embedding_throughput.py
 
 soak: $(STAMP)
-	$(PY) benchmarks/stream_throughput.py --soak-minutes 10
+	$(PY) benchmarks/stream_throughput.py --soak-minutes 10 --rate 1000
 
 reproduce: $(STAMP)
 	$(PY) benchmarks/reproduce_paper.py
