@@ -2,12 +2,14 @@
 
 A batch of raw Kafka values becomes numpy arrays plus a list of (position, reason) for every value
 that cannot be used; the agent repairs the arrays in one vectorised call and dead-letters the rest.
-Parsing JSON is per message by nature; everything after it (range, finiteness, repair) is on
-arrays. No single message can make a batch's decoding raise (whatever a decoder raises on it, it is
-refused with a reason). Encoding fills one precompiled template per batch, and floats are written
-with ``repr``, which round-trips exactly, so a repaired value read back equals the batch
-``transform`` bit for bit; only JSON is written: a NaN or an infinity never reaches an output
-(:func:`non_finite_rows` finds the rows that hold one, and the encoders refuse them).
+Parsing JSON is one C call per message (a typed msgspec decoder whose schema states the rules), with
+no Python per field; everything after it (range, finiteness, repair) is on arrays. No single message
+can make a batch's decoding raise (whatever a decoder raises on it, it is refused with a reason).
+Encoding writes each output column in one C call and fills one template per batch whose constant
+parts (field names, provenance) are precomputed bytes; floats are written in their shortest
+round-trip form, so a repaired value read back equals the batch ``transform`` bit for bit, and a
+record's bytes do not depend on its batch. Only JSON is written: a NaN or an infinity never reaches
+an output (:func:`non_finite_rows` finds the rows that hold one, and the encoders refuse them).
 
 >>> from fairstream.streams.config import adult_config
 >>> batch = decode_records([b'{"id": 1, "features": {"age": 30, "hours-per-week": 40}, "s": 0, "u": 1}',
@@ -23,15 +25,16 @@ import hashlib
 import json
 import logging
 import math
-import operator
 import time
 import uuid
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
-from typing import Sequence, Union
+from itertools import chain
+from typing import Annotated, Literal, Sequence, Union
 
 import msgspec
 import numpy as np
+from msgspec.structs import astuple
 
 from fairstream.repair.protocol import Batch
 from fairstream.streams.config import PipelineConfig
@@ -73,6 +76,7 @@ class RecordFields:
 
     def take(self, rows) -> "RecordFields":
         """The fields of the records at ``rows`` (positions)."""
+        rows = rows.tolist() if isinstance(rows, np.ndarray) else rows  # Python ints index lists fastest
         columns = (self.ids, self.ts, self.s, self.u, self.y, self.digests)
         return RecordFields(*([column[i] for i in rows] for column in columns))
 
@@ -115,7 +119,7 @@ class DecodedRecords:
     def batch(self) -> Batch:
         """The usable records as the modules' :class:`~fairstream.repair.protocol.Batch`."""
         y = self.fields.y
-        labelled = bool(y) and all(v is not None for v in y)
+        labelled = bool(y) and None not in y
         return Batch(X=self.X, keys=self.keys, s=self.s, u=self.u, y=np.array(y, dtype=np.int64) if labelled else None,
                      impute_s=self.impute_s, columns=self.columns)
 
@@ -220,21 +224,51 @@ def _check_record(obj: dict, config: PipelineConfig, groups: frozenset, strata: 
 def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> DecodedRecords:
     """Parse and validate a batch of raw values from ``records.in``.
 
-    Each value first goes through a typed decoder that validates while it parses (msgspec, about
-    15x faster than ``json.loads`` plus checks in Python); a value it does not accept, or whose
-    labels are not configured, takes the reference path, which accepts exactly the same records
-    and words the dead-letter reason. The pipeline's valid ranges are then checked on the decoded
-    features of both paths at once (:func:`range_errors`).
+    The batch first goes whole through a typed decoder that validates while it parses (msgspec: the
+    id, label, y and number rules are its schema), one C call per message and no Python per field;
+    the features come out as rows, every other field as a column. Only a batch in which some value
+    is refused goes message by message: a value the typed decoder does not accept takes the
+    reference path, which accepts exactly the same records and words the dead-letter reason. The
+    pipeline's valid ranges are then checked on the decoded features of both paths at once
+    (:func:`range_errors`).
 
     No message can make the batch raise: one that makes a decoder raise anything (deep nesting makes
     msgspec raise ``RecursionError``) is refused with a reason naming the error.
     """
     fast = _FastRecords.for_config(config)
+    records = fast.decode_all(values)
+    columns = fast.columns(records) if records is not None else None
+    if columns is not None:  # the common case: every value is a record the typed decoder accepts
+        index, errors, usable = np.arange(len(values), dtype=np.intp), [], values
+    else:
+        positions, records, errors = _decode_each(values, fast, config)
+        columns, usable = fast.columns(records, checked=True), [values[i] for i in positions]
+        index = np.array(positions, dtype=np.intp)
+    ids, ts, s_values, u_values, ys, X = columns
+    fields = RecordFields(ids, ts, s_values, u_values, ys, _digests(usable))
+    outside = range_errors(X, config)
+    if outside:  # rare: only then are the columns copied
+        keep = np.ones(len(index), dtype=bool)
+        keep[[row for row, _ in outside]] = False
+        errors = sorted(errors + [(int(index[row]), reason) for row, reason in outside])
+        index, X, fields = index[keep], X[keep], fields.take(np.flatnonzero(keep))
+    return DecodedRecords(
+        index=index, fields=fields, keys=_record_keys(fields.ids),
+        X=X, s=labels_array(fields.s), u=labels_array(fields.u), errors=errors, impute_s=config.imputes_s,
+        columns=tuple(config.features),
+    )
+
+
+def _decode_each(values: Sequence[bytes | None], fast: "_FastRecords", config: PipelineConfig) -> tuple:
+    """(positions, records, errors) of a batch decoded message by message: the typed decoder, else the reference."""
     groups, strata = frozenset(config.groups), frozenset(config.strata)
-    index, rows, columns, errors, unexpected = [], [], [], [], []
+    index, records, errors, unexpected = [], [], [], []
     for i, value in enumerate(values):
         try:
-            row, column = _decode_record(value, fast, config, groups, strata)
+            record = fast.decode(value)
+            if record is None:
+                obj = _parse(value, config.max_message_bytes)
+                record = fast.record(obj, _check_record(obj, config, groups, strata))
         except Invalid as exc:
             errors.append((i, str(exc)))
             continue
@@ -242,35 +276,20 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
             errors.append((i, _unexpected(exc, unexpected)))
             continue
         index.append(i)
-        rows.append(row)
-        columns.append(column)
+        records.append(record)
     _log_unexpected(unexpected, "records")
-    ids, ts, s_values, u_values, ys = (list(c) for c in zip(*columns)) if columns else ([] for _ in range(5))
-    digests = [input_digest(values[i]) for i in index]
-    X = np.array(rows, dtype=np.float64).reshape(len(rows), len(config.features))
-    fields = RecordFields(ids, ts, s_values, u_values, ys, digests)
-    outside = range_errors(X, config)
-    if outside:  # rare: only then are the columns copied
-        keep = np.ones(len(index), dtype=bool)
-        keep[[row for row, _ in outside]] = False
-        errors = sorted(errors + [(index[row], reason) for row, reason in outside])
-        kept = np.flatnonzero(keep)
-        index, X, fields = [index[k] for k in kept], X[keep], fields.take(kept)
-    return DecodedRecords(
-        index=np.array(index, dtype=np.intp), fields=fields, keys=np.array([str(rid) for rid in fields.ids], dtype=str),
-        X=X, s=labels_array(fields.s), u=labels_array(fields.u), errors=errors, impute_s=config.imputes_s,
-        columns=tuple(config.features),
-    )
+    return index, records, errors
 
 
-def _decode_record(value: bytes | None, fast: "_FastRecords", config: PipelineConfig, groups: frozenset,
-                   strata: frozenset) -> tuple[list[float], tuple]:
-    """One record's features in configured order and its (id, ts, s, u, y); :class:`Invalid` says why not."""
-    record = fast.decode(value)
-    if record is not None:
-        return fast.row(record), (record.id, record.ts, record.s, record.u, record.y)
-    obj = _parse(value, config.max_message_bytes)
-    return _check_record(obj, config, groups, strata), (obj["id"], obj.get("ts"), obj.get("s"), obj["u"], obj.get("y"))
+def _digests(values: Sequence[bytes]) -> list[str]:
+    """:func:`input_digest` of every (non-empty) value, without a Python call per value."""
+    sha256 = hashlib.sha256
+    return [sha256(value).hexdigest()[:DIGEST_HEX] for value in values]
+
+
+def _record_keys(ids: list) -> np.ndarray:
+    """The record keys of ``ids``: their text (numpy writes an integer as ``str`` does)."""
+    return np.array(ids, dtype=str) if ids else np.array([], dtype=str)
 
 
 def _unexpected(exc: Exception, seen: list) -> str:
@@ -296,6 +315,8 @@ def range_errors(X: np.ndarray, config: PipelineConfig) -> list[tuple[int, str]]
         return []
     lo, hi = (np.array(bound, dtype=np.float64) for bound in config.range_bounds())
     outside = (X < lo) | (X > hi)
+    if not outside.any():
+        return []
     rows = np.flatnonzero(outside.any(axis=1))
     first = outside[rows].argmax(axis=1)
     names = config.features
@@ -308,30 +329,49 @@ def _bound(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+_SMALL_INT = Annotated[int, msgspec.Meta(ge=_INT64[0], le=_INT64[1])]
+
+
 class _FastRecords:
-    """The typed decoder of one pipeline's records: accepts a subset of what the reference path accepts."""
+    """The typed decoder of one pipeline's records: accepts a subset of what the reference path accepts.
+
+    Its schema states the rules: an id is a 64-bit integer or a non-empty string of at most
+    :data:`MAX_ID_CHARS` characters (msgspec refuses lone surrogates), s and u are configured labels
+    (``Literal``: 1.0 and true are not 1), y is 0 or 1, ts a 64-bit integer or a float, features are
+    floats (msgspec refuses numbers beyond the float range, and JSON has no NaN). What a schema
+    cannot say (no NUL in an id) is checked once per batch. Anything else (longer integer ids, a
+    larger integer ts) is left to the reference path, which decides and words the reason.
+    """
 
     _cache: dict = {}
 
     def __init__(self, config: PipelineConfig):
         names = [f"f{k}" for k in range(len(config.features))]
+        columns = [(n, float) for n in names]
         try:
-            features = msgspec.defstruct("Features", [(n, float) for n in names], forbid_unknown_fields=True,
+            features = msgspec.defstruct("Features", columns, forbid_unknown_fields=True, gc=False,
                                          rename=dict(zip(names, config.features)))
         except ValueError:  # feature names msgspec cannot match (quotes, backslashes): reference path only
-            self._decoder = None
+            features, decodable = msgspec.defstruct("Features", columns, gc=False), False
         else:
-            # A missing s is allowed only where it is imputed; its default then marks it missing.
-            s_field = ("s", Union[int, str, None], None) if config.imputes_s else ("s", Union[int, str])
-            record = msgspec.defstruct("Record", [("id", Union[int, str]), ("features", features),
-                                                  ("u", Union[int, str]), s_field,
-                                                  ("ts", Union[int, float, None], None), ("y", Union[int, None], None)],
-                                       forbid_unknown_fields=True)
-            self._decoder = msgspec.json.Decoder(record)
-        self._getters = [operator.attrgetter(n) for n in names]
+            decodable = True
+        text_id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+        groups, strata = Literal[tuple(config.groups)], Literal[tuple(config.strata)]
+        # A missing s is allowed only where it is imputed; its default then marks it missing.
+        s_field = ("s", Union[groups, None], None) if config.imputes_s else ("s", groups)
+        self._record = msgspec.defstruct("Record", [("id", Union[_SMALL_INT, text_id]), ("features", features),
+                                                    ("u", strata), s_field,
+                                                    ("ts", Union[_SMALL_INT, float, None], None),
+                                                    ("y", Union[Literal[0, 1], None], None)],
+                                         forbid_unknown_fields=True, gc=False)  # no cycles: the collector skips them
+        self._features = features
+        try:
+            self._decoder = msgspec.json.Decoder(self._record) if decodable else None
+        except (TypeError, ValueError):  # labels msgspec cannot state as literals: reference path only
+            self._decoder = None
         self.limit = config.max_message_bytes
-        self.groups, self.strata = frozenset(config.groups), frozenset(config.strata)
-        self.imputes_s = config.imputes_s
+        self.width = len(config.features)
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> "_FastRecords":
@@ -342,6 +382,17 @@ class _FastRecords:
             cls._cache[key] = cls(config)
         return cls._cache[key]
 
+    def decode_all(self, values: Sequence[bytes | None]) -> list | None:
+        """Every value's record, or None when some value must take the reference path (and perhaps a reason)."""
+        if self._decoder is None or not values:
+            return None
+        try:
+            if max(map(len, values)) > self.limit:  # a None value raises TypeError: None too
+                return None
+            return list(map(self._decoder.decode, values))  # an empty value raises: None
+        except Exception:  # DecodeError, ValidationError, bad UTF-8, RecursionError: message by message then
+            return None
+
     def decode(self, value: bytes | None):
         """The record, or None when the reference path must decide (and explain)."""
         if self._decoder is None or not value or len(value) > self.limit:
@@ -350,21 +401,35 @@ class _FastRecords:
             record = self._decoder.decode(value)
         except Exception:  # DecodeError, ValidationError, bad UTF-8, RecursionError (deep nesting): the reference
             return None  # path decides and words the reason
-        rid = record.id
-        if not _plain_id(rid):
-            return None
-        if (record.s not in self.groups and not (record.s is None and self.imputes_s)) or record.u not in self.strata:
-            return None
-        if record.y is not None and record.y not in (0, 1):
-            return None
-        if record.ts is not None and not _finite(record.ts):
-            return None
-        return record
+        return record if _without_nul([record.id]) else None
 
-    def row(self, record) -> list[float]:
-        """The features in configured order."""
-        features = record.features
-        return [get(features) for get in self._getters]
+    def record(self, obj: dict, row: list[float]):
+        """The record the reference path accepted (``obj``, its features ``row``), as the typed decoder's."""
+        return self._record(id=obj["id"], features=self._features(*row), u=obj["u"], s=obj.get("s"),
+                            ts=obj.get("ts"), y=obj.get("y"))
+
+    def columns(self, records: list, checked: bool = False) -> tuple | None:
+        """(ids, ts, s, u, y, X) of ``records``: lists of the fields as they arrived, and the (n, d) features.
+
+        None if some id holds NUL (only ``checked`` records, from :meth:`decode` or the reference, are taken
+        as they are): then the batch goes message by message.
+        """
+        if not records:
+            return [], [], [], [], [], np.empty((0, self.width), dtype=np.float64)
+        ids, features, u, s, ts, y = map(list, zip(*map(astuple, records)))
+        if not checked and not _without_nul(ids):
+            return None
+        X = np.fromiter(chain.from_iterable(map(astuple, features)), dtype=np.float64,
+                        count=len(records) * self.width).reshape(len(records), self.width)
+        return ids, ts, s, u, y, X
+
+
+def _without_nul(ids: list) -> bool:
+    """No string id of ``ids`` holds NUL (it would be lost in the fixed-width key arrays)."""
+    try:
+        return "\x00" not in "".join(ids)
+    except TypeError:  # integer ids among them
+        return not any("\x00" in rid for rid in ids if isinstance(rid, str))
 
 
 def _finite(number) -> bool:
@@ -375,7 +440,7 @@ def _finite(number) -> bool:
 
 
 def _plain_id(rid: int | str) -> bool:
-    """An id the fast paths accept as it is (msgspec refuses lone surrogates); others go the reference path."""
+    """An id the embedding fast path accepts as it is (msgspec refuses lone surrogates); others take the reference."""
     if isinstance(rid, str):
         return bool(rid) and len(rid) <= MAX_ID_CHARS and "\x00" not in rid
     return rid.bit_length() <= _MAX_ID_BITS
@@ -386,8 +451,10 @@ _MAX_ID_BITS = 3_300  # fewer than 1,000 digits: within MAX_ID_CHARS (and Python
 
 def labels_array(values: list) -> np.ndarray:
     """Group/stratum labels as an array that compares like the fitted classes (ints stay ints)."""
-    if values and all(isinstance(v, int) for v in values):
-        return np.array(values, dtype=np.int64)
+    if values:
+        ints = np.array(values)  # one C pass: integer labels come out as integers, anything else does not
+        if ints.dtype.kind == "i":
+            return ints.astype(np.int64, copy=False)
     return np.array(values, dtype=object)
 
 
@@ -571,41 +638,98 @@ def _literal(text: str) -> str:
     return text.replace("%", "%%")
 
 
+_ENCODER = msgspec.json.Encoder()  # shortest round-trip floats, like repr; UTF-8 strings
+
+
+def _json_tokens(values: Sequence) -> list[bytes]:
+    """The JSON text of each scalar of ``values`` (null, a boolean, a string, an integer, a finite float).
+
+    One C call for the column: the values are written as one JSON array and cut at its commas. A
+    string holding a comma or a bracket (or a value that is no scalar) takes the per-value path,
+    which refuses anything but a scalar; msgspec writes a NaN or an infinity as null (a silent change
+    of value), so a null where no None was is refused too.
+    """
+    values = values if isinstance(values, list) else list(values)
+    try:
+        text = _ENCODER.encode(values)
+    except TypeError:  # a type msgspec does not write (a numpy scalar): the per-value path decides
+        text = b"[{"
+    tokens = text[1:-1].split(b",")
+    if len(tokens) != len(values) or text.count(b"[") != 1 or b"{" in text:
+        return [_scalar_json(value) for value in values]
+    if b"null" in text and tokens.count(b"null") != values.count(None):  # counted only where a null was written
+        raise ValueError(f"a value of {values!r} is not a JSON scalar (null, string, boolean, integer or finite "
+                         "number)")
+    return tokens
+
+
+def _scalar_json(value) -> bytes:
+    """The JSON text of one scalar, byte for byte as :func:`_json_tokens` writes it in a column (an output does
+    not depend on its batch); anything but a scalar raises."""
+    if value is None or type(value) in (bool, int, str):
+        return _ENCODER.encode(value)
+    for kind in (int, str, float):  # a subclass (a numpy float) as its base type
+        if isinstance(value, kind) and (kind is not float or math.isfinite(value)):
+            return _ENCODER.encode(kind(value))
+    raise ValueError(f"{value!r} is not a JSON scalar (null, string, boolean, integer or finite number)")
+
+
+def _float_tokens(values: np.ndarray) -> list[bytes]:
+    """The JSON text of every (finite) float of ``values``, row by row, in one C call: shortest round-trip form."""
+    if not values.size:
+        return []
+    return _ENCODER.encode(values.ravel().tolist())[1:-1].split(b",")  # floats hold no comma
+
+
+_S_IMPUTED = [b',"s_imputed":false', b',"s_imputed":true']
+
+
 def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
                     prov: dict, imputed: np.ndarray | None = None, scored: dict | None = None) -> list[bytes]:
-    """Repaired records as JSON bytes, one precompiled template for the whole batch.
+    """Repaired records as JSON bytes: one template for the batch, filled with every column's JSON text.
 
-    On an input that imputes a missing s, every record says whether its s was imputed
+    Each column is written in one C call (:func:`_json_tokens`, :func:`_float_tokens`; floats in their
+    shortest round-trip form, so a value read back equals the array's bit for bit) and the constant
+    parts (field names, the provenance) are the template's bytes: the only Python per record is
+    filling it. On an input that imputes a missing s, every record says whether its s was imputed
     (``s_imputed``); ``s`` itself stays as it arrived (null when missing). Every record carries the
     ``input_digest`` of the message it came from (see :func:`input_digest`). A chain ending in a
-    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields. Every float
-    written must be finite (:func:`non_finite_rows` finds the rows that are not).
+    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields. Every
+    float written must be finite (:func:`non_finite_rows` finds the rows that are not).
     """
-    names = [_literal(json.dumps(n)) for n in config.features]
-    features = ",".join(f"{n}:%r" for n in names)
+    written = (repaired, *((X,) if config.include_original else ()), *(() if scored is None else (scored["score"],)))
+    _require_finite(*written)
+    if not len(fields):
+        return []
+    d = len(config.features)
+    new = _float_tokens(repaired)
+    columns = [new[j::d] for j in range(d)]
+    if config.include_original:
+        old = _float_tokens(X)
+        columns += [old[j::d] for j in range(d)]
+    if config.imputes_s:
+        marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
+        columns.append([_S_IMPUTED[flag] for flag in marks.tolist()])
+    if scored is not None:
+        columns += [_float_tokens(scored["score"]), _json_tokens(scored["decision"].tolist())]
+    template = _record_template(config, prov, scored is not None)
+    return [template % row for row in zip(_json_tokens(fields.ids), _json_tokens(fields.ts), _json_tokens(fields.s),
+                                          _json_tokens(fields.u), _json_tokens(fields.y), *columns,
+                                          _json_tokens(fields.digests))]
+
+
+def _record_template(config: PipelineConfig, prov: dict, scored: bool) -> bytes:
+    """The bytes of a repaired record with a ``%s`` for every field that varies (field order of the schema)."""
+    features = ",".join(f"{_literal(json.dumps(name))}:%s" for name in config.features)
     template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
     if config.include_original:
         template += ',"original":{' + features + "}"
-    template += "%s"  # the s_imputed flag, or nothing
-    template += "%s"  # the scorer's score and decision, or nothing
-    template += ',"input_digest":%s'
-    flags = [""] * len(fields)
     if config.imputes_s:
-        marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
-        flags = [',"s_imputed":true' if flag else ',"s_imputed":false' for flag in marks.tolist()]
-    template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
-    written = (repaired, *((X,) if config.include_original else ()), *(() if scored is None else (scored["score"],)))
-    _require_finite(*written)
-    new_rows = repaired.tolist()  # Python floats: repr is the shortest exact round-trip form
-    old_rows = X.tolist() if config.include_original else [[]] * len(fields)
-    scores = [""] * len(fields) if scored is None else [
-        ',"score":%r,"decision":%d' % pair for pair in zip(scored["score"].tolist(), scored["decision"].tolist())]
-    return [
-        (template % (_scalar(rid), _scalar(ts), _scalar(s), _scalar(u), _scalar(y), *new, *old, flag, score,
-                     _scalar(digest))).encode()
-        for rid, ts, s, u, y, new, old, flag, score, digest in zip(fields.ids, fields.ts, fields.s, fields.u, fields.y,
-                                                                   new_rows, old_rows, flags, scores, fields.digests)
-    ]
+        template += "%s"  # the s_imputed flag
+    if scored:
+        template += ',"score":%s,"decision":%s'
+    template += ',"input_digest":%s,"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
+    return template.encode()  # json.dumps writes ASCII
 
 
 _VECTOR_ENCODER = msgspec.json.Encoder()  # shortest round-trip floats, like repr, in one C call per vector
@@ -702,9 +826,6 @@ def repaired_arrays(records: Sequence, config: PipelineConfig, unreadable: int =
     )
 
 
-_INT64 = (-(2**63), 2**63 - 1)
-
-
 def _repaired_row(record: dict, config: PipelineConfig, groups: frozenset, strata: frozenset, now: float) -> tuple:
     """(original, features, s, u, y, key, ts, version, decision) of one repaired record; raises if it has none."""
     original, features = record["original"], record["features"]
@@ -754,18 +875,25 @@ def output_bytes(key: bytes | None, value: bytes) -> int:
     return len(key or b"") + len(value) + RECORD_OVERHEAD_BYTES
 
 
-def oversized(outputs: Sequence[tuple[bytes | None, bytes]]) -> list[tuple[int, str]]:
-    """(position, reason) of every (key, value) output that would not fit under :data:`MAX_OUTPUT_BYTES`.
+def oversized(keys: Sequence[bytes | None], values: Sequence[bytes]) -> list[tuple[int, str]]:
+    """(position, reason) of every output (``keys[i]``, ``values[i]``) that would not fit in :data:`MAX_OUTPUT_BYTES`.
 
     A repaired output is sent whole or not at all: the input of one that does not fit (a valid record with a
     900 KB Kafka key, a vector whose group is 100,000 emoji) is dead-lettered with this reason, and its dead
-    letter fits by construction.
+    letter fits by construction. This runs on every output: the largest key and value are checked first, in C.
     """
-    room = MAX_OUTPUT_BYTES - RECORD_OVERHEAD_BYTES  # output_bytes, unrolled: this runs on every output
-    return [(i, f"the repaired output would be {output_bytes(key, value)} bytes (a Kafka key of {len(key or b'')} "
-                f"bytes, a value of {len(value)} bytes and the record overhead), over the producer's limit of "
-                f"{MAX_OUTPUT_BYTES} bytes")
-            for i, (key, value) in enumerate(outputs) if len(value) + (len(key) if key else 0) > room]
+    if not values:
+        return []
+    room = MAX_OUTPUT_BYTES - RECORD_OVERHEAD_BYTES
+    keys = [key or b"" for key in keys] if None in keys else keys
+    if max(map(len, values)) + max(map(len, keys)) <= room:  # the common case: even the largest pair fits
+        return []
+    sizes = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    sizes += np.fromiter(map(len, keys), dtype=np.int64, count=len(values))
+    return [(i, f"the repaired output would be {output_bytes(keys[i], values[i])} bytes (a Kafka key of "
+                f"{len(keys[i])} bytes, a value of {len(values[i])} bytes and the record overhead), over the "
+                f"producer's limit of {MAX_OUTPUT_BYTES} bytes")
+            for i in np.flatnonzero(sizes > room).tolist()]
 
 
 def dead_letter_key(key: bytes | None) -> bytes | None:

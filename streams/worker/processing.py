@@ -1,7 +1,9 @@
 """What an agent does to one batch, without Faust: decode, repair with the active artifact, encode.
 
 Keeping this apart from the agents means the exact code path of the stream can be called on a
-list of messages in a test or a benchmark, and the agents stay a few lines of I/O. Every input
+list of messages in a test or a benchmark, and the agents stay a few lines of I/O. The messages are
+those the consumer returns (confluent-kafka's ``Message``, read through its methods: see
+:class:`MessageLike`; :class:`SimpleMessage` builds one in a test). Every input
 message produces exactly one output: a repaired record or a dead letter with its reason, and every
 output fits under the producer's limit (:data:`~fairstream.streams.codec.MAX_OUTPUT_BYTES`): a repaired
 output that would not is dead-lettered instead, and dead letters fit by construction. Every output is
@@ -37,28 +39,66 @@ from .metrics import EVENT_TIME_SKEWED
 
 
 class MessageLike(Protocol):
-    """The parts of a Kafka message the processing needs (aiokafka's ``ConsumerRecord`` has them).
+    """The parts of a Kafka message the processing reads, through the methods of confluent-kafka's ``Message``.
 
-    A ``timestamp`` (Kafka's, in milliseconds since the epoch) is read where a message has one: it is the
-    record's arrival time when its own ``ts`` is implausible.
+    ``value()`` and ``key()`` are read for every message; ``topic()``, ``partition()``, ``offset()`` only for a
+    dead letter, and ``timestamp()`` (Kafka's: ``(type, milliseconds since the epoch)``, type 0 when it has
+    none) only for a record whose own ``ts`` is implausible: it is then the record's arrival time.
     """
 
-    key: bytes | None
-    value: bytes | None
-    topic: str
-    partition: int
-    offset: int
+    def value(self) -> bytes | None: ...
+
+    def key(self) -> bytes | None: ...
+
+    def topic(self) -> str: ...
+
+    def partition(self) -> int: ...
+
+    def offset(self) -> int: ...
+
+    def timestamp(self) -> tuple[int, int]: ...
 
 
-@dataclass(frozen=True)
+TIMESTAMP_NOT_AVAILABLE = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE: the message has no timestamp
+TIMESTAMP_CREATE_TIME = 1  # confluent_kafka.TIMESTAMP_CREATE_TIME
+
+
 class SimpleMessage:
-    """A message built in a test or benchmark (the fields of a Kafka message the processing reads)."""
-    value: bytes | None
-    key: bytes | None = None
-    topic: str = ""
-    partition: int = 0
-    offset: int = 0
-    timestamp: int | None = None  # Kafka's timestamp, milliseconds since the epoch
+    """A message built in a test or benchmark: what :class:`MessageLike` reads, as confluent-kafka's methods.
+
+    ``timestamp`` is Kafka's, in milliseconds since the epoch, or None when the message has none.
+    """
+
+    __slots__ = ("_value", "_key", "_topic", "_partition", "_offset", "_timestamp")
+
+    def __init__(self, value: bytes | None, key: bytes | None = None, topic: str = "", partition: int = 0,
+                 offset: int = 0, timestamp: int | None = None):
+        self._value, self._key, self._topic = value, key, topic
+        self._partition, self._offset, self._timestamp = partition, offset, timestamp
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        if self._timestamp is None:
+            return TIMESTAMP_NOT_AVAILABLE, 0
+        return TIMESTAMP_CREATE_TIME, self._timestamp
+
+    def __repr__(self) -> str:
+        return (f"SimpleMessage(value={self._value!r:.60}, key={self._key!r:.60}, topic={self._topic!r}, "
+                f"partition={self._partition}, offset={self._offset}, timestamp={self._timestamp})")
 
 
 @dataclass
@@ -77,18 +117,29 @@ class BatchOutcome:
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
-    return [(dead_letter_key(m.key), dead_letter(m.value, reason, m.topic, m.partition, m.offset, agent, m.key))
-            for m, reason in ((messages[i], reason) for i, reason in failures)]
+    letters = []
+    for i, reason in failures:
+        m = messages[i]
+        key = m.key()
+        letters.append((dead_letter_key(key), dead_letter(m.value(), reason, m.topic(), m.partition(), m.offset(),
+                                                          agent, key)))
+    return letters
 
 
-def _output_key(message: MessageLike, record_id) -> bytes:
-    return message.key if message.key is not None else str(record_id).encode()
+def _output_keys(messages: Sequence[MessageLike], positions: np.ndarray, record_keys: np.ndarray) -> list[bytes]:
+    """The Kafka key of each output: its input's, or, for a message without one, its record key (the id's text)."""
+    chosen = messages if len(positions) == len(messages) else [messages[i] for i in positions.tolist()]
+    keys = [m.key() for m in chosen]
+    if None in keys:  # rare: only then are the record keys read
+        keys = [key if key is not None else text.encode() for key, text in zip(keys, record_keys.tolist())]
+    return keys
 
 
-def _fitting(outputs: list, failures: list, positions: Sequence[int]) -> np.ndarray:
-    """Which ``outputs`` fit under the producer's limit; the inputs (``positions``) of the others join ``failures``."""
-    fits = np.ones(len(outputs), dtype=bool)
-    for j, reason in oversized(outputs):
+def _fitting(keys: list, values: list, failures: list, positions: Sequence[int]) -> np.ndarray:
+    """Which outputs (``keys``, ``values``) fit under the producer's limit; the inputs (``positions``) of the others
+    join ``failures``."""
+    fits = np.ones(len(values), dtype=bool)
+    for j, reason in oversized(keys, values):
         fits[j] = False
         failures.append((int(positions[j]), reason))
     return fits
@@ -129,7 +180,7 @@ class RecordRepairer:
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
         """``active``: the registry's active artifacts of the configured chain, in order (or one of them)."""
         chain = as_actives(active)
-        decoded = decode_records([m.value for m in messages], self.config)
+        decoded = decode_records([m.value() for m in messages], self.config)
         failures = list(decoded.errors)
         outcome = BatchOutcome(version=chain[0].version)
         if len(decoded.index):
@@ -139,19 +190,19 @@ class RecordRepairer:
             outputs = {"features": (result.X, self.config.features),
                        **({"score": (result.columns["score"], None)} if "score" in result.columns else {})}
             ok = _finite_rows(np.flatnonzero(result.ok), outputs, failures, decoded.index)
-            fields = decoded.fields.take(ok)
+            fields = decoded.fields if len(ok) == len(decoded.fields) else decoded.fields.take(ok)
             imputed = result.imputed[ok] if result.imputed is not None else None
             scored = {name: result.columns[name][ok] for name in ("score", "decision")} \
                 if "decision" in result.columns else None
             values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(chain), imputed,
                                      scored)
-            outcome.repaired = [(_output_key(messages[decoded.index[i]], rid), v)
-                                for i, rid, v in zip(ok, fields.ids, values)]
-            fits = _fitting(outcome.repaired, failures, decoded.index[ok])
+            keys = _output_keys(messages, decoded.index[ok], decoded.keys[ok])
+            fits = _fitting(keys, values, failures, decoded.index[ok])
             if not fits.all():  # rare: only then are the rows copied
                 ok, fields = ok[fits], fields.take(np.flatnonzero(fits))
                 imputed = imputed[fits] if imputed is not None else None
-                outcome.repaired = [pair for pair, fit in zip(outcome.repaired, fits.tolist()) if fit]
+                keys, values = ([item for item, fit in zip(column, fits.tolist()) if fit] for column in (keys, values))
+            outcome.repaired = list(zip(keys, values))
             outcome.out_of_range = int(result.out_of_range.sum())
             outcome.event_times = [ts for ts in fields.ts if ts is not None]
             outcome.imputed = 0 if imputed is None else int(imputed.sum())
@@ -195,8 +246,8 @@ def monitor_times(event_times: Sequence, arrivals: Callable[[np.ndarray], Sequen
 
 def _arrival(message: MessageLike) -> float | None:
     """When the message reached Kafka (its timestamp, seconds), if it says; -1 (none) is implausible anyway."""
-    timestamp = getattr(message, "timestamp", None)
-    return None if timestamp is None else timestamp / 1000
+    kind, milliseconds = message.timestamp()
+    return None if kind == TIMESTAMP_NOT_AVAILABLE else milliseconds / 1000
 
 
 def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, decision, rows, score=None) -> RepairedBatch:
@@ -215,7 +266,7 @@ class EmbeddingRepairer:
 
     def process(self, messages: Sequence[MessageLike], active=None) -> BatchOutcome:
         """``active`` is the registry's active ``embedding`` artifact, or None for the identity (normalisation)."""
-        decoded = decode_embeddings([m.value for m in messages], self.config)
+        decoded = decode_embeddings([m.value() for m in messages], self.config)
         failures = list(decoded.errors)
         if active is None:  # the identity module: L2 normalisation, what a trained module starts from
             vectors, prov = normalise(decoded.vectors), provenance([("identity", 0, "", "")])
@@ -227,8 +278,9 @@ class EmbeddingRepairer:
         ok = _finite_rows(ok, {"vector": (vectors, None)}, failures, decoded.index)
         records = [decoded.records[k] for k in ok]
         values = encode_embeddings(records, vectors[ok], prov, [decoded.digests[k] for k in ok])
-        repaired = [(_output_key(messages[i], r["id"]), v) for i, r, v in zip(decoded.index[ok], records, values)]
-        fits = _fitting(repaired, failures, decoded.index[ok]).tolist()
+        keys = _output_keys(messages, decoded.index[ok], decoded.keys[ok])
+        fits = _fitting(keys, values, failures, decoded.index[ok]).tolist()
+        repaired = list(zip(keys, values))
         labelled = [k for k, r in enumerate(records) if fits[k] and r.get("identity") is not None]
         return BatchOutcome(
             repaired=[pair for pair, fit in zip(repaired, fits) if fit],

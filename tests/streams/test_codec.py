@@ -315,6 +315,84 @@ IMPUTING = adult_config(records=AgentConfig(artifact="plan", missing_s="impute")
 UNBOUNDED = adult_config(valid_ranges={})  # every finite value is valid: the decoder's own edge cases
 
 
+@st.composite
+def valid_input_records(draw, config):
+    """Records the one-pass path accepts: ids (64-bit integers, strings), labels, event times, features."""
+    ids = st.integers(-(2**63), 2**63 - 1) | st.text(min_size=1, max_size=12).filter(lambda rid: "\x00" not in rid)
+    obj = {"id": draw(ids),
+           "features": {name: draw(st.integers(0, 100) | st.floats(0.0, 100.0)) for name in config.features},
+           "s": draw(st.sampled_from(config.groups)), "u": draw(st.sampled_from(config.strata))}
+    for name, values in (("ts", st.none() | NUMBERS), ("y", st.sampled_from([None, 0, 1]))):
+        if draw(st.booleans()):
+            obj[name] = draw(values)
+    return obj
+
+
+def decoded_rows(batch) -> list:
+    """Each usable record of a decoded batch as (position, fields with their types, features, key, digest)."""
+    fields = batch.fields
+    columns = (fields.ids, fields.ts, fields.s, fields.u, fields.y)
+    return [(int(batch.index[k]), [(c[k], type(c[k])) for c in columns], batch.X[k].tolist(), str(batch.keys[k]),
+             fields.digests[k]) for k in range(len(batch.index))]
+
+
+def reference_rows(values, config) -> tuple[list, list]:
+    """What the reference path alone gives every value: the rows of the accepted ones, the reasons of the others."""
+    rows, errors = [], []
+    for i, value in enumerate(values):
+        expected = reference_decode(value, config)
+        if isinstance(expected, str):
+            errors.append((i, expected))
+        else:
+            fields, row = expected
+            rows.append((i, [(v, type(v)) for v in fields], row, str(fields[0]), codec.input_digest(value)))
+    return rows, errors
+
+
+@PROPERTY
+@given(st.sampled_from([ADULT, STRING_GROUPS, IMPUTING]).flatmap(lambda config: st.tuples(
+    st.just(config), st.lists(json_bytes(valid_input_records(config)), min_size=1, max_size=12),
+    st.lists(st.tuples(st.integers(0, 12), json_bytes(near_valid_records(config)) | RAW_VALUES
+                       | st.sampled_from(TRICKY_VALUES)), max_size=3))))
+def test_a_batch_is_decoded_in_one_pass_exactly_as_the_reference_path_decodes_each_message(batch):
+    # A batch of valid records takes the one-pass path; one refused value sends it message by message. Either
+    # way, every value comes out as the reference path alone decides: the same fields of the same types, the
+    # same features, key and digest, or the same reason.
+    config, values, inserted = batch
+    assert codec._FastRecords.for_config(config).decode_all(values) is not None
+    mixed = list(values)
+    for position, value in inserted:
+        mixed.insert(position, value)
+    for candidate in (values, mixed):
+        decoded = decode_records(candidate, config)
+        rows, errors = reference_rows(candidate, config)
+        assert decoded_rows(decoded) == rows and decoded.errors == errors
+
+
+JSON_SCALAR_VALUES = (st.none() | st.booleans() | st.integers() | HUGE_INTS | FINITE | st.sampled_from(TRICKY_FLOATS)
+                      | st.text(max_size=8) | st.sampled_from([",", "[", "]", "{", "a,b", '"', "null", "\\", "\u2028"]))
+
+
+@PROPERTY
+@given(st.lists(JSON_SCALAR_VALUES, max_size=12))
+def test_a_column_of_scalars_is_written_as_the_json_text_of_each_value(values):
+    tokens = codec._json_tokens(values)
+    assert len(tokens) == len(values)
+    assert tokens == [codec._scalar_json(value) for value in values]  # a value's text ignores its neighbours
+    for token, value in zip(tokens, values):
+        back = strict_loads(token)
+        assert back == value and type(back) is type(value)
+        if isinstance(value, float):
+            assert same_float(back, value)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1], {"a": 1}, [], {}])
+def test_a_column_with_a_value_that_is_not_a_json_scalar_is_refused(value):
+    for column in ([value], ["a", value, 1], [None, value]):
+        with pytest.raises(ValueError, match="not a JSON scalar"):
+            codec._json_tokens(column)
+
+
 def test_an_imputing_input_accepts_a_record_without_s_and_nothing_else_new():
     base = {"id": 1, "features": {"age": 30, "hours-per-week": 40}, "u": 1}
     for value in (raw(base), raw({**base, "s": None})):

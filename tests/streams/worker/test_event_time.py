@@ -39,8 +39,8 @@ def test_the_time_window_keeps_filling_after_a_record_with_an_implausible_event_
     archive, plan = adult
     monitor, repairer = FairnessMonitor(CONFIG), RecordRepairer(CONFIG)
     (first,), *_ = batches(archive, 0, 1, 1)
-    stray = json.loads(first.value)
-    odd = SimpleMessage(json.dumps({**stray, "ts": ts}).encode(), first.key)
+    stray = json.loads(first.value())
+    odd = SimpleMessage(json.dumps({**stray, "ts": ts}).encode(), first.key())
     for batch in [[odd], *batches(archive, 1, 6, 100)]:
         outcome = repairer.process(batch, plan)
         monitor.observe_batch(outcome.monitor_batch, plan)

@@ -27,7 +27,8 @@ from fairstream.streams.worker.processing import EmbeddingRepairer, RecordRepair
 
 LARGEST = adult_config(max_message_bytes=524_288, embeddings=EmbeddingConfig(dimension=8))
 # JSON text of one id character in the input (raw UTF-8, or the escape JSON requires) -> 1 to 6 bytes; in the
-# output (ASCII escapes) -> 1 to 12 bytes: an id of these can triple or grow sixfold on the way out.
+# output (UTF-8, or the escape JSON requires; a reference-path id may be written with ASCII escapes) -> 1 to 12
+# bytes: an id of these can triple or grow sixfold on the way out.
 ID_CHARS = ["a", '"', "\x01", "é", "\u20ac", "\u2028", "\U0001f600"]
 LONGEST_FLOAT = 1.2345678901234567e-100  # 23 characters, inside the valid ranges of both features
 LONGEST_TS = -1.7976931348623157e308  # 24 characters
@@ -76,7 +77,7 @@ def test_every_record_output_fits_at_the_documented_maxima(plan, char, id_length
     outcome = RecordRepairer(LARGEST).process(messages, plan)
     assert_every_output_fits(outcome, len(messages))
     repaired = {json.loads(v)["input_digest"]: k for k, v in outcome.repaired}
-    assert repaired[input_digest(messages[3].value)] == b"small"  # the record beside them is untouched
+    assert repaired[input_digest(messages[3].value())] == b"small"  # the record beside them is untouched
 
 
 @settings(max_examples=15, deadline=None)
@@ -101,7 +102,7 @@ def test_an_invalid_record_with_a_460_kb_key_gives_a_dead_letter_that_names_the_
     assert kafka_key == base64.b64decode(letter["key_b64"]) == key[:MAX_DEAD_LETTER_KEY]
     assert (letter["key_size"], letter["key_sha256"], letter["key_truncated"]) == (
         len(key), hashlib.sha256(key).hexdigest(), True)
-    assert base64.b64decode(letter["original_b64"]) == message.value and not letter["original_truncated"]
+    assert base64.b64decode(letter["original_b64"]) == message.value() and not letter["original_truncated"]
     assert "non-numeric value 'forty'" in letter["reason"]
 
 
@@ -115,10 +116,10 @@ def test_a_valid_record_with_a_key_its_output_cannot_carry_is_dead_lettered_and_
     ((kafka_key, value),) = outcome.dead
     letter = json.loads(value)
     assert "over the producer's limit of 1048576 bytes" in letter["reason"] and letter["key_truncated"]
-    assert base64.b64decode(letter["original_b64"]) == messages[0].value
-    assert kafka_key == messages[0].key[:MAX_DEAD_LETTER_KEY] and len(kafka_key) == MAX_DEAD_LETTER_KEY
+    assert base64.b64decode(letter["original_b64"]) == messages[0].value()
+    assert kafka_key == messages[0].key()[:MAX_DEAD_LETTER_KEY] and len(kafka_key) == MAX_DEAD_LETTER_KEY
     # The others keep their keys: the output key is the input's Kafka key, else the id (the record key) as text.
-    assert {json.loads(v)["id"]: k for k, v in outcome.repaired} == {"big": messages[1].key, "keyless": b"keyless"}
+    assert {json.loads(v)["id"]: k for k, v in outcome.repaired} == {"big": messages[1].key(), "keyless": b"keyless"}
     assert sorted(outcome.monitor_batch.keys.tolist()) == ["big", "keyless"]  # only what was sent is measured
 
 
@@ -131,7 +132,7 @@ def test_an_id_longer_than_the_limit_is_dead_lettered_whole_and_the_batch_goes_o
     ((_, value),) = outcome.dead
     letter = json.loads(value)
     assert letter["reason"] == f"id must be at most {MAX_ID_CHARS} characters long, got {len(str(rid))}"
-    assert base64.b64decode(letter["original_b64"]) == messages[0].value
+    assert base64.b64decode(letter["original_b64"]) == messages[0].value()
     assert [k for k, _ in outcome.repaired] == [b"next"]
 
 

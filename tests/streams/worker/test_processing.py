@@ -1,8 +1,10 @@
 """The worker's batch logic without a broker: records through the module protocol, imputed s, event times."""
 
+import base64
 import json
 import time
 
+import confluent_kafka
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
@@ -90,8 +92,8 @@ def test_missing_s_must_name_a_known_policy():
 
 def with_ts(message: SimpleMessage, ts, timestamp_ms=None) -> SimpleMessage:
     """The message with its record's ts replaced (None: no ts) and a Kafka timestamp."""
-    record = {k: v for k, v in json.loads(message.value).items() if k != "ts"}
-    return SimpleMessage(json.dumps(record if ts is None else {**record, "ts": ts}).encode(), message.key,
+    record = {k: v for k, v in json.loads(message.value()).items() if k != "ts"}
+    return SimpleMessage(json.dumps(record if ts is None else {**record, "ts": ts}).encode(), message.key(),
                          timestamp=timestamp_ms)
 
 
@@ -117,3 +119,54 @@ def test_an_implausible_event_time_is_counted_and_the_monitor_files_the_record_a
     # The records themselves keep the ts they were sent with: it is the user's data.
     assert [json.loads(v).get("ts") for _, v in outcome.repaired] == [now - 30, 1e15, -1e15, None]
     assert outcome.event_times == [now - 30, 1e15, -1e15]  # the latency histogram skips the implausible itself
+
+
+def kafka_message(value: bytes, key: bytes | None = None, offset: int = 0,
+                  timestamp_ms: int | None = None) -> confluent_kafka.Message:
+    """A message as the worker's consumer returns it (confluent-kafka), on partition 2 of the input topic."""
+    stamp = ((confluent_kafka.TIMESTAMP_NOT_AVAILABLE, 0) if timestamp_ms is None
+             else (confluent_kafka.TIMESTAMP_CREATE_TIME, timestamp_ms))
+    return confluent_kafka.Message(topic="fairstream.records.in", partition=2, offset=offset, key=key, value=value,
+                                   timestamp=stamp)
+
+
+def test_the_batch_logic_reads_the_consumers_messages_through_their_methods(adult):
+    data, plan = adult
+    config = adult_config()
+    now = time.time()
+    sent = messages(data.subset(slice(0, 3)), config)
+    stray = with_ts(sent[2], 1e15).value()  # implausible: filed at its Kafka timestamp
+    batch = [kafka_message(sent[0].value(), b"k0", offset=10), kafka_message(sent[1].value(), None, offset=11),
+             kafka_message(stray, b"k2", offset=12, timestamp_ms=int((now - 5) * 1000)),
+             kafka_message(b"{not json", b"bad", offset=13)]
+    outcome = RecordRepairer(config).process(batch, plan)
+    keyless_id = json.loads(sent[1].value())["id"]
+    assert [k for k, _ in outcome.repaired] == [b"k0", keyless_id.encode(), b"k2"]  # keyless: the id's text
+    ((key, value),) = outcome.dead
+    letter = json.loads(value)
+    assert key == b"bad" and (letter["topic"], letter["partition"], letter["offset"]) == (
+        "fairstream.records.in", 2, 13)
+    assert base64.b64decode(letter["original_b64"]) == b"{not json" and letter["reason"].startswith("malformed JSON")
+    assert outcome.skewed == 1 and outcome.monitor_batch.ts[2] == pytest.approx(now - 5, abs=0.01)
+    # A test's SimpleMessage is read the same way, to the byte.
+    same = [SimpleMessage(m.value(), m.key(), topic=m.topic(), partition=m.partition(), offset=m.offset(),
+                          timestamp=None if m.timestamp()[0] == confluent_kafka.TIMESTAMP_NOT_AVAILABLE
+                          else m.timestamp()[1]) for m in batch]
+    again = RecordRepairer(config).process(same, plan)
+    assert again.repaired == outcome.repaired and again.dead == outcome.dead
+
+
+def test_every_repaired_value_read_back_is_the_plans_transform_bit_for_bit(adult):
+    data, plan = adult
+    config = adult_config()
+    batch = [kafka_message(v, k, offset=i) for i, (k, v) in enumerate(record_messages(data, config, "exact"))]
+    outcome = RecordRepairer(config).process(batch, plan)
+    records = [json.loads(v) for _, v in outcome.repaired]
+    rows = [int(r["id"].split("-")[1]) for r in records]
+    assert len(records) + len(outcome.dead) == len(data) and len(records) > 0.9 * len(data)
+    written = np.array([[r["features"][name] for name in config.features] for r in records])
+    original = np.array([[r["original"][name] for name in config.features] for r in records])
+    part = data.subset(np.array(rows))
+    expected = plan.module.transform(part.X, part.s, part.u, keys=[r["id"] for r in records])
+    assert written.tobytes() == np.asarray(expected, dtype=np.float64).tobytes()  # the promise: bit for bit
+    assert original.tobytes() == np.asarray(part.X, dtype=np.float64).tobytes()
