@@ -76,6 +76,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/repair_speed.py
+	$(PY) benchmarks/batch_logic.py
 	$(PY) benchmarks/monitor_cost.py
 
 bench-stream: $(STAMP)
