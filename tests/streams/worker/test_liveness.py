@@ -296,7 +296,7 @@ FAULT = textwrap.dedent('''
 
     def process(self, messages, active):
         once = os.environ.get("FAULT_ONCE")
-        if any(m.key.startswith(b"poison") for m in messages) and not (once and Path(once).exists()):
+        if any((m.key() or b"").startswith(b"poison") for m in messages) and not (once and Path(once).exists()):
             if once:
                 Path(once).touch()
             raise ZeroDivisionError("injected: a bug in processing")
