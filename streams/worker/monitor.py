@@ -2,9 +2,10 @@
 
 It watches exactly what the record agent writes to ``records.repaired``: in a worker the agent hands
 each delivered batch over as arrays (original and output features of the same records, and the
-scorer's decisions), so the monitor costs a few vectorised calls per batch and no second pass of
-the messages; a standalone reader of the topic can feed it raw values instead
-(:meth:`FairnessMonitor.observe`). The record chain is whatever the config names (``plan``;
+scorer's scores and decisions as the chain computed them, once), so the monitor costs a few
+vectorised calls per batch, no second pass of the messages and no second scoring of the chain's
+output; a standalone reader of the topic can feed it raw values instead
+(:meth:`FairnessMonitor.observe`), and then the monitor scores them itself. The record chain is whatever the config names (``plan``;
 ``flow`` then ``scorer``; ...): the first module is the *repair stage* (stage ``before`` is its
 input, ``after`` its output), a ``scorer`` at the end makes the decisions. For the chain's versions
 in use and per stratum, over a count window and a time window, it keeps:
@@ -13,8 +14,12 @@ in use and per stratum, over a count window and a time window, it keeps:
   (fixed bins per version: the plan's grid range, or the first batch's range for other modules,
   so the numbers are comparable across windows of one version);
 - ``dp_difference``, ``dp_ratio`` and ``conditional_dp`` of the label (stage ``label``) and, with a
-  scorer, of its decisions on the original features (``before``: the classifier alone) and on the
-  chain's output (``after``); ``eopp`` (equal opportunity: the DP gap among records with y = 1);
+  scorer, of its decisions on the chain's output (``after``: the decisions every record carries,
+  exact) and on the original features (``before``: the classifier alone, which needs a scorer call
+  of its own, so it is measured on the same uniform sample of each batch as MDP: every record's
+  group and stratum counted, the positives estimated by the sampled decisions, each counting the
+  ``n / m`` records it stands for, so each group's rate in a window is an unbiased estimate of the
+  rate of all its records); ``eopp`` (equal opportunity: the DP gap among records with y = 1);
 - ``mdp``: matched demographic parity (Kim et al., Fairness Through Matching (2024)), mean
   |f(x) - f(T(x))| of the scorer f with the frozen transport coupling T its artifact carries
   (fitted between the groups of its training data, each record's counterparts weighted by their
@@ -23,14 +28,17 @@ in use and per stratum, over a count window and a time window, it keeps:
   the space its map was fitted in). It is measured on a uniform random sample (without replacement)
   of at most ``MDP_ROWS`` rows per batch, each sampled row weighted by the rows it stands for
   (``n / m``), so the window's MDP is an unbiased estimate of the MDP of all its records whatever
-  the batch sizes and the order of the records in a batch (groups interleaved, or sorted).
+  the batch sizes and the order of the records in a batch (groups interleaved, or sorted). The
+  samples wait and are matched together when a window is read (a gauge export, a detector's
+  chunk), or once ``MATCH_ROWS`` wait: the map's fixed cost per call is that of a few hundred rows.
   A map that no longer carries one group onto the other (drift) shows as MDP moving away from
   the groups' score W1;
 - ``otf`` (only when monitored: it solves a small OT problem per read): the OTF⁰ cost of the
   scorer's scores after the chain (Chen et al.) on a uniform sample of the window;
 - ``out_of_range_rate`` of the repair stage (original values outside a plan's grid).
 
-Every update is a handful of vectorised calls per batch; reading a window merges its buckets.
+Every update is a handful of vectorised calls per batch; reading a window merges its buckets (and
+matches MDP's waiting samples).
 The monitor never stops the worker: a batch it cannot measure (data or an artifact that makes a
 statistic raise) ends the monitoring of that chain version with one logged error, and the next
 version is monitored afresh.
@@ -53,6 +61,7 @@ from typing import Callable, Iterable
 import numpy as np
 from river import drift
 
+from fairstream.repair._validation import RepairInputError
 from fairstream.repair.measure.accumulators import (
     EncodedLabels,
     HistogramDependenceAccumulator,
@@ -70,20 +79,22 @@ from fairstream.streams.config import MonitorConfig, PipelineConfig
 log = logging.getLogger(__name__)
 
 E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 8000 Adult records)
-MDP_ROWS = 256
-"""MDP is measured on a uniform random sample of at most this many rows per batch: matching records to their
-counterparts is the monitor's costliest step, and a window of 8000 records still holds about 2000 pairs.
-Each sampled row is weighted by ``n / len(sample)`` (:func:`mdp_sample`), so a batch of 2,700 records counts
-nine times one of 300, as its records do in the window."""
+MDP_ROWS = 128
+"""The statistics that need extra scorer calls are measured on a uniform random sample of at most this many rows
+per batch (:func:`mdp_sample`): the scorer on the original features (the classifier alone, stage ``before``) and
+MDP's counterparts. Matching records to their counterparts is the monitor's costliest step (about 2 us a sampled
+row on Adult), and a window of 8000 records in batches of 1000 still holds about 1000 sampled rows. Each sampled row
+is weighted by ``n / len(sample)``, so a batch of 2,700 records counts 21 times one of 128, as its records do in the
+window."""
 
 MDP_SEED = 0
-"""Seed of the generator that draws the MDP samples (one per chain version): a replay of the same batches
-gives the same statistics."""
+"""Seed of the generator that draws the samples (one per chain version): a replay of the same batches gives the
+same statistics."""
 
 
 def mdp_rows(n: int, rng: np.random.Generator) -> np.ndarray:
-    """The rows of a batch of ``n`` whose MDP pairs the monitor measures: at most ``MDP_ROWS``, drawn uniformly
-    without replacement, in increasing order.
+    """The sampled rows of a batch of ``n`` (see :data:`MDP_ROWS`): at most ``MDP_ROWS``, drawn uniformly without
+    replacement, in increasing order.
 
     Not every k-th row: a producer that interleaves the groups (0, 1, 0, 1, ...) would make every k-th row,
     for an even k, a row of one group.
@@ -96,11 +107,45 @@ def mdp_rows(n: int, rng: np.random.Generator) -> np.ndarray:
 def mdp_sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
     """:func:`mdp_rows` of a batch of ``n`` and the weight of each: the records it stands for (the weights sum to n).
 
-    Each row is in the sample with probability ``m / n``, so weighting it by ``n / m`` makes the window's MDP an
-    unbiased estimate of the MDP of all its records.
+    Each row is in the sample with probability ``m / n``, so a sum over the sample weighted by ``n / m`` is an
+    unbiased estimate of the same sum over every record of the batch, and so of the window.
     """
     rows = mdp_rows(n, rng)
     return rows, n / max(len(rows), 1)
+
+
+class DecisionRateAccumulator(PositiveRateAccumulator):
+    """Positive rates per (stratum, group) of the scorer's decisions, from labels the monitor encoded once.
+
+    The chain's decisions are known for every record (exact counts). The classifier alone's are known on a
+    uniform sample of each batch only: the totals stay exact (every record's group and stratum is known), the
+    positives are estimated from the sample, each sampled decision counting the records it stands for
+    (``n / m``). The estimated positives are unbiased, so each (stratum, group) rate of the window is an
+    unbiased estimate of the rate of all its records (a small cell's estimate may exceed 1). Merges and reads
+    like :class:`PositiveRateAccumulator`.
+    """
+
+    def __init__(self, groups, strata=None):
+        super().__init__(groups, strata)
+        self.positives_ = self.positives_.astype(np.float64)
+
+    def count(self, decisions: np.ndarray, s: EncodedLabels, u: EncodedLabels, among: np.ndarray | None = None,
+              rows: np.ndarray | None = None, weight: float = 1.0) -> "DecisionRateAccumulator":
+        """Count every record (of ``among``, a mask, if given) with the batch's encoded groups ``s`` and strata
+        ``u``, and the positive ``decisions``: of every record, or of the sampled batch rows ``rows``, each
+        weighing ``weight``."""
+        decisions = np.asarray(decisions)
+        if decisions.size and (decisions.dtype.kind not in "iub" or decisions.min() < 0 or decisions.max() > 1):
+            bad = decisions[(decisions != 0) & (decisions != 1)][0]
+            raise RepairInputError(f"decisions must be 0 or 1, got {bad!r}")
+        cell = np.asarray(u) * len(self.groups) + np.asarray(s)
+        shape, size = self.totals_.shape, self.totals_.size
+        counted = np.ones(len(cell), dtype=bool) if among is None else among
+        self.totals_ = self.totals_ + np.bincount(cell[counted], minlength=size).reshape(shape)
+        rows = slice(None) if rows is None else rows
+        positive = weight * decisions * counted[rows]
+        self.positives_ = self.positives_ + np.bincount(cell[rows], positive, size).reshape(shape)
+        return self
 
 
 DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
@@ -225,34 +270,130 @@ def make_detector(name: str):
 
 
 @dataclass
-class Matched:
-    """MDP's view of one stage: f(x) and f(T(x)) of every matched pair, the groups of both, the row it is of, and
-    its weight (the pair's share of its row under the coupling, times the row's sampling weight)."""
+class Sampled:
+    """The batch rows of its uniform sample (:func:`mdp_sample`), each standing for ``weight`` records, and the
+    scorer's decisions on their original features (the classifier alone: one scorer call on the sample only)."""
 
-    f: np.ndarray
-    f_matched: np.ndarray
-    s: np.ndarray
-    s_matched: np.ndarray
-    u: np.ndarray
     rows: np.ndarray
-    weights: np.ndarray
+    weight: float
+    decisions: np.ndarray
+
+    def take(self, rows: slice) -> "Sampled":
+        """The sampled rows among the batch rows ``rows`` (a slice), renumbered from its start."""
+        keep = (self.rows >= rows.start) & (self.rows < rows.stop)
+        return Sampled(self.rows[keep] - rows.start, self.weight, self.decisions[keep])
+
+
+MATCH_ROWS = 1024
+"""MDP's sampled rows wait and are matched to their counterparts in one call when a window is read (a gauge
+export, a detector's chunk), or once this many wait: the map's fixed cost per call (about 0.5 ms) is paid once per
+eight batches of 1000 or so, not once per batch, and one call (a few ms) holds the worker's loop only briefly."""
+
+
+@dataclass
+class ToMatch:
+    """MDP's sample of a batch on the chain's output, waiting to be matched: the sampled rows' features, groups,
+    strata and scores f(x), their batch rows, and the records each stands for."""
+
+    X: np.ndarray
+    s: np.ndarray
+    u: np.ndarray
+    f: np.ndarray
+    rows: np.ndarray
+    weight: float
 
     @classmethod
-    def of(cls, scorer, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray,
-           rng: np.random.Generator) -> "Matched":
-        """The pairs of :func:`mdp_sample` of ``X`` by the scorer's frozen map (counterparts in the reference group,
-        in every other group for a reference record), weighted by the records each sampled row stands for."""
-        sample, weight = mdp_sample(len(X), rng)
-        pairs = scorer.matched_counterparts(X[sample], s[sample])
-        rows = sample[pairs.rows]
-        return cls(scores[rows], scorer.predict_proba(pairs.X), s[rows], pairs.s, u[rows], rows,
-                   pairs.weights * weight)
+    def of(cls, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray, rows: np.ndarray,
+           weight: float) -> "ToMatch":
+        """The sampled ``rows`` of a batch, on the features ``X`` the scorer read, each standing for ``weight``."""
+        return cls(X[rows], s[rows], u[rows], scores[rows], rows, weight)
 
-    def take(self, rows: slice) -> "Matched":
-        """The pairs of the batch rows ``rows`` (a slice), renumbered from its start."""
+    def take(self, rows: slice) -> "ToMatch":
+        """The sampled rows among the batch rows ``rows`` (a slice), renumbered from its start."""
         keep = (self.rows >= rows.start) & (self.rows < rows.stop)
-        return Matched(self.f[keep], self.f_matched[keep], self.s[keep], self.s_matched[keep], self.u[keep],
-                       self.rows[keep] - rows.start, self.weights[keep])
+        return ToMatch(self.X[keep], self.s[keep], self.u[keep], self.f[keep], self.rows[keep] - rows.start,
+                       self.weight)
+
+
+class MatchQueue:
+    """The samples of one chain version waiting to be matched by the scorer's frozen map, matched together.
+
+    Each pair's weight is its share of its row under the coupling (counterparts in the reference group, in
+    every other group for a reference record) times the records its row stands for.
+    """
+
+    def __init__(self, scorer, groups: list, strata: list):
+        self.scorer, self.empty = scorer, MatchedDPAccumulator(groups, strata)
+        self.waiting: list[tuple[ToMatch, list]] = []  # (sample, the cell its accumulator is put in once matched)
+        self.n_rows = 0
+
+    def add(self, sample: ToMatch) -> list:
+        """Queue a sample; returns the cell that will hold its accumulator (a one-item list, empty until matched)."""
+        cell: list = []
+        self.waiting.append((sample, cell))
+        self.n_rows += len(sample.rows)
+        return cell
+
+    def match(self) -> None:
+        """Match every waiting sample in one call of the map (and one of the scorer on the counterparts)."""
+        if not self.waiting:
+            return
+        waiting, self.waiting, self.n_rows = self.waiting, [], 0
+        samples = [sample for sample, _ in waiting]
+        s = np.concatenate([sample.s for sample in samples])
+        pairs = self.scorer.matched_counterparts(np.concatenate([sample.X for sample in samples]), s)
+        f_matched = self.scorer.predict_proba(pairs.X)
+        f = np.concatenate([sample.f for sample in samples])[pairs.rows]
+        # every pair's labels encoded once, not once per sample
+        s_pair = EncodedLabels.encode(s[pairs.rows], self.empty.groups, "s")
+        s_matched = EncodedLabels.encode(pairs.s, self.empty.groups, "s_matched")
+        u = EncodedLabels.encode(np.concatenate([sample.u for sample in samples])[pairs.rows], self.empty.strata, "u")
+        # pairs come in row order: each sample's are one contiguous run
+        bounds = np.searchsorted(pairs.rows, np.cumsum([0] + [len(sample.rows) for sample in samples]))
+        for (sample, cell), start, stop in zip(waiting, bounds[:-1], bounds[1:]):
+            run = slice(start, stop)
+            cell.append(self.empty.fresh().update(f[run], f_matched[run], s_pair[run], s_matched[run], u[run],
+                                                  pairs.weights[run] * sample.weight))
+
+
+class DeferredMatchedDP:
+    """MDP's accumulator in the windows: the matched rows' sums, and samples still waiting in the queue.
+
+    It merges and reads like a :class:`MatchedDPAccumulator` (``merge``, ``fresh``, ``value``); reading one
+    matches every waiting sample first. Matched samples are folded into the sums as they are met.
+    """
+
+    def __init__(self, queue: MatchQueue, matched: MatchedDPAccumulator, waiting: tuple = ()):
+        self.queue, self.matched, self.waiting = queue, matched, waiting
+
+    def fresh(self) -> "DeferredMatchedDP":
+        """An empty accumulator of the same queue."""
+        return DeferredMatchedDP(self.queue, self.queue.empty.fresh())
+
+    def update(self, sample: ToMatch) -> "DeferredMatchedDP":
+        """Queue a batch's sample (its MDP counts once it is matched)."""
+        if len(sample.rows):
+            self.waiting += (self.queue.add(sample),)
+        return self
+
+    def merge(self, other: "DeferredMatchedDP") -> "DeferredMatchedDP":
+        """A new accumulator holding both; ``self`` and ``other`` keep their value."""
+        self._fold()
+        other._fold()
+        return DeferredMatchedDP(self.queue, self.matched.merge(other.matched), self.waiting + other.waiting)
+
+    def value(self):
+        """The MDP of every row so far (matching what waits)."""
+        self.queue.match()
+        self._fold()
+        return self.matched.value()
+
+    def _fold(self) -> None:
+        """Add the samples matched since into the sums (the value is unchanged)."""
+        done = [cell[0] for cell in self.waiting if cell]
+        if done:
+            self.matched = functools.reduce(lambda a, b: a.merge(b), done, self.matched)
+            self.waiting = tuple(cell for cell in self.waiting if not cell)
 
 
 @dataclass
@@ -265,35 +406,42 @@ class MonitoredBatch:
     u: np.ndarray
     y: np.ndarray | None
     out_of_range: np.ndarray
-    decision_before: np.ndarray | None = None  # the scorer on the original features (the classifier alone)
-    decision_after: np.ndarray | None = None  # the scorer on the chain's output (what the records carry)
+    sampled_before: Sampled | None = None  # the scorer on the original features of a sample (the classifier alone)
+    decision_after: np.ndarray | None = None  # the scorer on the chain's output (what the records carry): every row
     score_after: np.ndarray | None = None
-    matched_after: Matched | None = None  # MDP's pairs on the chain's output
+    matched_after: ToMatch | None = None  # MDP's sample on the chain's output (the same rows), matched later
 
     def __len__(self) -> int:
         return len(self.s)
 
     def take(self, rows: slice) -> "MonitoredBatch":
         """The rows ``rows`` of every array (None stays None)."""
-        return MonitoredBatch(**{name: None if value is None else value.take(rows) if isinstance(value, Matched)
-                                 else value[rows] for name, value in vars(self).items()})
+        return MonitoredBatch(**{name: None if value is None else value.take(rows)
+                                 if isinstance(value, (ToMatch, Sampled)) else value[rows]
+                                 for name, value in vars(self).items()})
 
 
 def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray,
                     rng: np.random.Generator) -> MonitoredBatch:
-    """Score a delivered batch: decisions before and after the chain, and MDP's pairs (on a sample drawn with
-    ``rng``) when the scorer carries a map."""
+    """A delivered batch as the monitor measures it, with the scorer's view when the chain ends in one.
+
+    The scores after the chain are the chain's own (``batch.score``, computed once by the record agent;
+    recomputed only for a batch read from the topic), and so are the decisions every record carries: the
+    statistics of the decisions after the chain are exact. The two that need extra scorer calls are measured on
+    one uniform sample of the batch drawn with ``rng`` (:func:`mdp_sample`): the classifier alone on the original
+    features (DP and EOpp ``before``: exact totals, positives estimated from the sample) and MDP's counterparts.
+    Each sampled row counts the ``n / m`` records it stands for, so both stay unbiased in every window.
+    """
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
     scorer = chain.scorer
     if scorer is None:
         return view
-    score_before = scorer.predict_proba(batch.before)
-    view.score_after = scorer.predict_proba(batch.after)
-    view.decision_before = (score_before >= 0.5).astype(np.int64)
-    # The worker hands over the decisions the records carry; a reader of the topic recomputes them.
+    view.score_after = batch.score if batch.score is not None else scorer.predict_proba(batch.after)
     view.decision_after = batch.decision if batch.decision is not None else (view.score_after >= 0.5).astype(np.int64)
+    rows, weight = mdp_sample(len(batch), rng)
+    view.sampled_before = Sampled(rows, weight, (scorer.predict_proba(batch.before[rows]) >= 0.5).astype(np.int64))
     if getattr(scorer, "group_map_", None) is not None:
-        view.matched_after = Matched.of(scorer, batch.after, batch.s, batch.u, view.score_after, rng)
+        view.matched_after = ToMatch.of(batch.after, batch.s, batch.u, view.score_after, rows, weight)
     return view
 
 
@@ -312,14 +460,16 @@ class BatchStatistics:
         if "mdp" in config.monitor.statistics and not matched:
             log.warning("monitor.statistic 'mdp' is configured but the scorer carries no group map: no MDP")
         otf = scored and "otf" in config.monitor.statistics
+        self.match_queue = MatchQueue(chain.scorer, groups, strata) if matched else None
         self.factories = {
             **{("dependence_e", st): functools.partial(HistogramDependenceAccumulator, edges[st, E_BINS], groups, strata)
                for st in stages},
             **{("w1", st): functools.partial(WassersteinAccumulator, edges[st, W1_BINS], groups, strata) for st in stages},
             **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
-            **{(name, st): (lambda: PositiveRateAccumulator(groups, strata)) for st in (stages if scored else ())
+            **{(name, st): (lambda: DecisionRateAccumulator(groups, strata)) for st in (stages if scored else ())
                for name in ("dp", *(("eopp",) if config.label else ()))},
-            **({("mdp", "after"): lambda: MatchedDPAccumulator(groups, strata)} if matched else {}),
+            **({("mdp", "after"): lambda: DeferredMatchedDP(self.match_queue, self.match_queue.empty)}
+               if matched else {}),
             # a uniform sample of the window: OTF0 is not a sum over records
             **({("otf", "after"): lambda: OTF0Accumulator(groups, eps=1e-2, max_rows=256)} if otf else {}),
             ("out_of_range_rate", "before"): lambda: RateAccumulator(strata),
@@ -329,27 +479,26 @@ class BatchStatistics:
         prototypes = {key: factory() for key, factory in self.factories.items()}
         self.factories = {key: prototype.fresh for key, prototype in prototypes.items()}
 
-    def of(self, batch: MonitoredBatch, keys=None) -> dict:
-        """The batch's accumulators, or only those of ``keys`` (labels encoded once, not once per accumulator)."""
-        s, u = EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
+    def labels(self, batch: MonitoredBatch) -> tuple[EncodedLabels, EncodedLabels]:
+        """The batch's groups and strata encoded once for every accumulator (slices of them stay encoded)."""
+        return EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
+
+    def of(self, batch: MonitoredBatch, labels: tuple[EncodedLabels, EncodedLabels], keys=None) -> dict:
+        """The batch's accumulators, or only those of ``keys``; ``labels``: :meth:`labels` of the batch."""
+        s, u = labels
         new = {key: factory() for key, factory in self.factories.items() if keys is None or key in keys}
         for stage, X in (("before", batch.before), ("after", batch.after)):
             for name in ("dependence_e", "w1"):
                 if (name, stage) in new:
                     new[name, stage].update(X, s, u)
-        for stage, decisions in (("before", batch.decision_before), ("after", batch.decision_after)):
-            if ("dp", stage) in new:
-                new["dp", stage].update(decisions, s, u)
-            if ("eopp", stage) in new:
-                self._update_eopp(new, stage, decisions, batch.y, s, u)
+        self._update_decisions(new, batch, s, u)
         if ("dp", "label") in new:
             if batch.y is not None:
                 new["dp", "label"].update(batch.y, s, u)
             else:
                 del new["dp", "label"]
         if ("mdp", "after") in new:
-            pairs = batch.matched_after
-            new["mdp", "after"].update(pairs.f, pairs.f_matched, pairs.s, pairs.s_matched, pairs.u, pairs.weights)
+            new["mdp", "after"].update(batch.matched_after)
         if ("otf", "after") in new:
             new["otf", "after"].update(batch.score_after, batch.after, batch.s)
         if ("out_of_range_rate", "before") in new:
@@ -357,12 +506,21 @@ class BatchStatistics:
         return new
 
     @staticmethod
-    def _update_eopp(new: dict, stage: str, decisions, y, s, u) -> None:
-        if y is None:  # a batch without labels says nothing about equal opportunity
-            del new["eopp", stage]
+    def _update_decisions(new: dict, batch: MonitoredBatch, s, u) -> None:
+        """DP and EOpp (among y = 1) of the chain's decisions (every record) and of the classifier alone (a sample)."""
+        positive = None if batch.y is None else np.asarray(batch.y) == 1
+        if batch.y is None:  # a batch without labels says nothing about equal opportunity
+            for stage in ("before", "after"):
+                new.pop(("eopp", stage), None)
+        sample = batch.sampled_before
+        if sample is None:  # no scorer
             return
-        positive = np.asarray(y) == 1
-        new["eopp", stage].update(decisions[positive], s[positive], u[positive])
+        for stage, decisions, rows, weight in (("after", batch.decision_after, None, 1.0),
+                                               ("before", sample.decisions, sample.rows, sample.weight)):
+            if ("dp", stage) in new:
+                new["dp", stage].count(decisions, s, u, rows=rows, weight=weight)
+            if ("eopp", stage) in new:
+                new["eopp", stage].count(decisions, s, u, among=positive, rows=rows, weight=weight)
 
 
 class StatisticWindows:
@@ -462,6 +620,7 @@ class DriftTracker:
         self.detector = make_detector(monitor.detector)
         self.armed, self.last_event = True, -np.inf
         self.pending = 0  # records left during which a detector hit waits for the window to confirm it
+        self.value: float | None = None  # the windowed statistic when last read (by confirm)
 
     def feed_chunk(self, chunk: dict) -> None:
         """Give the detector one chunk's value of the statistic (scaled so that the threshold is DETECTOR_SCALE)."""
@@ -477,16 +636,23 @@ class DriftTracker:
             # threshold, so the hit waits (at most one window of records) for that confirmation.
             self.pending = self.monitor.window_records
 
-    def confirm(self, n_records: int, window_value: float | None) -> bool:
-        """After a batch of ``n_records``: True when a detector hit is confirmed by the window (an event)."""
+    def confirm(self, n_records: int, window_value: Callable[[], float | None]) -> bool:
+        """After a batch of ``n_records``: True when a detector hit is confirmed by the window (an event).
+
+        ``window_value()`` reads the window (a merge of its buckets): only while a hit waits for confirmation or
+        the tracker waits to re-arm; the value read is kept in ``value``.
+        """
         self.pending = max(self.pending - n_records, 0)
-        if window_value is None:
+        if not self.pending and self.armed:  # no event possible, nothing to re-arm: the window need not be read
             return False
-        if window_value < self.threshold:
+        self.value = window_value()
+        if self.value is None:
+            return False
+        if self.value < self.threshold:
             self.armed = True
         now = self.clock()
         cooled = now - self.last_event >= self.monitor.cooldown_seconds
-        if self.pending and window_value > self.threshold and (self.armed or cooled):
+        if self.pending and self.value > self.threshold and (self.armed or cooled):
             self.armed, self.last_event, self.pending = False, now, 0
             return True
         return False
@@ -595,21 +761,38 @@ class FairnessMonitor:
             self._start(chain, batch)
         out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
         view = monitored_batch(batch, chain, out_of_range, self.rng)
-        accumulators = self.statistics.of(view)
+        pieces = self.chunker.pieces(len(view))
+        accumulators, parts = self._accumulators(view, pieces)
+        queue = self.statistics.match_queue
+        if queue is not None and queue.n_rows >= MATCH_ROWS:  # no window read for a while: bound what waits
+            queue.match()
         for windows in self.windows.values():
             windows.add(accumulators, len(view), ts=float(np.max(batch.ts)))
-        pieces = self.chunker.pieces(len(view))
-        for piece in pieces:
-            # A batch inside one chunk reuses its accumulators; one that spans chunk boundaries is cut, and
-            # only the monitored statistics are counted again per piece.
-            part = accumulators if len(pieces) == 1 else self.statistics.of(view.take(piece), self.detected)
+        for piece, part in zip(pieces, parts):
             chunk = self.chunker.add(part, piece.stop - piece.start)
             if chunk is not None:
                 for tracker in self.trackers:
                     tracker.feed_chunk(chunk)
-        return [DriftEvent(tracker.statistic, self.monitor.detector, value, self.version, self.clock())
+        return [DriftEvent(tracker.statistic, self.monitor.detector, tracker.value, self.version, self.clock())
                 for tracker in self.trackers
-                if tracker.confirm(len(view), value := self.statistic("count", tracker.statistic))]
+                if tracker.confirm(len(view), functools.partial(self.statistic, "count", tracker.statistic))]
+
+    def _accumulators(self, view: MonitoredBatch, pieces: list[slice]) -> tuple[dict, list[dict]]:
+        """The batch's accumulators, and those of each piece the chunker cut it into (the monitored statistics).
+
+        A batch inside one chunk is one piece. One that spans chunk boundaries is measured piece by piece for the
+        monitored statistics only, merged into the batch's; every other statistic once for the whole batch.
+        """
+        labels = self.statistics.labels(view)
+        if len(pieces) == 1:
+            accumulators = self.statistics.of(view, labels)
+            return accumulators, [accumulators]
+        parts = [self.statistics.of(view.take(piece), (labels[0][piece], labels[1][piece]), self.detected)
+                 for piece in pieces]
+        accumulators = self.statistics.of(view, labels, self.statistics.factories.keys() - self.detected)
+        for key in parts[0]:
+            accumulators[key] = functools.reduce(lambda a, b: a.merge(b), (part[key] for part in parts))
+        return accumulators, parts
 
     @staticmethod
     def _out_of_range(batch: RepairedBatch, plan) -> np.ndarray:
@@ -633,4 +816,8 @@ class FairnessMonitor:
         """A detector's statistic (default: the first configured) after the chain, all strata, over a window."""
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return None
-        return self.windows[window].detector_value(name or self.monitor.statistics[0])
+        try:
+            return self.windows[window].detector_value(name or self.monitor.statistics[0])
+        except Exception as exc:  # a read may match MDP's waiting samples: it must not stop the worker either
+            self._refuse(self.chain_key, exc)
+            return None

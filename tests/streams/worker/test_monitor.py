@@ -15,7 +15,7 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
-from fairstream.streams.codec import decode_repaired
+from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.loop import balanced_scorer
@@ -69,17 +69,18 @@ def test_statistics_show_the_repair(adult):
     assert stat(monitor, "dependence_e", "after") < stat(monitor, "dependence_e", "before") / 3
     assert stat(monitor, "w1", "after", feature="hours-per-week") < stat(monitor, "w1", "before", feature="hours-per-week") / 3
     # MDP with the scorer's frozen map, on the features the scorer reads: the same as measured offline on the
-    # monitor's sample of each batch (the map breaks exact ties between distinct points round-robin per call).
-    gaps, weights, rng = [], [], np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
+    # monitor's sample of each batch, matched in one call as the monitor matches what waits when a window is read
+    # (the map breaks exact ties between distinct points round-robin per call).
+    samples, rng = [], np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
     for batch in in_batches(repaired_values(archive.subset(slice(0, 8000)), plan, "a")):
         window = codec_arrays(batch)
         rows = mdp_rows(len(window), rng)
         assert len(rows) == MDP_ROWS and np.unique(rows).size == MDP_ROWS and rows.max() < len(window)
-        f = scorer.module.predict_proba(window.after[rows])
-        pairs = scorer.module.matched_counterparts(window.after[rows], window.s[rows])
-        gaps.append(np.abs(f[pairs.rows] - scorer.module.predict_proba(pairs.X)))
-        weights.append(pairs.weights)
-    offline = np.average(np.concatenate(gaps), weights=np.concatenate(weights))
+        samples.append((window.after[rows], window.s[rows]))
+    X, s = (np.concatenate(column) for column in zip(*samples))
+    f = scorer.module.predict_proba(X)
+    pairs = scorer.module.matched_counterparts(X, s)
+    offline = np.average(np.abs(f[pairs.rows] - scorer.module.predict_proba(pairs.X)), weights=pairs.weights)
     assert stat(monitor, "mdp", "after") == pytest.approx(offline)
     assert stat(monitor, "mdp", "after", pair="0-1") == stat(monitor, "mdp", "after")
     assert 0 <= stat(monitor, "dp_difference", "label") <= 1 and 0 <= stat(monitor, "dp_ratio", "after") <= 1
@@ -226,6 +227,138 @@ def test_mdp_rows_are_a_uniform_sample_of_the_batch():
     assert abs(by_phase - expected).max() < 0.05 * expected
 
 
+# --------------------------------------------------------------------------- scores handed over, decisions sampled
+
+
+class CountingScorer:
+    """A scorer that records the rows of every ``predict_proba`` and ``matched_counterparts`` call (everything else
+    is the wrapped scorer's)."""
+
+    def __init__(self, scorer):
+        self.scorer, self.calls = scorer, []
+
+    def __getattr__(self, name):
+        return getattr(self.scorer, name)
+
+    def predict_proba(self, X):
+        self.calls.append(("predict", np.array(X)))
+        return self.scorer.predict_proba(X)
+
+    def matched_counterparts(self, X, s, y=None):
+        self.calls.append(("match", np.array(X)))
+        return self.scorer.matched_counterparts(X, s, y)
+
+    def count(self, kind):
+        return sum(call == kind for call, _ in self.calls)
+
+
+def test_the_chains_scores_are_used_once_and_give_the_statistics_a_reader_recomputes(adult):
+    research, archive, plan, _ = adult
+    config = adult_config(records=AgentConfig(artifact=("plan", "scorer"))).with_monitor(min_records=500)
+    repaired = plan.module.transform(research.X, research.s, research.u, keys=[str(i) for i in range(len(research))])
+    scorer = LogisticScorer().fit(repaired, research.y).attach_group_map(GroupTransportMap(seed=0).fit(repaired,
+                                                                                                         research.s))
+    chain = (plan, Active("scorer", 1, "t" * 64, None, scorer))
+    messages = [SimpleMessage(v, k) for k, v in record_messages(archive.subset(slice(0, 3000)), config, id_prefix="t")]
+    handed = [RecordRepairer(config).process(batch, chain).monitor_batch for batch in in_batches(messages)]
+    assert all(batch.score is not None for batch in handed)
+    counting = CountingScorer(scorer)
+    worker = FairnessMonitor(config)
+    for batch in handed:
+        worker.observe_batch(batch, plan, Active("scorer", 1, "t" * 64, None, counting))
+    rows = worker.rows()
+    # No second scoring of the chain's output; the classifier alone only on each batch's sample.
+    scored = [X for call, X in counting.calls if call == "predict"]
+    assert not any(X.shape == b.after.shape and np.array_equal(X, b.after) for X in scored for b in handed)
+    rng = np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
+    for batch in handed:
+        sample = batch.before[mdp_rows(len(batch), rng)]
+        assert len(sample) == MDP_ROWS and sum(np.array_equal(X, sample) for X in scored) == 1
+    # and MDP's samples: matched, and their counterparts scored, in one call each when the gauges were read
+    assert len(scored) == len(handed) + 1 and counting.count("match") == 1
+    # A reader of the topic has no scores: it recomputes them, and measures the same.
+    reader = FairnessMonitor(config)
+    for batch in handed:
+        reader.observe_batch(replace(batch, score=None, decision=None), *chain)
+    expected = {row[:5]: row[5] for row in reader.rows()}
+    assert {row[:5] for row in rows} == set(expected)
+    assert all(row[5] == pytest.approx(expected[row[:5]], rel=1e-9, abs=1e-12) for row in rows)
+
+
+def test_the_classifier_alones_rates_from_samples_of_the_batches_are_unbiased(monkeypatch, mapped_scorer):
+    # Batches of 100 (every record measured) and 900 (MDP_ROWS sampled, each standing for 900 / MDP_ROWS): the
+    # small ones are a drifted source whose decisions are more often positive, so counting every sampled decision
+    # once would overweight them. Over many seeds the window's rates must centre on the rates of all its records.
+    from fairstream.streams.worker import monitor as monitor_module
+
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(window_records=4000, buckets=4,
+                                                                               min_records=500)
+    rng = np.random.default_rng(3)
+    sizes = [100, 900] * 2
+    s = rng.integers(0, 2, sum(sizes))
+    X = rng.normal(size=(len(s), 2))
+    bounds = np.cumsum([0] + sizes)
+    for a in bounds[:-1:2]:
+        X[a:a + 100] += 1.5  # the small batches
+    plain = Active("scorer", 1, "u" * 64, None, without_map(mapped_scorer.module))
+    decisions = plain.module.decision(X)
+    exact = np.array([decisions[s == g].mean() for g in (0, 1)])
+    estimates, naive = [], []
+    for seed in range(60):
+        monkeypatch.setattr(monitor_module, "MDP_SEED", seed)
+        monitor, draws = FairnessMonitor(config), np.random.default_rng(seed)
+        sampled = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            n = b - a
+            monitor.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None,
+                                                np.arange(a, b).astype(str), np.full(n, 1000.0),
+                                                decision=decisions[a:b]), plain)
+            sampled.append(a + mdp_rows(n, draws))  # the monitor's draws, replayed
+        estimates.append(monitor.windows["count"].windows["dp", "before"].value().rates)
+        rows = np.concatenate(sampled)
+        naive.append([decisions[rows][s[rows] == g].mean() for g in (0, 1)])
+    estimates, naive = np.array(estimates), np.array(naive)
+    standard_error = estimates.std(axis=0, ddof=1) / np.sqrt(len(estimates))
+    assert (standard_error > 0).all()  # a sample, not every record
+    assert (np.abs(estimates.mean(axis=0) - exact) <= 4 * standard_error).all()
+    assert (np.abs(naive.mean(axis=0) - exact) > 8 * standard_error).all()
+
+
+def without_map(scorer):
+    """The scorer without its group map (no MDP: the test measures the classifier alone only)."""
+    bare = copy.copy(scorer)
+    bare.group_map_ = None
+    return bare
+
+
+def test_mdp_samples_wait_and_are_matched_in_one_call_per_read(monkeypatch, mapped_scorer):
+    from fairstream.streams.worker import monitor as monitor_module
+
+    monkeypatch.setattr(monitor_module, "MATCH_ROWS", 1000)
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
+        window_records=30000, buckets=10, min_records=500, statistic="dp_difference")
+    X, s, bounds = arrivals("alternating", np.random.default_rng(2))
+    read_each, read_once = FairnessMonitor(config), FairnessMonitor(config)
+    counting = CountingScorer(mapped_scorer.module)
+    waiting, forced = 0, 0  # sampled rows waiting in read_once's queue, and the matches that bounds them
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        n = b - a
+        batch = RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None, np.arange(a, b).astype(str),
+                              np.full(n, 1000.0))
+        read_each.observe_batch(batch, mapped_scorer)
+        mdp_each = read_each.rows(statistic="mdp")  # a gauge export after every batch: matched batch by batch
+        read_once.observe_batch(batch, Active("scorer", 1, "m" * 64, None, counting))
+        waiting += min(n, MDP_ROWS)
+        if waiting >= 1000:
+            waiting, forced = 0, forced + 1
+    # Matched once MATCH_ROWS wait (no window read for that long), and the rest when the window is read.
+    assert forced >= 2 and waiting and counting.count("match") == forced
+    mdp_once = read_once.rows(statistic="mdp")
+    assert counting.count("match") == forced + 1
+    assert [row[:5] for row in mdp_once] == [row[:5] for row in mdp_each]
+    assert all(a[5] == pytest.approx(b[5], rel=1e-9) for a, b in zip(mdp_once, mdp_each))  # no ties: the same pairs
+
+
 # --------------------------------------------------------------------------- chains with a scorer
 
 
@@ -279,9 +412,6 @@ def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adul
     for batch in in_batches(chain_values(archive.subset(slice(0, 4000)), (flow, scorer), "f", config)):
         assert monitor.observe(batch, flow, scorer) == []
     rows = {r[:5]: r[5] for r in monitor.rows()}
-    for statistic in ("dp_difference", "eopp", "conditional_dp", "dp_ratio"):
-        # The identity flow changes nothing: the classifier alone (before) and the chain (after) agree.
-        assert rows[statistic, "after", "all", "all", "all"] == rows[statistic, "before", "all", "all", "all"]
     data = archive.subset(slice(0, 4000))
     decisions = scorer.module.decision(data.X)
     women, men = decisions[data.s == 0].mean(), decisions[data.s == 1].mean()
@@ -289,6 +419,20 @@ def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adul
     positives = data.y == 1
     eopp = abs(decisions[positives & (data.s == 1)].mean() - decisions[positives & (data.s == 0)].mean())
     assert rows["eopp", "after", "all", "all", "all"] == pytest.approx(eopp)
+    # The classifier alone (before; the identity flow changes nothing, so the same decisions) is measured on the
+    # monitor's sample of each batch: every record counted, positives estimated by the sampled decisions, each
+    # counting the n / m records it stands for.
+    rng, estimated = np.random.default_rng(MDP_SEED), np.zeros(4000)  # the monitor's draws, replayed
+    for start in range(0, 4000, 1000):
+        sample = start + mdp_rows(1000, rng)
+        estimated[sample] = decisions[sample] * 1000 / len(sample)
+
+    def gap(among):  # |rate of group 1 - rate of group 0| among the records ``among``, by the estimated positives
+        women, men = (estimated[among & (data.s == g)].sum() / (among & (data.s == g)).sum() for g in (0, 1))
+        return abs(men - women)
+
+    assert rows["dp_difference", "before", "all", "all", "all"] == pytest.approx(gap(np.ones(4000, dtype=bool)))
+    assert rows["eopp", "before", "all", "all", "all"] == pytest.approx(gap(positives))
     assert monitor.statistic("count", "eopp") == pytest.approx(eopp)
     new_scorer = Active("scorer", 2, "d" * 64, None, scorer.module)
     monitor.observe(chain_values(archive.subset(slice(4000, 4600)), (flow, new_scorer), "g", config), flow, new_scorer)
@@ -346,6 +490,29 @@ def test_a_batch_the_monitor_cannot_measure_ends_that_versions_statistics_not_th
     v2 = Active("plan", 2, "r" * 64, None, plan.module)  # the next version is monitored afresh
     monitor.observe_batch(good, v2)
     assert monitor.version == 2 and monitor.windows["count"].n_records == 1000 and monitor.rows()
+
+
+def test_mdp_samples_that_cannot_be_matched_at_a_read_end_that_versions_statistics(mapped_scorer, caplog):
+    class Unmatchable(CountingScorer):
+        def matched_counterparts(self, X, s, y=None):
+            raise FloatingPointError("injected: the map cannot match")
+
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(min_records=500, statistic="mdp")
+    scorer = Active("scorer", 1, "x" * 64, None, Unmatchable(mapped_scorer.module))
+    X, s = np.random.default_rng(0).normal(size=(1000, 2)), np.arange(1000) % 2
+    batch = RepairedBatch(X, X, s, np.zeros(1000, dtype=np.int64), None, np.arange(1000).astype(str),
+                          np.full(1000, 1000.0))
+    monitor = FairnessMonitor(adult_config(records=AgentConfig(artifact="scorer")).with_monitor(min_records=500))
+    monitor.observe_batch(batch, scorer)
+    assert monitor.refused is None  # MDP's sample waits to be matched
+    with caplog.at_level(logging.ERROR, logger="fairstream.streams.worker.monitor"):
+        assert monitor.rows() == []  # the gauge export matches it, and cannot
+        assert monitor.observe_batch(batch, scorer) == []
+    assert monitor.refused == (("scorer", 1),) and monitor.unmeasured == 1000
+    assert [r.levelname for r in caplog.records if "cannot measure" in r.getMessage()] == ["ERROR"]
+    # With MDP watched by a detector, the chunk that reads it matches it, within the batch: refused at once.
+    watched = FairnessMonitor(config)
+    assert watched.observe_batch(batch, scorer) == [] and watched.refused == (("scorer", 1),)
 
 
 def test_a_plan_grid_ending_beyond_the_float_range_still_gives_finite_bins(adult):
