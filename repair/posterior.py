@@ -14,8 +14,9 @@ The model, per stratum u: one logistic regression per group (one-vs-rest) on the
 features (and, where BIC prefers it, their squares), normalised over the groups. Linear log-odds
 are exact for normal groups with equal variances, squares for unequal ones; thin strata cannot
 afford the squares' noise, large ones can. For two groups one-vs-rest is logistic regression.
-It is fitted with the project's Newton/IRLS solver (:mod:`fairstream.repair.logistic`), and
-checked for calibration by K-fold cross-validation at fit time (:attr:`GroupPosterior.cv_`).
+It is fitted by the damped Newton (IRLS) steps of :mod:`fairstream.repair.logistic` on the distinct
+rows of each stratum with their group counts (the same likelihood, far fewer rows), and checked
+for calibration by K-fold cross-validation at fit time (:attr:`GroupPosterior.cv_`).
 
 What imputation can and cannot do: a record repaired under a drawn s lands on the barycentre of
 the *drawn* group, so the repair removes only the dependence that (x, u) reveals about s. The
@@ -50,9 +51,9 @@ from scipy.special import expit
 
 from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from .artifacts import ArraySpec, Check, above, at_least, finite
-from .logistic import fit_logistic
+from .logistic import _MAX_HALVINGS
 
-__all__ = ["GroupPosterior", "missing_mask", "one_vs_rest", "polynomial_design"]
+__all__ = ["GroupPosterior", "distinct_rows", "missing_mask", "one_vs_rest", "polynomial_design"]
 
 CV_METRICS = ("log_loss", "brier", "ece", "auc", "accuracy")
 _CALIBRATION_BINS = 10
@@ -81,20 +82,84 @@ def polynomial_design(Z: np.ndarray, degree: int) -> np.ndarray:
     return np.hstack([np.ones((len(Z), 1)), *powers])
 
 
-def one_vs_rest(design: np.ndarray, codes: np.ndarray, n_groups: int, l2: float) -> np.ndarray:
-    """Coefficients (n_groups, p) of one logistic regression per group present in ``codes``.
+def distinct_rows(X: np.ndarray, codes: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct rows of ``X`` and, for each, how many records of each group have it: (m, d) and (m, n_groups).
 
-    Absent groups get NaN coefficients (probability 0); with a single group present nothing is
-    fitted (its probability is 1).
+    A logistic likelihood depends on the records only through these counts, and integer features
+    (ages, hours, counts) have far fewer distinct rows than a stratum has records.
     """
-    coef = np.full((n_groups, design.shape[1]), np.nan)
-    present = np.bincount(codes, minlength=n_groups) > 0
-    if present.sum() == 1:
+    # Column by column, each row's code so far and the column's value code make a new code, renumbered
+    # densely so it stays below len(X) (an integer sort is far faster than np.unique(axis=0)'s).
+    values, code = np.unique(X[:, 0], return_inverse=True)
+    rows = values[:, None]
+    for column in X.T[1:]:
+        values, column_code = np.unique(column, return_inverse=True)
+        first, code = np.unique(code * len(values) + column_code, return_index=True, return_inverse=True)[1:]
+        rows = X[first]
+    counts = np.bincount(code * n_groups + codes, minlength=len(rows) * n_groups).reshape(len(rows), n_groups)
+    return rows, counts.astype(np.float64)
+
+
+def one_vs_rest(design: np.ndarray, counts: np.ndarray, l2: float) -> np.ndarray:
+    """Coefficients (n_groups, p) of one logistic regression per group present in ``counts``.
+
+    ``design`` has one row per distinct record and ``counts[i, g]`` records of group g share row i.
+    Absent groups get NaN coefficients (probability 0); with a single group present nothing is
+    fitted (its probability is 1); with two, one regression is fitted and the other group's is its
+    mirror image (one-vs-rest for two groups is one logistic regression).
+    """
+    coef = np.full((counts.shape[1], design.shape[1]), np.nan)
+    present = np.flatnonzero(counts.sum(axis=0) > 0)
+    if len(present) == 1:
         coef[present] = 0.0
         return coef
-    for g in np.flatnonzero(present):
-        coef[g] = fit_logistic(design, (codes == g).astype(np.float64), l2)[0]
+    total = counts.sum(axis=1)
+    for g in present[:1] if len(present) == 2 else present:
+        coef[g] = fit_counts_logistic(design, counts[:, g], total, l2)
+    if len(present) == 2:
+        coef[present[1]] = -coef[present[0]]
     return coef
+
+
+def fit_counts_logistic(Z: np.ndarray, positive: np.ndarray, total: np.ndarray, l2: float, max_iter: int = 50,
+                        tol: float = 1e-8) -> np.ndarray:
+    """:func:`~fairstream.repair.logistic.fit_logistic` on grouped rows: row i of ``Z`` stands for
+    ``total[i]`` records, ``positive[i]`` of them labelled 1. The same objective (mean log-loss over the
+    records + l2/2 ||theta[1:]||^2) and the same damped Newton steps, with one row per distinct value.
+    """
+    n, p = Z.shape
+    penalty = np.full(p, l2)
+    penalty[0] = 0.0
+    records = float(total.sum())
+
+    def objective(theta):
+        eta = Z @ theta
+        return (total @ np.logaddexp(0.0, eta) - positive @ eta) / records + 0.5 * np.sum(penalty * theta * theta)
+
+    theta = np.zeros(p)
+    loss = objective(theta)
+    for _ in range(max_iter):
+        prob = expit(Z @ theta)
+        grad = Z.T @ (total * prob - positive) / records + penalty * theta
+        hessian = (Z * (total * prob * (1.0 - prob))[:, None]).T @ Z / records + np.diag(penalty)
+        try:
+            step = np.linalg.solve(hessian, grad)
+        except np.linalg.LinAlgError:
+            step = np.linalg.lstsq(hessian, grad, rcond=None)[0]
+        t = 1.0
+        for _ in range(_MAX_HALVINGS):
+            candidate = theta - t * step
+            new_loss = objective(candidate)
+            if new_loss <= loss:
+                break
+            t *= 0.5
+        else:  # no decrease even for tiny steps: at the optimum up to rounding
+            return theta
+        change = float(np.max(np.abs(candidate - theta)))
+        theta, loss = candidate, new_loss
+        if change < tol:
+            break
+    return theta
 
 
 def ovr_proba(design: np.ndarray, coef: np.ndarray) -> np.ndarray:
@@ -138,7 +203,12 @@ class GroupPosterior:
         u = normalise_labels(as_labels(u, len(X), "u"))
         self.groups_ = np.unique(s) if groups is None else normalise_labels(np.asarray(groups))
         self.strata_ = np.unique(u) if strata is None else normalise_labels(np.asarray(strata))
-        s_codes, u_codes = encode(s, self.groups_, "s"), encode(u, self.strata_, "u")
+        return self.fit_codes(X, encode(s, self.groups_, "s"), encode(u, self.strata_, "u"), self.groups_, self.strata_)
+
+    def fit_codes(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, groups: np.ndarray,
+                  strata: np.ndarray) -> "GroupPosterior":
+        """:meth:`fit` on checked, finite ``X`` with the rows' group and stratum codes into ``groups`` and ``strata``."""
+        self.groups_, self.strata_ = groups, strata
         self.n_features_in_ = X.shape[1]
         self.mean_, self.scale_, self.coef_ = self._fit_codes(X, s_codes, u_codes)
         self.cv_ = self._cross_validate(X, s_codes, u_codes)
@@ -160,24 +230,25 @@ class GroupPosterior:
             mean[a] = X[rows].mean(axis=0)
             sd = X[rows].std(axis=0)
             scale[a] = np.where(sd > 0, sd, 1.0)  # a constant column stays 0 after standardising
-            design = polynomial_design((X[rows] - mean[a]) / scale[a], self.max_degree)
-            coef[a] = self._fit_stratum(design, s_codes[rows], n_g, d)
+            values, counts = distinct_rows(X[rows], s_codes[rows], n_g)
+            design = polynomial_design((values - mean[a]) / scale[a], self.max_degree)
+            coef[a] = self._fit_stratum(design, counts, d)
         return mean, scale, coef
 
-    def _fit_stratum(self, design: np.ndarray, codes: np.ndarray, n_groups: int, d: int) -> np.ndarray:
-        """One-vs-rest coefficients in the max-degree layout (unused powers are 0)."""
+    def _fit_stratum(self, design: np.ndarray, counts: np.ndarray, d: int) -> np.ndarray:
+        """One-vs-rest coefficients in the max-degree layout (unused powers are 0), from :func:`distinct_rows` counts."""
         degrees = (1, 2) if self.degree == "bic" else (int(self.degree),)
         best = None
         for degree in degrees:
             width = 1 + d * degree
-            coef = np.zeros((n_groups, design.shape[1]))
-            coef[:, :width] = one_vs_rest(design[:, :width], codes, n_groups, float(self.l2))
+            coef = np.zeros((counts.shape[1], design.shape[1]))
+            coef[:, :width] = one_vs_rest(design[:, :width], counts, float(self.l2))
             coef[np.isnan(coef[:, 0])] = np.nan  # absent groups stay absent in every column
             if len(degrees) == 1:
                 return coef
-            proba = ovr_proba(design, coef)[np.arange(len(codes)), codes]
-            n_free = (np.count_nonzero(np.bincount(codes, minlength=n_groups)) - 1) * width
-            bic = -2.0 * np.sum(np.log(np.clip(proba, 1e-300, None))) + n_free * np.log(len(codes))
+            log_likelihood = np.sum(counts * np.log(np.clip(ovr_proba(design, coef), 1e-300, None)))
+            n_free = (np.count_nonzero(counts.sum(axis=0)) - 1) * width
+            bic = -2.0 * log_likelihood + n_free * np.log(counts.sum())
             if best is None or bic < best[0]:
                 best = (bic, coef)
         return best[1]

@@ -2,6 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from scipy.stats import norm
 
 from fairstream.repair.density import (
     binned_bandwidth,
@@ -13,6 +14,7 @@ from fairstream.repair.density import (
     proportion_strength,
     row_kernel,
     silverman_bandwidth,
+    spread,
 )
 
 NODES = np.linspace(0.0, 10.0, 21)
@@ -52,6 +54,30 @@ def test_row_kernel_is_the_row_distribution_of_kernel_draws_under_algorithm_2(so
     nodes = np.linspace(0.0, 10.0, 11)
     draws = np.random.default_rng(source).normal(nodes[source], h, 200_000)
     np.testing.assert_allclose(row_kernel(nodes, h)[:, source], linear_binning(draws, nodes), atol=0.005)
+
+
+def direct_row_kernel(nodes, h):
+    """The kernel entry by entry, one Gaussian integral per (row, source) pair (the O(n^2) way)."""
+    step = nodes[1] - nodes[0]
+    ramp = lambda t: t * norm.cdf(t / h) + h * norm.pdf(t / h)  # E[(Y + t)^+] for Y ~ N(0, h^2)
+    offset = nodes[None, :] - nodes[:, None]
+    K = (ramp(offset + step) - 2.0 * ramp(offset) + ramp(offset - step)) / step
+    K[0] = (ramp(step - offset[0]) - ramp(-offset[0])) / step
+    K[-1] = (ramp(offset[-1] + step) - ramp(offset[-1])) / step
+    return np.clip(K, 0.0, None)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 120), st.floats(-50.0, 50.0), st.floats(0.01, 3.0), st.floats(0.01, 30.0), st.integers(0, 2**31))
+def test_the_kernel_from_its_lags_and_spread_equal_the_direct_kernel(n, start, step, h, seed):
+    # row_kernel computes the 2n - 1 distinct lags and spread() convolves with them; both must be
+    # the kernel integrated entry by entry, on any uniform grid (not only the integer lattice).
+    nodes = start + step * np.arange(n)
+    mass = np.random.default_rng(seed).random(n)
+    K = direct_row_kernel(nodes, h)
+    np.testing.assert_allclose(row_kernel(nodes, h), K, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(spread(nodes, h, mass), K @ mass, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(spread(nodes, 0.0, mass), mass)
 
 
 @given(st.integers(2, 60), st.floats(0.0, 20.0))

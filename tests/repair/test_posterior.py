@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 from scipy.special import expit
 
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.posterior import GroupPosterior, calibration_metrics, missing_mask
+from fairstream.repair.logistic import fit_logistic
+from fairstream.repair.posterior import (
+    GroupPosterior,
+    calibration_metrics,
+    distinct_rows,
+    missing_mask,
+    one_vs_rest,
+    polynomial_design,
+)
 
 
 def logistic_data(n, coef_by_stratum, seed):
@@ -98,3 +106,22 @@ def test_unseen_stratum_and_unfitted_raise():
         GroupPosterior().predict_proba([[0.0]], [0])
     with pytest.raises(RepairInputError, match="degree"):
         GroupPosterior(degree=0).fit([[0.0], [1.0]], [0, 1], [0, 0])
+
+
+@pytest.mark.parametrize("n_groups", [2, 3])
+def test_the_fit_on_distinct_rows_is_the_per_row_maximum_likelihood_fit(n_groups):
+    # Integer features repeat (ages, hours): the posterior is fitted once per distinct row with its
+    # group counts, and with two groups one regression is mirrored. Both must give the coefficients
+    # of one logistic regression per group on every row.
+    rng = np.random.default_rng(n_groups)
+    X = rng.integers(0, 12, size=(4000, 2)).astype(float)
+    codes = np.minimum((X[:, 0] / 4 + rng.normal(size=4000)).astype(int).clip(0), n_groups - 1)
+    values, counts = distinct_rows(X, codes, n_groups)
+    assert len(values) <= 144 and counts.sum() == 4000 and len(np.unique(values, axis=0)) == len(values)
+    for v, c in zip(values[:20], counts[:20]):
+        np.testing.assert_array_equal(c, np.bincount(codes[(X == v).all(axis=1)], minlength=n_groups))
+    standardise = lambda Z: (Z - X.mean(axis=0)) / X.std(axis=0)
+    got = one_vs_rest(polynomial_design(standardise(values), 2), counts, 1e-3)
+    per_row = polynomial_design(standardise(X), 2)
+    want = [fit_logistic(per_row, (codes == g).astype(float), 1e-3)[0] for g in range(n_groups)]
+    np.testing.assert_allclose(got, want, atol=1e-6)
