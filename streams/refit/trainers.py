@@ -126,11 +126,16 @@ class PlanTrainer(RecordTrainer):
         self.n_q, self.out_of_range, self.repair_amount = n_q, out_of_range, repair_amount
 
     def fit(self, window: "ResearchWindow", actives: Mapping):
-        """A plan fitted on the window, with the pipeline's feature names."""
+        """A plan fitted on the window, with the pipeline's feature names.
+
+        The posterior Pr[s | x, u] (most of a fit's time) is fitted only for a pipeline that imputes a missing s:
+        a plan without it is refused, with that reason, by a pipeline that starts imputing.
+        """
         from fairstream.repair.distributional import DistributionalRepair
 
         return DistributionalRepair(n_q=self.n_q, out_of_range=self.out_of_range, repair_amount=self.repair_amount,
-                                    columns=list(self.config.features)).fit(window.X, window.s, window.u)
+                                    columns=list(self.config.features), posterior=self.config.imputes_s,
+                                    ).fit(window.X, window.s, window.u)
 
     def validate(self, plan, held: "ResearchWindow", actives: Mapping) -> Validation:
         """E after the plan repairs the holdout; rows it refuses stay unrepaired, as a penalty."""

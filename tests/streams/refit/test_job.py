@@ -442,3 +442,15 @@ def test_refit_service_command_answers_a_request_and_stops_on_sigterm(broker, co
     log_text = log_path.read_text()
     assert "queued: (drift of dependence_e) re-fit starts now" in log_text
     assert "no plan was active: published plan v1" in log_text
+
+
+def test_a_plan_re_fit_fits_the_posterior_of_s_only_for_a_pipeline_that_imputes_s(windows, tmp_path):
+    from fairstream.streams.refit.trainers import PlanTrainer
+
+    config = adult_config(artifact_dir=str(tmp_path))
+    imputing = dataclasses.replace(config, records=dataclasses.replace(config.records, missing_s="impute"))
+    window = as_window(windows["first"])
+    assert PlanTrainer(config).fit(window, {}).posterior_ is None  # most of a fit's time, for nothing
+    plan = PlanTrainer(imputing).fit(window, {})
+    assert plan.posterior_ is not None
+    plan.check_compatible(imputing.schema())  # the imputing pipeline loads it
