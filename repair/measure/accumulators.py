@@ -21,7 +21,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from itertools import combinations
@@ -91,7 +90,18 @@ class EncodedLabels(np.ndarray):
     @classmethod
     def encode(cls, values, labels, name: str = "labels") -> "EncodedLabels":
         """Codes of ``values`` in the configured ``labels``; an unknown value raises naming it."""
-        classes = configured_labels(labels, name)
+        return cls.in_classes(values, configured_labels(labels, name), name)
+
+    @classmethod
+    def in_classes(cls, values, classes: np.ndarray, name: str = "labels") -> "EncodedLabels":
+        """:meth:`encode` with labels already configured (:func:`configured_labels`, or an accumulator's
+        ``groups`` or ``strata``): for a caller that encodes every batch in the same labels."""
+        values = np.asarray(values)
+        if values.dtype.kind in "iu" and classes.dtype.kind == "i" and values.size and classes[0] == 0 \
+                and classes[-1] == len(classes) - 1 and values.min() >= 0 and values.max() < len(classes):
+            codes = values.astype(np.intp).view(cls)  # labels 0 .. k-1 (sorted, distinct) are their own codes
+            codes.classes = classes
+            return codes
         codes = encode(normalise_labels(np.asarray(values)), classes, name).view(cls)
         codes.classes = classes
         return codes
@@ -129,19 +139,47 @@ class _Mergeable(ABC):
 
     def merge(self, other):
         """A new accumulator holding the counts of both; ``self`` and ``other`` are unchanged."""
-        if type(other) is not type(self) or not _same(self._settings(), other._settings()):
-            raise RepairInputError(f"cannot merge {type(other).__name__} with different settings into "
-                                   f"{type(self).__name__}")
+        self._check_mergeable(other)
         # A shallow copy suffices: every count is replaced by a fresh array below, and settings
         # (bin edges, labels) are never mutated. A deep copy made merging the monitor's hot spot.
-        merged = copy.copy(self)
+        merged = _shallow_copy(self)
         for name in self._counts:
             setattr(merged, name, _add(getattr(self, name), getattr(other, name)))
         return merged
 
+    def absorb(self, other):
+        """Add ``other``'s counts into this accumulator in place; returns ``self``.
+
+        Only for an accumulator that owns its count arrays (one :meth:`merge` made, or one built by
+        :meth:`update` calls): a window's bucket that later batches are added to, where a merge would copy
+        every array each time.
+        """
+        self._check_mergeable(other)
+        for name in self._counts:
+            setattr(self, name, _add_into(getattr(self, name), getattr(other, name)))
+        return self
+
+    def _of_counts(self, **counts):
+        """An accumulator with this one's settings holding ``counts`` (every name of ``_counts``), for a caller
+        that counted already-validated inputs itself (the stream monitor bins many accumulators' columns at once).
+        """
+        made = _shallow_copy(self)
+        for name in self._counts:
+            setattr(made, name, counts[name])
+        return made
+
     def fresh(self):
         """An empty accumulator with the same settings, shared: cheap to make and to merge with this one."""
-        return copy.copy(self).reset()
+        return _shallow_copy(self).reset()
+
+    def _check_mergeable(self, other) -> None:
+        """Raise unless ``other`` has this accumulator's type and settings (one's copies share them: no compare)."""
+        family = self.__dict__.get("_family")
+        if type(other) is type(self) and family is not None and other.__dict__.get("_family") is family:
+            return
+        if type(other) is not type(self) or not _same(self._settings(), other._settings()):
+            raise RepairInputError(f"cannot merge {type(other).__name__} with different settings into "
+                                   f"{type(self).__name__}")
 
     def reset(self):
         """Forget every record seen; the settings stay. Returns ``self``."""
@@ -150,9 +188,29 @@ class _Mergeable(ABC):
         return self
 
 
+def _shallow_copy(accumulator):
+    """A copy sharing the settings objects (never mutated) and marked as one family with ``accumulator``, so that
+    merging copies skips comparing their settings; faster than ``copy.copy``."""
+    accumulator.__dict__.setdefault("_family", object())
+    made = object.__new__(type(accumulator))
+    made.__dict__.update(accumulator.__dict__)
+    return made
+
+
 def _add(a, b):
     if isinstance(a, list):
         return [x + y for x, y in zip(a, b)]
+    return a + b
+
+
+def _add_into(a, b):
+    if isinstance(a, list):
+        for x, y in zip(a, b):
+            x += y
+        return a
+    if isinstance(a, np.ndarray):
+        a += b
+        return a
     return a + b
 
 

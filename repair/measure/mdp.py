@@ -134,6 +134,26 @@ class MatchedDPAccumulator(_Mergeable):
         self.totals_ = self.totals_ + np.bincount(cell, minlength=size).reshape(shape)
         return self
 
+    def runs(self, scores, matched_scores, s, s_matched, u, weights, bounds) -> list[MatchedDPAccumulator]:
+        """Fresh accumulators (this one's settings), the i-th fed the rows ``bounds[i]:bounds[i + 1]``: each equals
+        ``self.fresh().update(...)`` of its run, validated and counted for every run at once."""
+        scores = _scores(scores, "scores")
+        n = scores.shape[0]
+        matched = _scores(matched_scores, "matched_scores", n_rows=n)
+        weight = _weights(weights, n)
+        cell = label_codes(u, self.strata, n, "u", configured=self._has_strata) * self.abs_sums_.shape[1] + \
+            self._pair_codes(s, s_matched, n)
+        bounds = np.asarray(bounds, dtype=np.intp)
+        size, shape = self.abs_sums_.size, self.abs_sums_.shape
+        key = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds)) * size + cell[bounds[0]:bounds[-1]]
+        rows, n_runs = slice(bounds[0], bounds[-1]), len(bounds) - 1
+        abs_sums = np.bincount(key, (weight * np.abs(scores - matched))[rows], n_runs * size)
+        masses = np.bincount(key, weight[rows], n_runs * size)
+        totals = np.bincount(key, minlength=n_runs * size)
+        return [self._of_counts(abs_sums_=abs_sums[i * size:(i + 1) * size].reshape(shape),
+                                masses_=masses[i * size:(i + 1) * size].reshape(shape),
+                                totals_=totals[i * size:(i + 1) * size].reshape(shape)) for i in range(n_runs)]
+
     def _pair_codes(self, s, s_matched, n: int) -> np.ndarray:
         if self.groups is None:
             if s is not None or s_matched is not None:

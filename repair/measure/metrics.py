@@ -125,6 +125,53 @@ def bin_index(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
 
 
+class ColumnBins:
+    """Bins of every column of a matrix on fixed per-column edges, in a few vectorised calls.
+
+    :meth:`codes` gives, column by column, exactly what :func:`bin_index` gives (values outside the
+    edges in the end bins, a value on an edge in the bin it starts, the last edge in the last bin),
+    without a binary search per value: each value's bin is guessed arithmetically as if the edges
+    were of equal width and kept where ``edges[b] <= x < edges[b + 1]`` confirms it (the end bins
+    open to -inf and +inf). That interval is unique for strictly increasing edges, so a kept guess
+    is ``bin_index``'s bin whatever the edges; the rare values it misses (rounding at an edge,
+    unequal widths, NaN) get their bin from ``bin_index``.
+
+    >>> bins = ColumnBins([np.array([0.0, 1.0, 2.0]), np.array([0.0, 10.0, 20.0, 30.0])])
+    >>> bins.codes(np.array([[1.0, 30.0], [-5.0, 9.9]])).tolist()
+    [[1, 2], [0, 0]]
+    """
+
+    def __init__(self, edges: Sequence[np.ndarray]):
+        self.edges = [np.asarray(e, dtype=np.float64) for e in edges]
+        self.n_bins = np.array([len(e) - 1 for e in self.edges], dtype=np.intp)
+        starts = np.array([e[0] for e in self.edges])
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            spans = np.array([e[-1] for e in self.edges]) - starts
+            self._scale = np.nan_to_num(self.n_bins / spans, posinf=0.0)  # a span that overflows: guess bin 0
+        self._start = starts
+        self._last = (self.n_bins - 1).astype(np.float64)
+        # Every column's edges in one flat array, the outer ones opened to -inf and +inf (the end bins), so one
+        # gather per side checks every guess; ``_first`` is each column's offset in it.
+        self._first = np.concatenate([[0], np.cumsum(self.n_bins + 1)[:-1]]).astype(np.intp)
+        self._flat = np.concatenate([np.concatenate([[-np.inf], e[1:-1], [np.inf]]) for e in self.edges])
+
+    def codes(self, X: np.ndarray) -> np.ndarray:
+        """The bin of every value of ``X`` (n, columns), column k on ``edges[k]``, as :func:`bin_index`."""
+        with np.errstate(invalid="ignore", over="ignore"):
+            guess = (X - self._start) * self._scale
+        # fmax/fmin send NaN to bin 0, where the check below refuses it
+        index = np.fmin(np.fmax(guess, 0.0, out=guess), self._last, out=guess).astype(np.intp)
+        index += self._first
+        kept = (self._flat[index] <= X) & (X < self._flat[index + 1])
+        index -= self._first
+        if not kept.all():
+            missed = ~kept
+            for column in np.flatnonzero(missed.any(axis=0)):
+                rows = np.flatnonzero(missed[:, column])
+                index[rows, column] = bin_index(X[rows, column], self.edges[column])
+        return index
+
+
 def histogram_counts(bin_codes: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray,
                      n_groups: int, n_strata: int, n_bins: int) -> np.ndarray:
     """Counts of one feature per (stratum, group, bin), shape (n_strata, n_groups, n_bins)."""
@@ -146,7 +193,9 @@ def check_alpha(alpha: float) -> None:
 
 
 def _safe_ratio(num: np.ndarray, den: np.ndarray, empty: float) -> np.ndarray:
-    num, den = np.broadcast_arrays(np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64))
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    if num.shape != den.shape:  # broadcast only when needed: a gauge export reads a thousand ratios
+        num, den = np.broadcast_arrays(num, den)
     return np.divide(num, den, out=np.full(num.shape, empty), where=den > 0)
 
 
@@ -181,7 +230,7 @@ def symmetrised_kl_from_counts(counts, alpha: float = 0.5) -> np.ndarray:
         diff = (pmf[..., a, :] - pmf[..., b, :]) * (log_pmf[..., a, :] - log_pmf[..., b, :])
         pair_sum += np.where(both, 0.5 * diff.sum(axis=-1), 0.0)
         n_pairs += both
-    return _safe_ratio(pair_sum, n_pairs, empty=0.0)
+    return np.divide(pair_sum, n_pairs, out=np.zeros(pair_sum.shape), where=n_pairs > 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,9 +255,13 @@ def dependence_from_counts(counts: Sequence[np.ndarray], alpha: float, groups, s
     Pr[u] is read from the first feature's counts: every record falls in exactly one bin of
     every feature, so all features hold the same per-stratum totals.
     """
-    per_stratum = np.stack([symmetrised_kl_from_counts(c, alpha) for c in counts], axis=1)
+    if len({np.shape(c) for c in counts}) == 1:  # the features' histograms stacked: one pass for all of them
+        per_stratum = symmetrised_kl_from_counts(np.stack(counts, axis=1), alpha)
+    else:
+        per_stratum = np.stack([symmetrised_kl_from_counts(c, alpha) for c in counts], axis=1)
     stratum_totals = np.asarray(counts[0]).sum(axis=(1, 2))
-    weights = _safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
+    total = stratum_totals.sum()
+    weights = stratum_totals / total if total > 0 else np.zeros(stratum_totals.shape)
     per_feature = weights @ per_stratum
     return DependenceResult(per_feature=per_feature, total=float(per_feature.sum()), per_stratum=per_stratum,
                             weights=weights, groups=np.asarray(groups), strata=np.asarray(strata))
@@ -387,7 +440,7 @@ def dp_from_counts(positives, totals, groups, strata) -> DemographicParityResult
 def as_binary(y, n_rows: int, name: str = "y") -> np.ndarray:
     """Binary decisions or labels as 0/1 ints; any other value raises naming it."""
     labels = normalise_labels(as_labels(y, n_rows, name))
-    ok = np.isin(labels, [0, 1]) if labels.dtype.kind in "iuf" else np.zeros(labels.shape, dtype=bool)
+    ok = (labels == 0) | (labels == 1) if labels.dtype.kind in "iuf" else np.zeros(labels.shape, dtype=bool)
     if not ok.all():
         raise RepairInputError(f"{name} must be binary (0/1), got the value {labels[np.argmin(ok)]!r}")
     return labels.astype(np.int64)

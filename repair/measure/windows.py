@@ -22,6 +22,7 @@ piece. So a single record's ``X`` must be 2-D, shape (1, d).
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from collections import deque
 from functools import reduce
@@ -385,12 +386,15 @@ class BatchWindow:
                 raise RepairInputError(f"seconds must be a positive number, got {seconds!r}")
             self.span = float(seconds) / self.buckets
         self.seconds = seconds
-        self.ring_: deque = deque()  # [key, accumulator, records] per bucket, oldest first
+        # [key, accumulator, records, owned] per bucket, oldest first; owned: the accumulator is the window's own
+        # (made by a merge), so later batches are added into it in place
+        self.ring_: deque = deque()
+        self._n_records = 0  # the buckets' records, kept with them: read after every batch
 
     @property
     def n_records(self) -> int:
         """Records in the window now."""
-        return int(sum(bucket[2] for bucket in self.ring_))
+        return self._n_records
 
     def add(self, accumulator, n_records: int, ts: float | None = None) -> "BatchWindow":
         """Add one batch's accumulator (``ts``: the batch's time, required for a time window)."""
@@ -406,30 +410,40 @@ class BatchWindow:
         if self.ring_ and self.ring_[-1][2] < self.capacity:
             self._merge_into(self.ring_[-1], accumulator, n)
         else:
-            self.ring_.append([None, accumulator, n])
-        while len(self.ring_) > 1 and self.n_records - self.ring_[0][2] >= self.records:
-            self.ring_.popleft()
+            self.ring_.append([None, accumulator, n, False])
+        self._n_records += n
+        while len(self.ring_) > 1 and self._n_records - self.ring_[0][2] >= self.records:
+            self._n_records -= self.ring_.popleft()[2]
 
     def _add_timed(self, accumulator, n: int, ts: float) -> None:
-        key = int(np.floor(ts / self.span))
+        key = math.floor(ts / self.span)
         newest = self.ring_[-1][0] if self.ring_ else key
         if key < newest - self.buckets + 1:
             return  # older than the window: it would leave at once
-        match = next((bucket for bucket in self.ring_ if bucket[0] == key), None)
+        if key == newest and self.ring_:  # the common case: the batch belongs to the newest bucket
+            match = self.ring_[-1]
+        else:
+            match = next((bucket for bucket in self.ring_ if bucket[0] == key), None)
+        self._n_records += n
         if match is not None:
             self._merge_into(match, accumulator, n)
         elif key > newest or not self.ring_:
-            self.ring_.append([key, accumulator, n])
+            self.ring_.append([key, accumulator, n, False])
         else:  # a late batch for a bucket that saw nothing: kept in time order
-            self.ring_.append([key, accumulator, n])
+            self.ring_.append([key, accumulator, n, False])
             self.ring_ = deque(sorted(self.ring_, key=lambda bucket: bucket[0]))
         newest = self.ring_[-1][0]
         while self.ring_ and self.ring_[0][0] <= newest - self.buckets:
-            self.ring_.popleft()
+            self._n_records -= self.ring_.popleft()[2]
 
     @staticmethod
     def _merge_into(bucket: list, accumulator, n: int) -> None:
-        bucket[1] = bucket[1].merge(accumulator)
+        # The caller may hold (and add elsewhere) the accumulators it adds: a bucket's first one is never changed;
+        # the first merge makes the window's own copy, and later batches are added into that one.
+        if bucket[3] and hasattr(bucket[1], "absorb"):
+            bucket[1].absorb(accumulator)
+        else:
+            bucket[1], bucket[3] = bucket[1].merge(accumulator), True
         bucket[2] += n
 
     def accumulator(self):

@@ -68,9 +68,10 @@ from fairstream.repair.measure.accumulators import (
     PositiveRateAccumulator,
     RateAccumulator,
     WassersteinAccumulator,
+    configured_labels,
 )
 from fairstream.repair.measure.mdp import MatchedDPAccumulator
-from fairstream.repair.measure.metrics import equal_width_edges
+from fairstream.repair.measure.metrics import ColumnBins, as_binary, equal_width_edges, features
 from fairstream.repair.measure.otf import OTF0Accumulator
 from fairstream.repair.measure.windows import BatchWindow
 from fairstream.streams.codec import RepairedBatch, decode_repaired
@@ -82,7 +83,7 @@ E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 
 MDP_ROWS = 128
 """The statistics that need extra scorer calls are measured on a uniform random sample of at most this many rows
 per batch (:func:`mdp_sample`): the scorer on the original features (the classifier alone, stage ``before``) and
-MDP's counterparts. Matching records to their counterparts is the monitor's costliest step (about 2 us a sampled
+MDP's counterparts. Matching records to their counterparts is the monitor's costliest step (about 1.5 us a sampled
 row on Adult), and a window of 8000 records in batches of 1000 still holds about 1000 sampled rows. Each sampled row
 is weighted by ``n / len(sample)``, so a batch of 2,700 records counts 21 times one of 128, as its records do in the
 window."""
@@ -134,10 +135,7 @@ class DecisionRateAccumulator(PositiveRateAccumulator):
         """Count every record (of ``among``, a mask, if given) with the batch's encoded groups ``s`` and strata
         ``u``, and the positive ``decisions``: of every record, or of the sampled batch rows ``rows``, each
         weighing ``weight``."""
-        decisions = np.asarray(decisions)
-        if decisions.size and (decisions.dtype.kind not in "iub" or decisions.min() < 0 or decisions.max() > 1):
-            bad = decisions[(decisions != 0) & (decisions != 1)][0]
-            raise RepairInputError(f"decisions must be 0 or 1, got {bad!r}")
+        decisions = check_decisions(decisions)
         cell = np.asarray(u) * len(self.groups) + np.asarray(s)
         shape, size = self.totals_.shape, self.totals_.size
         counted = np.ones(len(cell), dtype=bool) if among is None else among
@@ -345,15 +343,16 @@ class MatchQueue:
         f_matched = self.scorer.predict_proba(pairs.X)
         f = np.concatenate([sample.f for sample in samples])[pairs.rows]
         # every pair's labels encoded once, not once per sample
-        s_pair = EncodedLabels.encode(s[pairs.rows], self.empty.groups, "s")
-        s_matched = EncodedLabels.encode(pairs.s, self.empty.groups, "s_matched")
-        u = EncodedLabels.encode(np.concatenate([sample.u for sample in samples])[pairs.rows], self.empty.strata, "u")
+        s_pair = EncodedLabels.in_classes(s[pairs.rows], self.empty.groups, "s")
+        s_matched = EncodedLabels.in_classes(pairs.s, self.empty.groups, "s_matched")
+        u = EncodedLabels.in_classes(np.concatenate([sample.u for sample in samples])[pairs.rows], self.empty.strata,
+                                     "u")
         # pairs come in row order: each sample's are one contiguous run
         bounds = np.searchsorted(pairs.rows, np.cumsum([0] + [len(sample.rows) for sample in samples]))
-        for (sample, cell), start, stop in zip(waiting, bounds[:-1], bounds[1:]):
-            run = slice(start, stop)
-            cell.append(self.empty.fresh().update(f[run], f_matched[run], s_pair[run], s_matched[run], u[run],
-                                                  pairs.weights[run] * sample.weight))
+        weights = pairs.weights * np.repeat([sample.weight for sample in samples], np.diff(bounds))
+        for (_, cell), accumulator in zip(waiting, self.empty.runs(f, f_matched, s_pair, s_matched, u, weights,
+                                                                   bounds)):
+            cell.append(accumulator)
 
 
 class DeferredMatchedDP:
@@ -445,12 +444,63 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     return view
 
 
+def check_decisions(decisions) -> np.ndarray:
+    """The scorer's decisions as an array of 0 and 1; any other value raises naming it."""
+    decisions = np.asarray(decisions)
+    if decisions.size and (decisions.dtype.kind not in "iub" or decisions.min() < 0 or decisions.max() > 1):
+        bad = decisions[(decisions != 0) & (decisions != 1)][0]
+        raise RepairInputError(f"decisions must be 0 or 1, got {bad!r}")
+    return decisions
+
+
+@dataclass
+class Counted:
+    """A batch validated and encoded once for every accumulator (:meth:`BatchStatistics.counted`).
+
+    ``cell`` is each record's (stratum, group) cell, ``u * n_groups + s``; ``bins`` the index of each value's
+    count in the flat histogram of every (statistic, stage, feature) column (:attr:`BatchStatistics.bins`);
+    ``outside`` whether a value lies outside its E edges (before, then after); ``y`` the labels as 0/1.
+    """
+
+    view: MonitoredBatch
+    s: EncodedLabels
+    u: EncodedLabels
+    cell: np.ndarray
+    bins: np.ndarray
+    outside: np.ndarray
+    y: np.ndarray | None
+
+    def take(self, rows: slice) -> "Counted":
+        """The rows ``rows`` of every array."""
+        return Counted(self.view.take(rows), self.s[rows], self.u[rows], self.cell[rows], self.bins[rows],
+                       self.outside[rows], None if self.y is None else self.y[rows])
+
+
+HISTOGRAMS = (("dependence_e", "before", E_BINS), ("dependence_e", "after", E_BINS), ("w1", "before", W1_BINS),
+              ("w1", "after", W1_BINS))
+"""The histogram accumulators, in the order of their columns in :attr:`BatchStatistics.bins` (d features each)."""
+
+
+RATES = (("out_of_range_rate", "before"), ("dp", "label"), ("dp", "after"), ("dp", "before"), ("eopp", "after"),
+         ("eopp", "before"))
+"""The rate accumulators (:meth:`BatchStatistics._rates`)."""
+
+
 class BatchStatistics:
-    """One accumulator per statistic and stage, filled once per batch and shared by every window."""
+    """One accumulator per statistic and stage, filled once per batch and shared by every window.
+
+    A batch is validated and encoded once (:meth:`counted`) and counted for every accumulator together
+    (:meth:`of`): the histograms of E and W1, both stages, every feature, in one binning and one ``bincount``
+    (:class:`~fairstream.repair.measure.metrics.ColumnBins`: the same bins as a binary search); the rates of DP,
+    EOpp and out-of-range from one encoding of the cells. Each accumulator holds exactly the counts its own
+    ``update`` would count (the tests compare them).
+    """
 
     def __init__(self, chain: Chain, config: PipelineConfig, first: RepairedBatch):
         groups, strata = list(config.groups), list(config.strata)
         self.groups, self.strata = groups, strata
+        self.group_classes, self.stratum_classes = configured_labels(groups, "s"), configured_labels(strata, "u")
+        self.n_features, self.label = len(config.features), bool(config.label)
         stages = ("before", "after")
         edges = {(stage, bins): stage_edges(chain.repair, X, bins) for stage, X in (("before", first.before),
                                                                                     ("after", first.after))
@@ -476,51 +526,114 @@ class BatchStatistics:
         }
         # Fresh copies of one prototype share its settings (edges, labels), so merging them skips
         # comparing those arrays element by element.
-        prototypes = {key: factory() for key, factory in self.factories.items()}
-        self.factories = {key: prototype.fresh for key, prototype in prototypes.items()}
+        self.prototypes = {key: factory() for key, factory in self.factories.items()}
+        self.factories = {key: prototype.fresh for key, prototype in self.prototypes.items()}
+        self.bins = ColumnBins([e for name, stage, bins in HISTOGRAMS for e in edges[stage, bins]])
+        self.n_cells = len(groups) * len(strata)
+        sizes = self.n_cells * self.bins.n_bins  # the counts of one column: (stratum, group, bin)
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.intp)
+        e_edges = edges["before", E_BINS] + edges["after", E_BINS]
+        self.e_range = np.array([e[0] for e in e_edges]), np.array([e[-1] for e in e_edges])
 
     def labels(self, batch: MonitoredBatch) -> tuple[EncodedLabels, EncodedLabels]:
         """The batch's groups and strata encoded once for every accumulator (slices of them stay encoded)."""
-        return EncodedLabels.encode(batch.s, self.groups, "s"), EncodedLabels.encode(batch.u, self.strata, "u")
+        return (EncodedLabels.in_classes(batch.s, self.group_classes, "s"),
+                EncodedLabels.in_classes(batch.u, self.stratum_classes, "u"))
 
-    def of(self, batch: MonitoredBatch, labels: tuple[EncodedLabels, EncodedLabels], keys=None) -> dict:
-        """The batch's accumulators, or only those of ``keys``; ``labels``: :meth:`labels` of the batch."""
-        s, u = labels
-        new = {key: factory() for key, factory in self.factories.items() if keys is None or key in keys}
-        for stage, X in (("before", batch.before), ("after", batch.after)):
-            for name in ("dependence_e", "w1"):
-                if (name, stage) in new:
-                    new[name, stage].update(X, s, u)
-        self._update_decisions(new, batch, s, u)
-        if ("dp", "label") in new:
-            if batch.y is not None:
-                new["dp", "label"].update(batch.y, s, u)
-            else:
-                del new["dp", "label"]
-        if ("mdp", "after") in new:
-            new["mdp", "after"].update(batch.matched_after)
-        if ("otf", "after") in new:
-            new["otf", "after"].update(batch.score_after, batch.after, batch.s)
-        if ("out_of_range_rate", "before") in new:
-            new["out_of_range_rate", "before"].update(batch.out_of_range, u)
+    def counted(self, batch: MonitoredBatch) -> Counted:
+        """The batch validated (features finite, labels known and binary) and encoded once for :meth:`of`."""
+        s, u = self.labels(batch)
+        before = features(batch.before, n_features=self.n_features)
+        after = features(batch.after, n_features=self.n_features)
+        cell = u.view(np.ndarray) * len(self.groups) + s.view(np.ndarray)
+        X = np.concatenate([before, after], axis=1)
+        codes = self.bins.codes(np.concatenate([X, X], axis=1))
+        codes += cell[:, None] * self.bins.n_bins + self.offsets[:-1]
+        outside = (X < self.e_range[0]) | (X > self.e_range[1])
+        y = as_binary(batch.y, len(cell)) if self.label and batch.y is not None else None
+        return Counted(batch, s, u, cell, codes, outside, y)
+
+    def of(self, batch: Counted, keys=None, rows: slice | None = None) -> dict:
+        """The accumulators of the batch (of its ``rows`` only, if given), or only those of ``keys``; ``batch``:
+        :meth:`counted`."""
+        wanted = self.prototypes.keys() if keys is None else [key for key in keys if key in self.prototypes]
+        new = self._histograms(batch, wanted, slice(None) if rows is None else rows)
+        if rows is not None and any(key not in new for key in wanted):  # the others need a piece of every array
+            batch = batch.take(rows)
+        new.update(self._rates(batch, wanted))
+        view = batch.view
+        if ("mdp", "after") in wanted:
+            new["mdp", "after"] = self.factories["mdp", "after"]().update(view.matched_after)
+        if ("otf", "after") in wanted:
+            new["otf", "after"] = self.factories["otf", "after"]().update(view.score_after, view.after, view.s)
         return new
 
-    @staticmethod
-    def _update_decisions(new: dict, batch: MonitoredBatch, s, u) -> None:
-        """DP and EOpp (among y = 1) of the chain's decisions (every record) and of the classifier alone (a sample)."""
-        positive = None if batch.y is None else np.asarray(batch.y) == 1
-        if batch.y is None:  # a batch without labels says nothing about equal opportunity
-            for stage in ("before", "after"):
-                new.pop(("eopp", stage), None)
-        sample = batch.sampled_before
+    def _histograms(self, batch: Counted, wanted, rows: slice) -> dict:
+        """E's and W1's accumulators of both stages for the batch ``rows``, from one ``bincount`` of every value's
+        count index."""
+        keys = [(name, stage) for name, stage, _ in HISTOGRAMS]
+        if not any(key in wanted for key in keys):
+            return {}
+        d = self.n_features
+        wanted_columns = [k for h, key in enumerate(keys) if key in wanted for k in range(h * d, (h + 1) * d)]
+        values = batch.bins[rows] if len(wanted_columns) == len(keys) * d else batch.bins[rows, wanted_columns]
+        counts = np.bincount(values.ravel(), minlength=self.offsets[-1])
+        shapes = [(len(self.strata), len(self.groups), int(n)) for n in self.bins.n_bins]
+        columns = [counts[a:b].reshape(shape) for a, b, shape in zip(self.offsets[:-1], self.offsets[1:], shapes)]
+        new = {}
+        for h, key in enumerate(keys):
+            if key not in wanted:
+                continue
+            counts_ = columns[h * d:(h + 1) * d]
+            if key[0] == "dependence_e":
+                new[key] = self.prototypes[key]._of_counts(counts_=counts_,
+                                                           out_of_range_=self._outside(batch, h, rows))
+            else:
+                new[key] = self.prototypes[key]._of_counts(counts_=counts_)
+        return new
+
+    def _outside(self, batch: Counted, stage: int, rows: slice) -> np.ndarray:
+        """Records of ``rows`` outside the E edges per (stratum, feature) of stage 0 (before) or 1 (after)."""
+        d, n_strata = self.n_features, len(self.strata)
+        index = np.arange(d) * n_strata + batch.u.view(np.ndarray)[rows, None]
+        outside = batch.outside[rows, stage * d:(stage + 1) * d]
+        counts = np.bincount(index.ravel(), weights=outside.ravel(), minlength=d * n_strata)
+        return np.ascontiguousarray(counts.astype(np.int64).reshape(d, n_strata).T)
+
+    def _rates(self, batch: Counted, wanted) -> dict:
+        """DP of the label, DP and EOpp (among y = 1) of the chain's decisions (every record) and of the classifier
+        alone (a sample), and the out-of-range rate, all from the batch's cells."""
+        view, cell, size, new = batch.view, batch.cell, self.n_cells, {}
+        if not any(key in wanted for key in RATES):
+            return new
+        shape = (len(self.strata), len(self.groups))
+        totals = np.bincount(cell, minlength=size).reshape(shape)
+        if ("out_of_range_rate", "before") in wanted:
+            flags = view.out_of_range
+            flags = flags if flags.dtype == bool else as_binary(flags, len(cell), "flags")
+            flagged = np.bincount(batch.u.view(np.ndarray), weights=flags, minlength=len(self.strata))
+            new["out_of_range_rate", "before"] = self.prototypes["out_of_range_rate", "before"]._of_counts(
+                flagged_=flagged.astype(np.int64), totals_=totals.sum(axis=1))
+        if ("dp", "label") in wanted and batch.y is not None:
+            positives = np.bincount(cell, weights=batch.y, minlength=size).astype(np.int64).reshape(shape)
+            new["dp", "label"] = self.prototypes["dp", "label"]._of_counts(positives_=positives, totals_=totals)
+        sample = view.sampled_before
         if sample is None:  # no scorer
-            return
-        for stage, decisions, rows, weight in (("after", batch.decision_after, None, 1.0),
-                                               ("before", sample.decisions, sample.rows, sample.weight)):
-            if ("dp", stage) in new:
-                new["dp", stage].count(decisions, s, u, rows=rows, weight=weight)
-            if ("eopp", stage) in new:
-                new["eopp", stage].count(decisions, s, u, among=positive, rows=rows, weight=weight)
+            return new
+        labelled = batch.y == 1 if batch.y is not None else None  # a batch without labels says nothing about EOpp
+        among = None if labelled is None else np.bincount(cell[labelled], minlength=size).reshape(shape)
+        rows, after, before = sample.rows, check_decisions(view.decision_after), check_decisions(sample.decisions)
+        for stage, cells, positive, labelled_positive in (
+                ("after", cell, lambda: 1.0 * after, lambda: 1.0 * after * labelled),
+                ("before", cell[rows], lambda: sample.weight * before,
+                 lambda: sample.weight * before * labelled[rows])):
+            if ("dp", stage) in wanted:
+                new["dp", stage] = self.prototypes["dp", stage]._of_counts(
+                    positives_=np.bincount(cells, positive(), size).reshape(shape), totals_=totals)
+            if ("eopp", stage) in wanted and among is not None:
+                new["eopp", stage] = self.prototypes["eopp", stage]._of_counts(
+                    positives_=np.bincount(cells, labelled_positive(), size).reshape(shape), totals_=among)
+        return new
 
 
 class StatisticWindows:
@@ -783,13 +896,12 @@ class FairnessMonitor:
         A batch inside one chunk is one piece. One that spans chunk boundaries is measured piece by piece for the
         monitored statistics only, merged into the batch's; every other statistic once for the whole batch.
         """
-        labels = self.statistics.labels(view)
+        counted = self.statistics.counted(view)
         if len(pieces) == 1:
-            accumulators = self.statistics.of(view, labels)
+            accumulators = self.statistics.of(counted)
             return accumulators, [accumulators]
-        parts = [self.statistics.of(view.take(piece), (labels[0][piece], labels[1][piece]), self.detected)
-                 for piece in pieces]
-        accumulators = self.statistics.of(view, labels, self.statistics.factories.keys() - self.detected)
+        parts = [self.statistics.of(counted, self.detected, piece) for piece in pieces]
+        accumulators = self.statistics.of(counted, self.statistics.factories.keys() - self.detected)
         for key in parts[0]:
             accumulators[key] = functools.reduce(lambda a, b: a.merge(b), (part[key] for part in parts))
         return accumulators, parts

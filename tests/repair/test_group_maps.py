@@ -342,3 +342,32 @@ def test_the_vectorised_round_robin_equals_the_row_by_row_definition(n_distinct,
     distinct, inverse = _unique_rows(A)
     np.testing.assert_array_equal(distinct[inverse], A)
     assert len(distinct) == len(np.unique(A, axis=0))
+
+
+@PROPERTY
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(1, 60), st.integers(1, 3), st.integers(1, 4))
+def test_asking_the_tree_for_two_points_first_finds_what_asking_for_eight_finds(seed, n_points, n_rows, d, grid):
+    # Points and rows on a coarse grid tie often, also with more than eight points: the two-point first query
+    # must give every row the nearest point, the tied rows and their tied points the eight-point query gives.
+    from scipy.spatial import cKDTree
+
+    rng = np.random.default_rng(seed)
+    P = rng.integers(0, grid + 1, (n_points, d)) + rng.random((n_points, d)) * (rng.random() < 0.3)
+    Z = np.r_[rng.integers(0, grid + 1, (n_rows, d)) / 2.0, P[:3]]  # halves tie between grid points, P[:3] with 0
+    tree = cKDTree(P)
+    fast, full = group_maps._nearest_by_tree(Z, tree), group_maps._nearest_by_tree(Z, tree, first=8)
+    for a, b in zip(fast, full, strict=True):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("groups", [[0, 1], [3, 10, 200], ["a", "b"]])
+def test_group_codes_of_numbers_and_of_text_agree(groups):
+    # Integer groups are compared as numbers, other labels as text: the codes are the same as by their text.
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(60, 2))
+    s = np.array(groups)[np.arange(60) % len(groups)]
+    fitted = GroupTransportMap(seed=0, n_points=20).fit(X, s)
+    probe = np.r_[s[:7], s[:3]] if s.dtype.kind != "i" else np.r_[s[:7], [-1, 7, 11]]
+    codes = fitted._codes(probe)
+    keys = fitted.groups_.astype(str).tolist()
+    assert codes.tolist() == [keys.index(str(v)) if str(v) in keys else -1 for v in probe]

@@ -1,6 +1,7 @@
 """Tests of the mergeable streaming accumulators against the batch metrics."""
 
 import doctest
+import re
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair._validation import RepairInputError, encode
 from fairstream.repair.measure import accumulators as streaming
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,
@@ -388,3 +389,57 @@ def test_rate_accumulator_empty_reset_and_errors():
         RateAccumulator(strata=["a", "b"]).update([1, 1], u=["a", "c"])
     with pytest.raises(RepairInputError, match="different settings"):
         acc.merge(RateAccumulator(strata=[0]))
+
+
+def count_arrays(accumulator) -> list:
+    """Copies of every count array of an accumulator."""
+    arrays = [getattr(accumulator, name) for name in accumulator._counts]
+    return [np.copy(a) for item in arrays for a in (item if isinstance(item, list) else [item])]
+
+
+@PROPERTY
+@given(grouped_data(max_groups=3))
+def test_absorb_adds_in_place_what_merge_adds_into_a_copy(data):
+    X, s, u = data
+    groups, strata = np.unique(s).tolist(), np.unique(u).tolist()
+    edges = [np.linspace(x.min() - 1.0, x.max() + 1.0, 8) for x in X.T]
+    half = len(s) // 2
+    for prototype, feed in (
+            (HistogramDependenceAccumulator(edges, groups, strata), lambda a, r: a.update(X[r], s[r], u[r])),
+            (WassersteinAccumulator(edges, groups, strata), lambda a, r: a.update(X[r], s[r], u[r])),
+            (PositiveRateAccumulator(groups, strata), lambda a, r: a.update((X[r, 0] > 0).astype(int), s[r], u[r]))):
+        first, second = feed(prototype.fresh(), slice(0, half)), feed(prototype.fresh(), slice(half, None))
+        merged, other = first.merge(second), count_arrays(second)
+        assert first.absorb(second) is first
+        assert all(np.array_equal(a, b) for a, b in zip(count_arrays(first), count_arrays(merged), strict=True))
+        assert all(np.array_equal(a, b) for a, b in zip(count_arrays(second), other, strict=True))  # unchanged
+
+
+def test_copies_of_one_accumulator_merge_without_comparing_settings_and_others_are_still_compared():
+    a = HistogramDependenceAccumulator([[0.0, 1.0, 2.0]], groups=[0, 1])
+    twin = HistogramDependenceAccumulator([[0.0, 1.0, 2.0]], groups=[0, 1])  # same settings, built apart
+    other = HistogramDependenceAccumulator([[0.0, 1.0, 3.0]], groups=[0, 1])
+    assert a.fresh().merge(a.fresh()).value().total == 0.0
+    assert a.fresh().merge(twin).value().total == 0.0  # compared, and equal
+    for accumulator in (a.fresh(), a.fresh().merge(a.fresh())):
+        with pytest.raises(RepairInputError, match="different settings"):
+            accumulator.merge(other)
+        with pytest.raises(RepairInputError, match="different settings"):
+            accumulator.absorb(other)
+
+
+@PROPERTY
+@given(st.lists(st.integers(-1, 4), min_size=1, max_size=40), st.sampled_from([[0, 1, 2], [0, 1, 2, 3, 4], [1, 2, 3]]))
+def test_labels_in_their_classes_are_encoded_as_by_encode(values, labels):
+    # Labels 0 .. k-1 are their own codes (no search); any other labels, or a value not among them, take the
+    # search, which names an unknown value.
+    classes = streaming.configured_labels(labels, "s")
+    values = np.array(values)
+    try:
+        expected = encode(values, classes, "s")  # the search
+    except RepairInputError as error:
+        with pytest.raises(RepairInputError, match=re.escape(str(error))):
+            streaming.EncodedLabels.in_classes(values, classes, "s")
+        return
+    codes = streaming.EncodedLabels.in_classes(values, classes, "s")
+    assert codes.tolist() == expected.tolist() and codes.classes is classes and codes.dtype == np.intp

@@ -153,3 +153,31 @@ def test_errors_name_the_problem():
         fair_matching([0.1, 0.2], [0.3])
     with pytest.raises(RepairInputError, match="different settings"):
         MatchedDPAccumulator(groups=[0, 1]).merge(MatchedDPAccumulator(groups=[0, 2]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.integers(0, 12), min_size=1, max_size=6))
+def test_runs_are_accumulators_each_fed_its_run(seed, lengths):
+    # One validation and one count for every run of rows: the same sums as a fresh accumulator per run.
+    rng = np.random.default_rng(seed)
+    n = sum(lengths)
+    f, f_matched, weights = rng.random(n), rng.random(n), rng.random(n) * 3
+    s = rng.integers(0, 3, n)
+    s_matched, u = (s + rng.integers(1, 3, n)) % 3, rng.integers(0, 2, n)
+    empty = MatchedDPAccumulator(groups=[0, 1, 2], strata=[0, 1])
+    bounds = np.r_[0, np.cumsum(lengths)]
+    runs = empty.runs(f, f_matched, s, s_matched, u, weights, bounds)
+    assert len(runs) == len(lengths)
+    for accumulator, a, b in zip(runs, bounds[:-1], bounds[1:]):
+        expected = empty.fresh().update(f[a:b], f_matched[a:b], s[a:b], s_matched[a:b], u[a:b], weights[a:b])
+        for name in ("abs_sums_", "masses_", "totals_"):
+            assert np.array_equal(getattr(accumulator, name), getattr(expected, name))
+        assert accumulator.merge(expected).totals_.sum() == 2 * (b - a)
+
+
+def test_runs_refuse_what_update_refuses():
+    empty = MatchedDPAccumulator(groups=[0, 1])
+    with pytest.raises(RepairInputError, match="negative"):
+        empty.runs([0.5, 0.5], [0.1, 0.2], [0, 1], [1, 0], None, [1.0, -1.0], [0, 1, 2])
+    with pytest.raises(RepairInputError, match="own group"):
+        empty.runs([0.5], [0.1], [0], [0], None, [1.0], [0, 1])

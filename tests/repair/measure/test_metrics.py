@@ -370,3 +370,55 @@ def test_damage_per_feature_and_overall():
     result = damage([[0.0, 0.0], [1.0, 1.0]], [[1.0, 0.0], [0.0, 4.0]])
     np.testing.assert_allclose(result.per_feature, [1.0, 1.5])
     assert result.overall == pytest.approx(1.25)
+
+
+@st.composite
+def edges_and_values(draw):
+    """Per-column edges (equal-width from linspace, or uneven) and values: inside, on every edge, outside, rounded."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    columns, edges = draw(st.integers(1, 4)), []
+    for _ in range(columns):
+        lo = draw(st.floats(-1e6, 1e6))
+        span = draw(st.floats(1e-6, 1e6))
+        bins = draw(st.integers(1, 250))
+        e = np.linspace(lo, lo + span, bins + 1) if draw(st.booleans()) else \
+            lo + span * np.cumsum(np.r_[0.0, rng.random(bins) + 1e-3]) / bins
+        edges.append(e if np.all(np.diff(e) > 0) else np.linspace(0.0, 1.0, bins + 1))
+    n = draw(st.integers(1, 80))
+    X = np.empty((n, columns))
+    for k, e in enumerate(edges):
+        pool = np.r_[e, np.nextafter(e, -np.inf), np.nextafter(e, np.inf), e[0] - 1.0, e[-1] + 1.0,
+                     np.round(rng.uniform(e[0], e[-1], 8), draw(st.integers(0, 3)))]
+        X[:, k] = rng.choice(pool, n)
+    return edges, X
+
+
+@PROPERTY
+@given(edges_and_values())
+def test_column_bins_are_the_bins_of_a_binary_search(case):
+    # ColumnBins guesses each bin arithmetically; every kept guess must be searchsorted's bin, values on an edge
+    # (and an ulp either side of it), outside the edges, and on uneven edges included.
+    edges, X = case
+    expected = np.column_stack([metrics.bin_index(X[:, k], e) for k, e in enumerate(edges)])
+    assert np.array_equal(metrics.ColumnBins(edges).codes(X), expected)
+
+
+def test_column_bins_send_nan_and_inf_where_a_binary_search_does():
+    edges = [np.linspace(0.0, 1.0, 11)]
+    X = np.array([[np.nan], [np.inf], [-np.inf], [1.0], [0.0]])
+    assert np.array_equal(metrics.ColumnBins(edges).codes(X)[:, 0], metrics.bin_index(X[:, 0], edges[0]))
+
+
+@PROPERTY
+@given(st.integers(0, 2**32 - 1), st.integers(1, 4), st.integers(1, 3), st.integers(2, 4), st.integers(1, 30))
+def test_e_of_stacked_histograms_is_e_feature_by_feature(seed, n_features, n_strata, n_groups, n_bins):
+    # dependence_from_counts stacks features of equal bins into one pass: the same floats as one pass each.
+    rng = np.random.default_rng(seed)
+    counts = [rng.integers(0, 40, (n_strata, n_groups, n_bins)) * (rng.random((n_strata, n_groups, 1)) < 0.8)
+              for _ in range(n_features)]
+    result = metrics.dependence_from_counts(counts, 0.5, list(range(n_groups)), list(range(n_strata)))
+    one_by_one = np.stack([symmetrised_kl_from_counts(c, 0.5) for c in counts], axis=1)
+    assert np.array_equal(result.per_stratum, one_by_one)
+    totals = counts[0].sum(axis=(1, 2))
+    assert np.array_equal(result.weights, metrics._safe_ratio(totals, totals.sum(), empty=0.0))
+    assert np.array_equal(result.per_feature, result.weights @ one_by_one)

@@ -16,7 +16,7 @@ from fairstream.repair.measure.accumulators import (
     PositiveRateAccumulator,
 )
 from fairstream.repair.measure.metrics import dependence_e
-from fairstream.repair.measure.windows import CountWindow, TimeWindow
+from fairstream.repair.measure.windows import BatchWindow, CountWindow, TimeWindow
 
 from .test_accumulators import assert_same_dependence, assert_same_dp
 
@@ -361,3 +361,29 @@ def test_time_window_reset_and_bucket_of():
     window.update([1, 0], ["a", "b"], u=[0, 1], ts=[5.0, 15.0])
     assert window.n_records == 2 and window.latest_ts_ == 15.0
     assert window.reset().n_records == 0 and window.newest_ is None and window.late_ == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_batch_windows_sharing_batches_add_into_their_own_buckets_only(seed, n_batches):
+    # A count window and a time window are handed the same accumulator of each batch (as the monitor does); a
+    # bucket that takes a second batch adds into its own copy, so neither window nor the caller sees the other's.
+    rng = np.random.default_rng(seed)
+    counted, timed = BatchWindow(records=40, buckets=4), BatchWindow(seconds=30.0, buckets=3)
+    prototype, handed, seen = PositiveRateAccumulator(groups=[0, 1]), [], []
+    for i in range(n_batches):
+        n = int(rng.integers(1, 15))
+        y, s, ts = rng.integers(0, 2, n), rng.integers(0, 2, n), float(rng.uniform(0, 8) + 4 * i)
+        batch = prototype.fresh().update(y, s)
+        handed.append((batch, batch.positives_.copy(), batch.totals_.copy()))
+        seen.append((y, s, n, ts))
+        counted.add(batch, n)
+        timed.add(batch, n, ts=ts)
+    assert all(np.array_equal(b.positives_, p) and np.array_equal(b.totals_, t) for b, p, t in handed)
+    for window in (counted, timed):  # each window holds exactly the batches of its buckets
+        reference = BatchWindow(records=40, buckets=4) if window is counted else BatchWindow(seconds=30.0, buckets=3)
+        for y, s, n, ts in seen:
+            reference.add(PositiveRateAccumulator(groups=[0, 1]).update(y, s), n, ts=ts)
+        assert window.n_records == reference.n_records == sum(bucket[2] for bucket in window.ring_)
+        mine, theirs = window.accumulator(), reference.accumulator()
+        assert np.array_equal(mine.positives_, theirs.positives_) and np.array_equal(mine.totals_, theirs.totals_)

@@ -20,6 +20,8 @@ from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.loop import balanced_scorer
 from fairstream.streams.demo.replay import record_messages
+from fairstream.repair.measure.accumulators import PositiveRateAccumulator, RateAccumulator
+from fairstream.streams.worker import monitor
 from fairstream.streams.worker.monitor import MDP_ROWS, MDP_SEED, FairnessMonitor, finite_edges, mdp_rows, stage_edges
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
@@ -550,3 +552,55 @@ def test_finite_edges_are_finite_strictly_increasing_and_linspace_where_linspace
         reference = np.linspace(lo, hi if hi > lo else lo + 1.0, bins + 1)
         if (np.abs(reference) <= bound).all() and (np.diff(reference) > 0).all():
             assert edges.tolist() == reference.tolist()  # every real range: the bins are what they always were
+
+
+def test_one_count_of_a_batch_gives_each_accumulator_what_its_own_update_counts(adult):
+    # The monitor bins every histogram column at once and counts the rates from one encoding of the cells; each
+    # accumulator, of the batch and of a piece of it (a detector's chunk), must hold what its public update counts.
+    _, archive, plan, scorer = adult
+    config = adult_config(records=AgentConfig(artifact=("plan", "scorer"))).with_monitor(min_records=500)
+    messages = [SimpleMessage(v, k) for k, v in record_messages(archive.subset(slice(0, 1200)), config, id_prefix="c")]
+    batch = RecordRepairer(config).process(messages, (plan, scorer)).monitor_batch
+    batch = replace(batch, before=batch.before.copy())
+    edges = stage_edges(plan.module, batch.before, monitor.E_BINS)
+    for at in (0, 100):  # values on the edges and beyond them, in both pieces
+        batch.before[at:at + 4] = [[e[0] for e in edges], [e[-1] for e in edges], [e[3] for e in edges], [-1e9, 1e9]]
+    worker = FairnessMonitor(config)
+    worker.observe_batch(batch, plan, scorer)
+    statistics, chain = worker.statistics, monitor.as_chain((plan, scorer))
+    view = monitor.monitored_batch(batch, chain, batch.out_of_range, np.random.default_rng(1))
+    counted = statistics.counted(view)
+    for rows in (slice(0, len(view)), slice(100, 700)):
+        made = statistics.of(counted) if rows.start == 0 else statistics.of(counted, statistics.factories, rows)
+        part = view.take(rows)
+        groups, strata = list(config.groups), list(config.strata)
+        expected = {key: statistics.factories[key]().update(getattr(part, key[1]), part.s, part.u)
+                    for key in itertools.product(("dependence_e", "w1"), ("before", "after"))}
+        expected["dp", "label"] = PositiveRateAccumulator(groups, strata).update(part.y, part.s, part.u)
+        expected["out_of_range_rate", "before"] = RateAccumulator(strata).update(part.out_of_range, part.u)
+        sample = part.sampled_before
+        for name, among in (("dp", None), ("eopp", part.y == 1)):
+            expected[name, "after"] = monitor.DecisionRateAccumulator(groups, strata).count(
+                part.decision_after, part.s, part.u, among=among)
+            expected[name, "before"] = monitor.DecisionRateAccumulator(groups, strata).count(
+                sample.decisions, part.s, part.u, among=among, rows=sample.rows, weight=sample.weight)
+        for key, accumulator in expected.items():
+            for name in accumulator._counts:
+                pairs = list(zip(np.atleast_1d(getattr(made[key], name)), np.atleast_1d(getattr(accumulator, name))))
+                assert all(np.array_equal(a, b) and np.asarray(a).dtype == np.asarray(b).dtype for a, b in pairs), key
+        assert made["dependence_e", "before"].out_of_range_.sum() > 0
+        assert set(made) == set(statistics.factories)
+
+
+def test_a_detected_statistic_the_chain_cannot_measure_leaves_the_others_measured(adult):
+    # Decision statistics are configured, but the chain has no scorer yet: batches spanning chunk boundaries are
+    # measured piece by piece for the detected statistics, and those without an accumulator are left out.
+    _, archive, plan, _ = adult
+    config = adult_config(records=AgentConfig(artifact=("plan", "scorer"))).with_monitor(
+        statistic=("dp_difference", "mdp", "dependence_e"), min_records=500)
+    worker = FairnessMonitor(config)
+    handed = codec_arrays(repaired_values(archive.subset(slice(0, 2100)), plan, "n"))
+    for start in range(0, 2100, 700):
+        worker.observe_batch(handed.take(np.arange(start, start + 700)), plan)
+    assert worker.refused is None and worker.unmeasured == 0
+    assert stat(worker, "dependence_e", "after") > 0 and worker.statistic("count", "dp_difference") is None
