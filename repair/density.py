@@ -22,6 +22,11 @@ records are the barycentre reweighted by f/p, not the barycentre. Hence:
   Both blend strengths are chosen by empirical Bayes (:func:`dirichlet_strength`,
   :func:`proportion_strength`), so the data decide how much they are smoothed and pooled.
 
+A plan fit has one such estimate per (stratum, feature): :func:`group_pmfs_stack` (and the other
+``*_stack`` and plural functions) computes them all in one vectorised pass over the problems' samples,
+given by their distinct values and counts, with every grid zero-padded to the longest; the
+single-problem functions are that pass with one problem.
+
 >>> import numpy as np
 >>> nodes = np.linspace(0.0, 4.0, 5)
 >>> linear_binning(np.array([1.25]), nodes)
@@ -31,11 +36,22 @@ array([0.  , 0.75, 0.25, 0.  , 0.  ])
 from __future__ import annotations
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 from scipy.special import gammaln, ndtr
 
 # Candidate Dirichlet-process strengths n0 for empirical Bayes: 1 to 10^6 records, log-spaced.
 STRENGTHS = 10.0 ** np.arange(0.0, 6.01, 0.25)
 _SQRT_2PI = np.sqrt(2.0 * np.pi)
+
+
+def _silverman(sd: np.ndarray, iqr: np.ndarray, n: np.ndarray, enough: np.ndarray) -> np.ndarray:
+    """Silverman's rule from a sample's sd, IQR and size; 0 where there is not ``enough`` of it.
+
+    IQR = 0 (a large atom: half of Adult works exactly 40 hours) falls back to ``1.06 * sd * n^(-1/5)``.
+    """
+    spread = np.where(iqr > 0, np.minimum(sd, iqr / 1.34), sd)
+    factor = np.where(iqr > 0, 0.9, 1.06)
+    return np.where(enough, factor * spread * np.where(enough, n, 1.0) ** -0.2, 0.0)
 
 
 def silverman_bandwidth(x: np.ndarray) -> float:
@@ -44,14 +60,34 @@ def silverman_bandwidth(x: np.ndarray) -> float:
     Features with a large atom (half of Adult works exactly 40 hours) have IQR = 0; the rule then
     falls back to ``1.06 * sd * n^(-1/5)``; a constant sample gets bandwidth 0 (a point mass).
     """
-    x = np.asarray(x, dtype=np.float64)
-    if x.size < 2:
-        return 0.0
-    sd = float(np.std(x, ddof=1))
-    iqr = float(np.subtract(*np.percentile(x, [75, 25])))
-    spread = min(sd, iqr / 1.34) if iqr > 0 else sd
-    factor = 0.9 if iqr > 0 else 1.06
-    return factor * spread * x.size ** (-0.2)
+    x = np.sort(np.asarray(x, dtype=np.float64).ravel())
+    return float(sample_bandwidths(x, np.ones(len(x)), np.zeros(len(x), dtype=np.intp), 1)[0])
+
+
+def sample_bandwidths(x: np.ndarray, weights: np.ndarray, problem: np.ndarray, n_problems: int) -> np.ndarray:
+    """Silverman's rule for each of several samples, given as values with integer ``weights`` (repeats).
+
+    ``x`` is sorted within each sample and the samples are contiguous, in order of ``problem``. The sd
+    is the sample's (ddof=1), the quartiles interpolate linearly between order statistics, as
+    :func:`numpy.percentile` does.
+    """
+    n = np.bincount(problem, weights, minlength=n_problems)
+    enough = n >= 2
+    mean = np.bincount(problem, weights * x, minlength=n_problems) / np.where(n > 0, n, 1.0)
+    squares = np.bincount(problem, weights * (x - mean[problem]) ** 2, minlength=n_problems)
+    sd = np.sqrt(squares / np.where(enough, n - 1.0, 1.0))
+    cumulative, before = np.cumsum(weights), np.cumsum(n) - n
+
+    def order_statistic(i):  # the i-th smallest value (0-based) of each sample
+        return x[np.minimum(np.searchsorted(cumulative, before + i, side="right"), len(x) - 1)]
+
+    def quantile(q):
+        position = q * np.maximum(n - 1.0, 0.0)
+        low = np.floor(position)
+        a, b, t = order_statistic(low), order_statistic(np.minimum(low + 1.0, np.maximum(n - 1.0, 0.0))), position - low
+        return np.where(t >= 0.5, b - (b - a) * (1.0 - t), a + (b - a) * t)  # numpy's lerp
+
+    return _silverman(sd, quantile(0.75) - quantile(0.25), n, enough)
 
 
 def binned_bandwidth(nodes: np.ndarray, mass: np.ndarray, n_effective: float) -> float:
@@ -62,42 +98,69 @@ def binned_bandwidth(nodes: np.ndarray, mass: np.ndarray, n_effective: float) ->
     >>> round(binned_bandwidth(nodes, mass, 100.0) / (0.9 * 100 ** -0.2), 1)
     1.0
     """
-    total = mass.sum()
-    if total <= 0 or n_effective < 2:
-        return 0.0
-    mean = mass @ nodes / total
-    sd = float(np.sqrt(max(mass @ (nodes - mean) ** 2 / total, 0.0)))
-    cdf = np.cumsum(mass) / total
-    q25, q75 = nodes[np.searchsorted(cdf, [0.25, 0.75])]
-    iqr = float(q75 - q25)
-    spread = min(sd, iqr / 1.34) if iqr > 0 else sd
-    factor = 0.9 if iqr > 0 else 1.06
-    return factor * spread * n_effective ** (-0.2)
+    return float(binned_bandwidths(np.asarray(nodes, dtype=np.float64)[None], np.asarray(mass, dtype=np.float64)[None],
+                                   np.array([float(n_effective)]))[0])
 
 
-def bin_position(x: np.ndarray, start: float, step: float, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+def binned_bandwidths(nodes: np.ndarray, mass: np.ndarray, n_effective: np.ndarray) -> np.ndarray:
+    """:func:`binned_bandwidth` of each row of ``mass`` on the same row of ``nodes`` (rows padded with mass 0)."""
+    total = mass.sum(axis=-1)
+    safe = np.where(total > 0, total, 1.0)
+    mean = (mass * nodes).sum(axis=-1) / safe
+    sd = np.sqrt(np.maximum((mass * (nodes - mean[:, None]) ** 2).sum(axis=-1) / safe, 0.0))
+    cdf = np.cumsum(mass, axis=-1) / safe[:, None]
+    last = nodes.shape[-1] - 1
+    q25, q75 = (np.minimum((cdf < q).sum(axis=-1), last) for q in (0.25, 0.75))  # searchsorted in each row
+    rows = np.arange(len(nodes))
+    iqr = nodes[rows, q75] - nodes[rows, q25]
+    return _silverman(sd, iqr, n_effective, (total > 0) & (n_effective >= 2))
+
+
+def bin_position(x: np.ndarray, start, step, n_nodes) -> tuple[np.ndarray, np.ndarray]:
     """Lower node index q and interpolation ratio tau in [0, 1] of each x on a uniform grid.
 
     Values are clamped to the grid, and the top node is reached as (q = n - 2, tau = 1), so row
-    q + 1 always exists (the paper leaves x equal to the top node undefined).
+    q + 1 always exists (the paper leaves x equal to the top node undefined). ``start``, ``step`` and
+    ``n_nodes`` may be arrays (one grid per value); a one-node grid puts every value at q = 0, tau = 0.
     """
-    if n_nodes < 2 or step <= 0:
-        return np.zeros(np.shape(x), dtype=np.intp), np.zeros(np.shape(x))
+    if np.ndim(n_nodes) == 0:
+        if n_nodes < 2 or step <= 0:
+            return np.zeros(np.shape(x), dtype=np.intp), np.zeros(np.shape(x))
+        single = False
+    else:
+        single = (np.asarray(n_nodes) < 2) | (np.asarray(step) <= 0)
+        step, n_nodes = np.where(single, 1.0, step), np.where(single, 2, n_nodes)
     f = np.clip((np.asarray(x, dtype=np.float64) - start) / step, 0.0, n_nodes - 1.0)
     q = np.minimum(np.floor(f).astype(np.intp), n_nodes - 2)
-    return q, f - q
+    if single is False:
+        return q, f - q
+    return np.where(single, 0, q), np.where(single, 0.0, f - q)
 
 
 def binned_counts(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
     """(Weighted) counts of the sample ``x`` spread onto the two neighbouring nodes, not normalised."""
     n = len(nodes)
-    step = float(nodes[1] - nodes[0]) if n > 1 else 0.0
-    q, tau = bin_position(x, float(nodes[0]), step, n)
     w = np.ones(len(x)) if weights is None else np.asarray(weights, dtype=np.float64)
-    mass = np.bincount(q, w * (1.0 - tau), minlength=n)
-    if n > 1:
-        mass += np.bincount(q + 1, w * tau, minlength=n)
-    return mass
+    return binned_counts_stack(np.asarray(x, dtype=np.float64), w[:, None], np.zeros(len(x), dtype=np.intp),
+                               np.array([float(nodes[0])]), np.array([float(nodes[1] - nodes[0]) if n > 1 else 0.0]),
+                               np.array([n]), n)[0, 0]
+
+
+def binned_counts_stack(x: np.ndarray, weights: np.ndarray, problem: np.ndarray, start: np.ndarray, step: np.ndarray,
+                        size: np.ndarray, n_nodes: int) -> np.ndarray:
+    """:func:`binned_counts` of several samples at once: (n_problems, n_groups, n_nodes), zero-padded.
+
+    Value ``x[i]`` belongs to sample ``problem[i]``, whose grid has ``size`` nodes from ``start`` by
+    ``step``, and stands for ``weights[i, g]`` records of group g.
+    """
+    n_problems, n_groups = len(start), weights.shape[1]
+    grids = (start[0], step[0], int(size[0])) if n_problems == 1 else (start[problem], step[problem], size[problem])
+    q, tau = bin_position(x, *grids)
+    width = n_nodes + 1  # room for the upper neighbour of a one-node grid's only node (it gets tau = 0)
+    index = ((problem * n_groups)[:, None] + np.arange(n_groups)) * width + q[:, None]
+    mass = np.bincount(index.ravel(), (weights * (1.0 - tau)[:, None]).ravel(), minlength=n_problems * n_groups * width)
+    mass += np.bincount(index.ravel() + 1, (weights * tau[:, None]).ravel(), minlength=len(mass))
+    return mass.reshape(n_problems, n_groups, width)[..., :n_nodes]
 
 
 def linear_binning(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
@@ -107,27 +170,33 @@ def linear_binning(x: np.ndarray, nodes: np.ndarray, weights: np.ndarray | None 
     return mass / total if total > 0 else mass
 
 
-def _ramp(t: np.ndarray, h: float) -> np.ndarray:
+def _ramp(t: np.ndarray, h) -> np.ndarray:
     """E[(Y + t)^+] for Y ~ N(0, h^2): the integral of the normal CDF, whose second differences are hats."""
     z = t / h
     return t * ndtr(z) + h * np.exp(-0.5 * z * z) / _SQRT_2PI
 
 
-def _row_weights(nodes: np.ndarray, bandwidth: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The distinct values of :func:`row_kernel`: on a uniform grid an interior entry depends only on
-    the lag i - j (``hat[i - j + n - 1]``), and every entry, the two end rows included, is a difference
-    of the ramp at multiples of the step, so 2n + 1 kernel integrals replace n^2. None where the kernel
-    is the identity."""
-    n = len(nodes)
-    step = float(nodes[1] - nodes[0]) if n > 1 else 0.0
-    # A kernel a million times narrower than the spacing moves no measurable mass off its node.
-    if n < 2 or bandwidth <= 1e-6 * step:
-        return None
-    ramp = _ramp(step * np.arange(-n, n + 1, dtype=np.float64), bandwidth)  # ramp[n + k] at k steps
-    hat = (ramp[2:] - 2.0 * ramp[1:-1] + ramp[:-2]) / step  # lags -(n - 1) .. n - 1
+def _is_identity(step: np.ndarray, size: np.ndarray, bandwidth: np.ndarray) -> np.ndarray:
+    """Where the row kernel is the identity: one node, or a kernel a million times narrower than the
+    spacing (it moves no measurable mass off its node)."""
+    return (size < 2) | (bandwidth <= 1e-6 * step)
+
+
+def _row_weights(step: np.ndarray, size: np.ndarray, bandwidth: np.ndarray,
+                 n_nodes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct values of :func:`row_kernel` for each grid (``size`` <= ``n_nodes`` nodes by ``step``).
+
+    On a uniform grid an interior entry depends only on the lag i - j (``hat[:, i - j + n_nodes - 1]``),
+    and every entry, the two end rows (``first``, ``last``: per source node) included, is a difference of
+    the ramp at multiples of the step, so 2n + 1 kernel integrals replace n^2.
+    """
+    n = n_nodes
+    ramp = _ramp(step[:, None] * np.arange(-n, n + 1, dtype=np.float64), bandwidth[:, None])  # [:, n + k] at k steps
+    hat = (ramp[:, 2:] - 2.0 * ramp[:, 1:-1] + ramp[:, :-2]) / step[:, None]  # lags -(n - 1) .. n - 1
     # End rows: the half hat inside the grid plus everything beyond it.
-    first = (ramp[n + 1:1:-1] - ramp[n:0:-1]) / step  # source i: ramp(step - i step) - ramp(-i step)
-    last = (ramp[2:n + 2] - ramp[1:n + 1]) / step  # source i: ramp((i - n + 2) step) - ramp((i - n + 1) step)
+    first = (ramp[:, n + 1:1:-1] - ramp[:, n:0:-1]) / step[:, None]  # source i: ramp(step - i step) - ramp(-i step)
+    at = n + np.arange(n) - size[:, None] + 1  # source i: ramp((i - size + 2) step) - ramp((i - size + 1) step)
+    last = (np.take_along_axis(ramp, at + 1, axis=1) - np.take_along_axis(ramp, at, axis=1)) / step[:, None]
     # Far from the source the second difference is a cancellation of near-equal values.
     return np.clip(hat, 0.0, None), np.clip(first, 0.0, None), np.clip(last, 0.0, None)
 
@@ -145,10 +214,11 @@ def row_kernel(nodes: np.ndarray, bandwidth: float) -> np.ndarray:
     (True, True)
     """
     n = len(nodes)
-    weights = _row_weights(nodes, bandwidth)
-    if weights is None:
+    step = np.array([float(nodes[1] - nodes[0]) if n > 1 else 0.0])
+    size, h = np.array([n]), np.array([float(bandwidth)])
+    if _is_identity(step, size, h)[0]:
         return np.eye(n)
-    hat, first, last = weights
+    hat, first, last = (w[0] for w in _row_weights(step, size, h, n))
     K = hat[np.arange(n)[None, :] - np.arange(n)[:, None] + n - 1]
     K[0], K[-1] = first, last
     return K
@@ -161,14 +231,28 @@ def spread(nodes: np.ndarray, bandwidth: float, mass: np.ndarray) -> np.ndarray:
     >>> bool(np.allclose(spread(nodes, 2.5, mass), row_kernel(nodes, 2.5) @ mass))
     True
     """
-    mass = np.asarray(mass, dtype=np.float64)
-    weights = _row_weights(nodes, bandwidth)
-    if weights is None:
-        return mass.copy()
-    hat, first, last = weights
     n = len(nodes)
-    out = np.convolve(mass, hat[::-1])[n - 1:2 * n - 1]  # out[j] = sum_i hat[i - j + n - 1] * mass[i]
-    out[0], out[-1] = first @ mass, last @ mass
+    step = np.array([float(nodes[1] - nodes[0]) if n > 1 else 0.0])
+    return spread_stack(step, np.array([n]), np.array([float(bandwidth)]), np.asarray(mass, dtype=np.float64)[None])[0]
+
+
+def spread_stack(step: np.ndarray, size: np.ndarray, bandwidth: np.ndarray, mass: np.ndarray) -> np.ndarray:
+    """:func:`spread` of each row of ``mass`` (zero-padded beyond its grid's ``size`` nodes) with its own grid
+    step and bandwidth: one windowed product for all rows, no loop over them."""
+    out = mass.copy()
+    rows = np.flatnonzero(~_is_identity(step, size, bandwidth))
+    if rows.size == 0:
+        return out
+    n = mass.shape[1]
+    hat, first, last = _row_weights(step[rows], size[rows], bandwidth[rows], n)
+    m = mass[rows]
+    # windows[r, j, i] = hat[r, i - j + n - 1]: the kernel's row j, a view of the lag weights, not a copy.
+    windows = sliding_window_view(hat, n, axis=1)[:, ::-1]
+    spread_rows = np.einsum("rji,ri->rj", windows, m)
+    spread_rows[:, 0] = (first * m).sum(axis=1)
+    spread_rows[np.arange(len(rows)), size[rows] - 1] = (last * m).sum(axis=1)
+    spread_rows[np.arange(n) >= size[rows, None]] = 0.0
+    out[rows] = spread_rows
     return out
 
 
@@ -178,22 +262,38 @@ def kde_pmf(x: np.ndarray, nodes: np.ndarray, bandwidth: float) -> np.ndarray:
     The sample is linearly binned onto the grid and the bins are spread by :func:`row_kernel`
     (see :func:`spread`): exact when the data sit on the nodes (integer data on the integer lattice).
     """
-    dens = spread(nodes, bandwidth, binned_counts(x, nodes))
-    total = dens.sum()
-    return dens / total if total > 0 else dens
+    return _normalised(spread(nodes, bandwidth, binned_counts(x, nodes)))
 
 
-def dirichlet_log_evidence(counts: np.ndarray, base: np.ndarray, strength: float | np.ndarray) -> float | np.ndarray:
-    """log Pr[counts | DP(strength, base)]: the Dirichlet-multinomial marginal likelihood.
+def _normalised(mass: np.ndarray) -> np.ndarray:
+    """Each row of ``mass`` divided by its sum (rows summing to 0 stay as they are)."""
+    total = mass.sum(axis=-1, keepdims=True)
+    return mass / np.where(total > 0, total, 1.0)
 
-    Fractional counts (from linear binning) are allowed: the gamma functions interpolate. An array
-    of strengths gives one evidence each.
+
+def _log_rising_sums(scale: np.ndarray, base: np.ndarray | None, counts: np.ndarray, rows: np.ndarray,
+                     n_rows: int) -> np.ndarray:
+    """Per candidate ``scale`` (n_candidates,) and row r: the sum over r's entries of
+    log Gamma(alpha + counts) - log Gamma(alpha), alpha = scale * base (``base`` None: 1).
+
+    ``base`` and ``counts`` (n_entries,) belong to ``rows`` (sorted). An entry without counts adds
+    exactly 0, so only the others are evaluated (most of a padded grid's). Returns (n_candidates, n_rows).
     """
-    strength = np.asarray(strength, dtype=np.float64)
-    alpha = strength[..., None] * base
-    evidence = (gammaln(strength) - gammaln(strength + counts.sum())
-                + np.sum(gammaln(alpha + counts) - gammaln(alpha), axis=-1))
-    return float(evidence) if evidence.ndim == 0 else evidence
+    keep = np.flatnonzero(counts > 0)
+    starts = np.searchsorted(rows[keep], np.arange(n_rows))
+    ends = np.append(starts[1:], len(keep))
+    nonempty = ends > starts
+    out = np.zeros((len(scale), n_rows))
+    if not nonempty.any():
+        return out
+    if base is None:  # alpha is the candidate itself: its log Gamma once per entry
+        terms = gammaln(scale[:, None] + counts[keep])
+        out -= gammaln(scale)[:, None] * (ends - starts)
+    else:
+        alpha = scale[:, None] * base[keep]
+        terms = gammaln(alpha + counts[keep]) - gammaln(alpha)
+    out[:, nonempty] += np.add.reduceat(terms, starts[nonempty], axis=1)
+    return out
 
 
 def dirichlet_strength(counts: np.ndarray, base: np.ndarray) -> float:
@@ -212,10 +312,26 @@ def dirichlet_strength(counts: np.ndarray, base: np.ndarray) -> float:
     >>> bool(n0_smooth > 10 * n0_atoms)
     True
     """
+    counts = np.asarray(counts, dtype=np.float64)
+    return float(dirichlet_strengths(counts[None], np.asarray(base, dtype=np.float64)[None],
+                                     np.ones((1, counts.shape[-1]), dtype=bool))[0])
+
+
+def dirichlet_strengths(counts: np.ndarray, base: np.ndarray, on_grid: np.ndarray) -> np.ndarray:
+    """:func:`dirichlet_strength` of each row of ``counts`` (n_problems, n_nodes) against the same row of
+    ``base``, over the nodes ``on_grid`` (the rest is padding).
+
+    The evidence of n0 is log Pr[counts | DP(n0, base)], the Dirichlet-multinomial marginal likelihood
+    log Gamma(n0) - log Gamma(n0 + n) + sum_j [log Gamma(n0 base_j + c_j) - log Gamma(n0 base_j)];
+    fractional counts (from linear binning) are allowed: the gamma functions interpolate.
+    """
     # A base with (numerically) zero mass where data lie would make the evidence -inf for all n0.
-    base = np.maximum(base, 1e-12)
-    base = base / base.sum()
-    return float(STRENGTHS[int(np.argmax(dirichlet_log_evidence(counts, base, STRENGTHS)))])
+    base = _normalised(np.where(on_grid, np.maximum(base, 1e-12), 0.0))
+    n_problems, n_nodes = counts.shape
+    rows = np.repeat(np.arange(n_problems), n_nodes)
+    evidence = (gammaln(STRENGTHS)[:, None] - gammaln(STRENGTHS[:, None] + counts.sum(axis=1))
+                + _log_rising_sums(STRENGTHS, base.ravel(), counts.ravel(), rows, n_problems))
+    return STRENGTHS[np.argmax(evidence, axis=0)]
 
 
 def proportion_strength(counts: np.ndarray, proportions: np.ndarray) -> float:
@@ -227,13 +343,30 @@ def proportion_strength(counts: np.ndarray, proportions: np.ndarray) -> float:
     off with many records behind it (an atom such as 40 hours a week) pulls m down, so the
     groups keep their own shares where the data are strong.
     """
-    pi = np.maximum(proportions, 1e-12)
-    pi = pi / pi.sum(axis=0, keepdims=True)
-    total = counts.sum(axis=0)
-    m = STRENGTHS[:, None, None]  # every candidate at once: candidates x groups x nodes
-    evidence = (np.sum(gammaln(m[:, 0]) - gammaln(m[:, 0] + total), axis=1)
-                + np.sum(gammaln(m * pi + counts) - gammaln(m * pi), axis=(1, 2)))
-    return float(STRENGTHS[int(np.argmax(evidence))])
+    counts = np.asarray(counts, dtype=np.float64)
+    return float(proportion_strengths(counts[None], np.asarray(proportions, dtype=np.float64)[None],
+                                      np.ones(counts.shape[:1], dtype=bool)[None],
+                                      np.ones((1, counts.shape[-1]), dtype=bool))[0])
+
+
+def proportion_strengths(counts: np.ndarray, proportions: np.ndarray, present: np.ndarray,
+                         on_grid: np.ndarray) -> np.ndarray:
+    """:func:`proportion_strength` of several problems: ``counts`` and ``proportions`` (n_problems, n_groups,
+    n_nodes), over the groups ``present`` (n_problems, n_groups) and the nodes ``on_grid`` (n_problems, n_nodes).
+
+    The evidence of m: per node j, the groups' counts are Dirichlet-multinomial with parameters
+    m pi_gj (pi: the proportions normalised over the present groups), so it is the sum over nodes of
+    log Gamma(m) - log Gamma(m + n_j) + sum_g [log Gamma(m pi_gj + c_gj) - log Gamma(m pi_gj)].
+    """
+    pi = _normalised(np.where(present[..., None], np.maximum(proportions, 1e-12), 0.0).swapaxes(1, 2)).swapaxes(1, 2)
+    counts = np.where(present[..., None] & on_grid[:, None], counts, 0.0)
+    n_problems, n_groups, n_nodes = counts.shape
+    total = counts.sum(axis=1)
+    evidence = (-_log_rising_sums(STRENGTHS, None, total.ravel(), np.repeat(np.arange(n_problems), n_nodes),
+                                  n_problems)
+                + _log_rising_sums(STRENGTHS, pi.ravel(), counts.ravel(),
+                                   np.repeat(np.arange(n_problems), n_groups * n_nodes), n_problems))
+    return STRENGTHS[np.argmax(evidence, axis=0)]
 
 
 def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarray, bandwidth_scale: float = 1.0,
@@ -250,41 +383,81 @@ def group_pmfs(x: np.ndarray, codes: np.ndarray, n_groups: int, nodes: np.ndarra
     estimate a group alone. ``smoothing``: ``"auto"`` (both blends by empirical Bayes, or with
     the fixed ``strength``), ``"kde"`` (no atoms: the reweighted counts smoothed),
     ``"empirical"`` (each group's own linear binning), or a weight in [0, 1] of the ``"kde"``
-    pmf against the group's own binning.
+    pmf against the group's own binning. :func:`group_pmfs_stack` does the same for many strata
+    and features at once.
     """
-    own = np.array([binned_counts(x[codes == g], nodes) for g in range(n_groups)])
-    present = own.sum(axis=1) > 0
-    own_pmf = own / np.where(present, own.sum(axis=1), 1.0)[:, None]
-    alone = proportions is None and n_groups == 1
-    if proportions is None:  # no pooling: one group's rows are the whole "stratum"
-        proportions = np.ones((n_groups, len(nodes)))
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    weights = np.zeros((len(x), n_groups))
+    weights[np.arange(len(x)), np.asarray(codes)[order]] = 1.0
+    n = len(nodes)
+    step = float(nodes[1] - nodes[0]) if n > 1 else 0.0
+    return group_pmfs_stack(x[order], weights, np.zeros(len(x), dtype=np.intp), np.array([float(nodes[0])]),
+                            np.array([step]), np.array([n]), bandwidth_scale,
+                            None if proportions is None else np.asarray(proportions, dtype=np.float64)[None],
+                            np.array([proportions is None and n_groups == 1]), smoothing, strength)[0]
+
+
+def group_pmfs_stack(x: np.ndarray, weights: np.ndarray, problem: np.ndarray, start: np.ndarray, step: np.ndarray,
+                     size: np.ndarray, bandwidth_scale: float = 1.0, proportions: np.ndarray | None = None,
+                     alone: np.ndarray | None = None, smoothing: str | float = "auto",
+                     strength: str | float = "auto") -> np.ndarray:
+    """:func:`group_pmfs` of many (stratum, feature) problems in one vectorised pass: (n_problems, n_groups, n_nodes).
+
+    Problem p's sample is the values ``x[problem == p]`` (sorted, contiguous, problems in order),
+    value i standing for ``weights[i, g]`` records of group g; its grid has ``size[p]`` nodes from
+    ``start[p]`` by ``step[p]`` (pmfs are zero-padded to the longest grid). ``proportions[p]`` is its
+    model of the groups' shares per node (None: 1 everywhere); an ``alone`` problem is one group
+    estimated on its own (its share is 1 at every node, whatever the blend strength).
+    """
+    n_problems, n_groups = len(start), weights.shape[1]
+    n_nodes = int(size.max())
+    on_grid = np.arange(n_nodes) < size[:, None]
+    own = binned_counts_stack(x, weights, problem, start, step, size, n_nodes)
+    present = own.sum(axis=-1) > 0
+    own_pmf = _normalised(own)
     if smoothing == "empirical":
         return own_pmf
-    pooled = own.sum(axis=0)
-    atom_share, shares = 0.0, proportions
-    if smoothing == "auto":
-        smooth = kde_pmf(x, nodes, bandwidth_scale * silverman_bandwidth(x))
-        n0 = dirichlet_strength(pooled, smooth) if strength == "auto" else float(strength)
-        if alone:
-            m = 1.0  # any m: the group's share is 1 at every node
-        elif strength == "auto":
-            m = proportion_strength(own[present], proportions[present])
-        else:
-            m = float(strength)
-        atom_share = pooled.sum() / (pooled.sum() + n0)
+    alone = np.zeros(n_problems, dtype=bool) if alone is None else np.asarray(alone)
+    if proportions is None:
+        proportions = np.ones((n_problems, n_groups, n_nodes))
+    elif alone.any():
+        proportions = np.where(alone[:, None, None], 1.0, proportions)
+    pooled = own.sum(axis=1)
+    shares, auto = proportions, smoothing == "auto"
+    if auto:
+        m = np.full(n_problems, 1.0 if strength == "auto" else float(strength))
+        m[alone] = 1.0  # any m: the group's share is 1 at every node
+        if strength == "auto" and not alone.all():
+            tilt = np.flatnonzero(~alone)
+            m[tilt] = proportion_strengths(own[tilt], proportions[tilt], present[tilt], on_grid[tilt])
         # Where no research record fell (or with m = 0 and no data) the model's share stands.
-        denominator = pooled + m
-        shares = np.divide(own + m * proportions, denominator, out=proportions.astype(np.float64).copy(),
+        denominator = (pooled + m[:, None])[:, None]
+        shares = np.divide(own + m[:, None, None] * proportions, denominator, out=proportions.astype(np.float64),
                            where=denominator > 0)
-    pmfs = np.zeros((n_groups, len(nodes)))
-    for g in np.flatnonzero(present):
-        # Reweight the pooled counts towards the group, then smooth with the group's own spread.
-        tilted = pooled * shares[g]
-        n_effective = tilted.sum() ** 2 / max(float(pooled @ shares[g] ** 2), 1e-300)
-        smoothed = spread(nodes, bandwidth_scale * binned_bandwidth(nodes, tilted, n_effective), tilted)
-        pmf = atom_share * tilted + (1.0 - atom_share) * smoothed
-        # A model share that underflowed to 0 everywhere leaves the group's own values.
-        pmfs[g] = pmf / pmf.sum() if pmf.sum() > 0 else own_pmf[g]
+    # Reweight the pooled counts towards each present group, then smooth with the group's own spread.
+    p, g = np.nonzero(present)
+    tilted = pooled[p] * shares[p, g]
+    n_effective = tilted.sum(axis=-1) ** 2 / np.maximum((pooled[p] * shares[p, g] ** 2).sum(axis=-1), 1e-300)
+    nodes = start[p, None] + step[p, None] * np.arange(n_nodes)
+    bandwidth = bandwidth_scale * binned_bandwidths(nodes, tilted, n_effective)
+    if not auto:
+        smoothed = spread_stack(step[p], size[p], bandwidth, tilted)
+        atom_share = np.zeros(len(p))
+    else:  # with the KDE of each problem's sample (the smooth base of its atoms' blend): one spread for all rows
+        sample = bandwidth_scale * sample_bandwidths(x, weights.sum(axis=1), problem, n_problems)
+        both = spread_stack(np.concatenate([step[p], step]), np.concatenate([size[p], size]),
+                            np.concatenate([bandwidth, sample]), np.vstack([tilted, pooled]))
+        smoothed, smooth = both[:len(p)], _normalised(both[len(p):])
+        n0 = (dirichlet_strengths(pooled, smooth, on_grid) if strength == "auto"
+              else np.full(n_problems, float(strength)))
+        records = pooled.sum(axis=-1)
+        atom_share = (records / (records + n0))[p]
+    pmf = atom_share[:, None] * tilted + (1.0 - atom_share[:, None]) * smoothed
+    total = pmf.sum(axis=-1, keepdims=True)
+    pmfs = np.zeros((n_problems, n_groups, n_nodes))
+    # A model share that underflowed to 0 everywhere leaves the group's own values.
+    pmfs[p, g] = np.where(total > 0, pmf / np.where(total > 0, total, 1.0), own_pmf[p, g])
     if isinstance(smoothing, (int, float, np.number)):
         return (1.0 - float(smoothing)) * own_pmf + float(smoothing) * pmfs
     return pmfs

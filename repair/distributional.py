@@ -55,7 +55,7 @@ from .artifacts import (
     nonempty,
     sorted_labels,
 )
-from .density import bin_position, group_pmfs
+from .density import bin_position, group_pmfs_stack
 from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
 from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
@@ -209,46 +209,99 @@ class DistributionalRepair:
         self.n_features_in_ = X.shape[1]
         self.columns_ = names
         self.features_ = self._feature_indices(X.shape[1])
-        self.discrete_ = self._discrete_mask(X[:, self.features_])
-        self.groups_ = np.unique(s)
-        self.strata_ = np.unique(u)
-        self.n_research_ = np.array([[np.sum((u == a) & (s == b)) for b in self.groups_] for a in self.strata_])
+        self.groups_, s_codes = labels_and_codes(s)
+        self.strata_, u_codes = labels_and_codes(u)
+        n_cells = len(self.strata_) * len(self.groups_)
+        self.n_research_ = np.bincount(u_codes * len(self.groups_) + s_codes, minlength=n_cells).reshape(
+            len(self.strata_), len(self.groups_))
         self.has_plan_ = self.n_research_ >= self.min_group_size
         self.pooled_ = self._pooled_strata()
-        self._design(X, s, u)
-        self.posterior_ = (GroupPosterior().fit(X, s, u, groups=self.groups_, strata=self.strata_)
+        self._design(X, s_codes, u_codes)
+        self.posterior_ = (GroupPosterior().fit_codes(X, s_codes, u_codes, self.groups_, self.strata_)
                            if self.posterior else None)
         self._prepare()
         return self
 
-    def _design(self, X: np.ndarray, s: np.ndarray, u: np.ndarray) -> None:
+    def _design(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray) -> None:
         n_u, n_s, n_k = len(self.strata_), len(self.groups_), len(self.features_)
-        grids = [[self._grid(X[u == a, col], self.discrete_[k], self.columns_[col])
-                  for k, col in enumerate(self.features_)] for a in self.strata_]
+        # Per feature: each stratum's distinct values and each group's research rows at each.
+        tables = [distinct_values(X[:, col], s_codes, u_codes, n_s, n_u) for col in self.features_]
+        self.discrete_ = self._discrete_mask([table.values for table in tables])
+        grids = [[self._grid(*table.range(a), self.discrete_[k], self.columns_[col])
+                  for k, (col, table) in enumerate(zip(self.features_, tables))] for a in range(n_u)]
         n_max = max(len(g) for row in grids for g in row)
         self.grid_start_ = np.array([[g[0] for g in row] for row in grids])
         self.grid_step_ = np.array([[g[1] - g[0] if len(g) > 1 else 0.0 for g in row] for row in grids])
         self.grid_size_ = np.array([[len(g) for g in row] for row in grids], dtype=np.int64)
         self.source_pmf_ = np.zeros((n_u, n_s, n_k, n_max))
         self.barycenter_ = np.zeros((n_u, n_k, n_max))
+        planned = np.flatnonzero(self.has_plan_.any(axis=1))
+        if planned.size == 0:
+            return
+        self._source_pmfs(tables, planned)
         weights = self._weights()
-        for a in range(n_u):
+        for a in planned:
             groups = np.flatnonzero(self.has_plan_[a])
-            if len(groups) == 0:
-                continue
-            rows = u == self.strata_[a]
-            for k, col in enumerate(self.features_):
-                nodes = grids[a][k]
-                m = len(nodes)
-                pmfs = self._pmfs(X[rows, col], s[rows], groups, nodes, bool(self.pooled_[a]))
-                nu = barycenter(pmfs, nodes, weights[groups])
-                self.barycenter_[a, k, :m] = nu
-                for pmf, b in zip(pmfs, groups):
-                    self.source_pmf_[a, b, k, :m] = pmf
+            for k in range(n_k):
+                m = int(self.grid_size_[a, k])
+                self.barycenter_[a, k, :m] = barycenter(self.source_pmf_[a, groups, k, :m], grids[a][k],
+                                                        weights[groups])
 
-    def _grid(self, x: np.ndarray, discrete: bool, name: str) -> np.ndarray:
-        """Uniform grid over the (padded) research range of one (stratum, feature)."""
-        lo, hi = float(x.min()), float(x.max())
+    def _source_pmfs(self, tables: list, planned: np.ndarray) -> None:
+        """The source pmfs of every planned (u, s) cell and feature, as one :func:`group_pmfs_stack`.
+
+        A thin stratum is one problem per feature (its pooled sample, tilted by Pr[s | x_k, u]); in
+        the others each planned group is a problem of its own.
+        """
+        problems, cells = [], []  # (stratum, feature, group or None for pooled); (problem, stratum, group, feature)
+        for a in planned:
+            groups = np.flatnonzero(self.has_plan_[a])
+            for k in range(len(self.features_)):
+                if self.pooled_[a]:
+                    cells += [(len(problems), a, b, k) for b in groups]
+                    problems.append((a, k, None))
+                else:
+                    cells += [(len(problems) + j, a, b, k) for j, b in enumerate(groups)]
+                    problems += [(a, k, b) for b in groups]
+        samples = [tables[k].stratum(a) for a, k, _ in problems]
+        weights = [counts if b is None else np.where(np.arange(counts.shape[1]) == b, counts, 0.0)
+                   for (_, _, b), (_, counts) in zip(problems, samples)]
+        a, k = (np.array([p[i] for p in problems]) for i in (0, 1))
+        alone = np.array([b is not None for _, _, b in problems])
+        size = self.grid_size_[a, k]
+        pmfs = group_pmfs_stack(np.concatenate([v for v, _ in samples]), np.concatenate(weights),
+                                np.repeat(np.arange(len(problems)), [len(v) for v, _ in samples]),
+                                self.grid_start_[a, k], self.grid_step_[a, k], size, float(self.bandwidth_scale),
+                                self._tilts(samples, a, k, alone), alone, self.smoothing, self.prior_strength)
+        p, a, b, k = np.array(cells).T
+        self.source_pmf_[a, b, k, :pmfs.shape[-1]] = pmfs[p, b]
+
+    def _tilts(self, samples: list, a: np.ndarray, k: np.ndarray, alone: np.ndarray) -> np.ndarray | None:
+        """The groups' shares per node of each pooled problem, the 1-D posterior Pr[s | x_k, u] (ones elsewhere):
+        every pooled (stratum, feature) is a stratum of one :class:`GroupPosterior` fit."""
+        pooled = np.flatnonzero(~alone)
+        if pooled.size == 0:
+            return None
+        values = [samples[p][0][:, None] for p in pooled]
+        counts = [samples[p][1] for p in pooled]
+        records = [c.sum(axis=1) for c in counts]
+        mean = np.array([[r @ v[:, 0] / r.sum()] for v, r in zip(values, records)])
+        sd = np.array([[np.sqrt(r @ (v[:, 0] - m[0]) ** 2 / r.sum())] for v, r, m in zip(values, records, mean)])
+        scale = np.where(sd > 0, sd, 1.0)  # a constant column stays 0 after standardising
+        posterior = GroupPosterior(n_folds=0).fit_distinct(values, counts, mean, scale, self.groups_,
+                                                           np.arange(len(pooled)))
+        size = self.grid_size_[a, k]
+        n_nodes = int(size.max())
+        node = np.concatenate([np.arange(size[p]) for p in pooled])
+        owner = np.repeat(np.arange(len(pooled)), size[pooled])
+        nodes = self.grid_start_[a[pooled], k[pooled]][owner] + self.grid_step_[a[pooled], k[pooled]][owner] * node
+        shares = np.ones((len(a), len(self.groups_), n_nodes))
+        shares[pooled[owner], :, node] = posterior.proba_codes(nodes[:, None], owner)
+        return shares
+
+    def _grid(self, lo: float, hi: float, discrete: bool, name: str) -> np.ndarray:
+        """Uniform grid over the (padded) research range [lo, hi] of one (stratum, feature)."""
+        lo, hi = float(lo), float(hi)
         margin = self.pad * (hi - lo) if self.pad else 0.0  # 0 * inf would be NaN: a range of +-1.7e308 overflows
         lo, hi = lo - margin, hi + margin
         if discrete:
@@ -272,19 +325,6 @@ class DistributionalRepair:
         smallest = np.where(self.has_plan_, self.n_research_, np.iinfo(np.int64).max).min(axis=1)
         return smallest < self.pool_below
 
-    def _pmfs(self, x: np.ndarray, s: np.ndarray, groups: np.ndarray, nodes: np.ndarray, pooled: bool) -> np.ndarray:
-        """Source pmfs of the planned ``groups`` (codes) of one stratum (values ``x``, labels ``s``) and feature."""
-        codes = np.searchsorted(self.groups_, s)
-        scale, smoothing, strength = float(self.bandwidth_scale), self.smoothing, self.prior_strength
-        if not pooled:
-            return np.vstack([group_pmfs(x[codes == b], np.zeros(int(np.sum(codes == b)), dtype=np.intp), 1, nodes,
-                                         scale, None, smoothing, strength) for b in groups])
-        # The 1-D posterior Pr[s | x_k, u] within the stratum: the groups' smooth shares per node.
-        one_stratum = np.zeros(len(x), dtype=np.intp)
-        posterior = GroupPosterior(n_folds=0).fit_codes(x[:, None], codes, one_stratum, self.groups_, self.strata_[:1])
-        shares = posterior.proba_codes(nodes[:, None], np.zeros(len(nodes), dtype=np.intp)).T
-        return group_pmfs(x, codes, len(self.groups_), nodes, scale, shares, smoothing, strength)[groups]
-
     def _weights(self) -> np.ndarray:
         if self.group_weights is None:
             return np.ones(len(self.groups_))
@@ -301,14 +341,15 @@ class DistributionalRepair:
             raise RepairInputError(f"features must index the {n_columns} columns of X, got {list(self.features)}")
         return idx
 
-    def _discrete_mask(self, Xf: np.ndarray) -> np.ndarray:
+    def _discrete_mask(self, values: list) -> np.ndarray:
+        """Which repaired features are discrete, given each one's distinct research ``values``."""
         if isinstance(self.discrete, str):
             if self.discrete != "auto":
                 raise RepairInputError(f"discrete must be 'auto' or a list of bools, got {self.discrete!r}")
-            return np.all(Xf == np.round(Xf), axis=0)
+            return np.array([bool(np.all(v == np.round(v))) for v in values])
         mask = np.asarray(self.discrete, dtype=bool)
-        if mask.shape != (Xf.shape[1],):
-            raise RepairInputError(f"discrete needs one bool per repaired feature ({Xf.shape[1]}), got {mask.shape}")
+        if mask.shape != (len(values),):
+            raise RepairInputError(f"discrete needs one bool per repaired feature ({len(values)}), got {mask.shape}")
         return mask
 
     def _check_parameters(self) -> None:
@@ -651,6 +692,66 @@ class DistributionalRepair:
         est.posterior_ = GroupPosterior.from_arrays(arrays, est.groups_, est.strata_) if has_posterior else None
         est._prepare()
         return est
+
+
+def labels_and_codes(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct ``labels`` and each row's index into them (``np.unique`` with ``return_inverse``).
+
+    Small non-negative integer labels (the common case) are counted instead of sorted.
+    """
+    if labels.dtype.kind == "i" and len(labels) and 0 <= labels.min() and labels.max() < len(labels):
+        seen = np.bincount(labels) > 0
+        return np.flatnonzero(seen).astype(labels.dtype), (np.cumsum(seen) - 1)[labels]
+    return np.unique(labels, return_inverse=True)
+
+
+@dataclass(frozen=True)
+class DistinctValues:
+    """One feature's distinct research values in each stratum, sorted, with each group's research rows at each:
+    stratum a's are ``values[bounds[a]:bounds[a + 1]]`` and the same rows of ``counts`` (n, n_groups).
+
+    What the fit needs of a (stratum, feature) sample (range, binned counts, quartiles, the posterior's
+    likelihood) depends on its rows only through these counts, and integer features have few values.
+    """
+
+    values: np.ndarray
+    counts: np.ndarray
+    bounds: np.ndarray
+
+    def stratum(self, a: int) -> tuple[np.ndarray, np.ndarray]:
+        """Stratum ``a``'s distinct values and group counts."""
+        rows = slice(self.bounds[a], self.bounds[a + 1])
+        return self.values[rows], self.counts[rows]
+
+    def range(self, a: int) -> tuple[float, float]:
+        """Stratum ``a``'s smallest and largest value."""
+        return self.values[self.bounds[a]], self.values[self.bounds[a + 1] - 1]
+
+
+def distinct_values(x: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, n_groups: int,
+                    n_strata: int) -> DistinctValues:
+    """The :class:`DistinctValues` of the feature column ``x`` (every stratum has at least one row)."""
+    lo = x.min()
+    with np.errstate(over="ignore"):  # a range of +-1.7e308 overflows: not a short one
+        short = x.max() - lo < len(x)
+    offset = x - lo if short else None
+    code = offset.astype(np.int64) if short else None
+    if short and np.array_equal(code, offset):  # integers in a short range: their offsets are codes
+        lattice = lo + np.arange(int(code.max()) + 1, dtype=np.float64)
+    else:  # other values: their codes by sorting them
+        lattice, code = np.unique(x, return_inverse=True)
+    key = u_codes * len(lattice) + code  # (stratum, value)
+    if n_strata * len(lattice) <= 4 * len(x):  # a table of every (stratum, value) is small: count into it
+        table = np.bincount(key * n_groups + s_codes, minlength=n_strata * len(lattice) * n_groups)
+        table = table.reshape(-1, n_groups)
+        row_key = np.flatnonzero(table.any(axis=1))
+        counts = table[row_key].astype(np.float64)
+    else:  # sort the rows' (stratum, value) keys instead
+        row_key, row = np.unique(key, return_inverse=True)
+        counts = np.bincount(row * n_groups + s_codes, minlength=len(row_key) * n_groups).reshape(-1, n_groups)
+        counts = counts.astype(np.float64)
+    bounds = np.searchsorted(row_key // len(lattice), np.arange(n_strata + 1))
+    return DistinctValues(lattice[row_key % len(lattice)], counts, bounds)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ features (and, where BIC prefers it, their squares), normalised over the groups.
 are exact for normal groups with equal variances, squares for unequal ones; thin strata cannot
 afford the squares' noise, large ones can. For two groups one-vs-rest is logistic regression.
 It is fitted by the damped Newton (IRLS) steps of :mod:`fairstream.repair.logistic` on the distinct
-rows of each stratum with their group counts (the same likelihood, far fewer rows), and checked
-for calibration by K-fold cross-validation at fit time (:attr:`GroupPosterior.cv_`).
+rows of each stratum with their group counts (the same likelihood, far fewer rows), every stratum,
+candidate degree and cross-validation fold in one stacked solve, and checked for calibration by
+K-fold cross-validation at fit time (:attr:`GroupPosterior.cv_`).
 
 What imputation can and cannot do: a record repaired under a drawn s lands on the barycentre of
 the *drawn* group, so the repair removes only the dependence that (x, u) reveals about s. The
@@ -51,9 +52,9 @@ from scipy.special import expit
 
 from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from .artifacts import ArraySpec, Check, above, at_least, finite
-from .logistic import _MAX_HALVINGS
+from .logistic import fit_logistic_stack
 
-__all__ = ["GroupPosterior", "distinct_rows", "missing_mask", "one_vs_rest", "polynomial_design"]
+__all__ = ["GroupPosterior", "distinct_rows", "missing_mask", "one_vs_rest", "one_vs_rest_stack", "polynomial_design"]
 
 CV_METRICS = ("log_loss", "brier", "ece", "auc", "accuracy")
 _CALIBRATION_BINS = 10
@@ -108,69 +109,50 @@ def one_vs_rest(design: np.ndarray, counts: np.ndarray, l2: float) -> np.ndarray
     fitted (its probability is 1); with two, one regression is fitted and the other group's is its
     mirror image (one-vs-rest for two groups is one logistic regression).
     """
-    coef = np.full((counts.shape[1], design.shape[1]), np.nan)
-    present = np.flatnonzero(counts.sum(axis=0) > 0)
-    if len(present) == 1:
-        coef[present] = 0.0
-        return coef
-    total = counts.sum(axis=1)
-    for g in present[:1] if len(present) == 2 else present:
-        coef[g] = fit_counts_logistic(design, counts[:, g], total, l2)
-    if len(present) == 2:
-        coef[present[1]] = -coef[present[0]]
+    return one_vs_rest_stack(design, counts, np.zeros(1, dtype=np.intp), np.zeros(1, dtype=np.intp),
+                             np.array([design.shape[1]]), l2)[0]
+
+
+def one_vs_rest_stack(design: np.ndarray, counts: np.ndarray, starts: np.ndarray, block: np.ndarray,
+                      widths: np.ndarray, l2: float) -> np.ndarray:
+    """:func:`one_vs_rest` of several problems, every regression in one :func:`fit_logistic_stack`.
+
+    ``design`` (n, p) and ``counts`` (n, n_groups) hold blocks of rows one after another, block b's
+    from ``starts[b]``; problem j is fitted on block ``block[j]`` with its first ``widths[j]`` columns
+    (its other coefficients are 0). Returns (n_problems, n_groups, p).
+    """
+    n_groups, p = counts.shape[1], design.shape[1]
+    lengths = np.diff(np.append(starts, len(design)))
+    present = (np.add.reduceat(counts, starts, axis=0) > 0)[block]  # (problems, groups)
+    n_present = present.sum(axis=1)
+    first = present & (np.cumsum(present, axis=1) == 1)
+    # Two groups: one regression, the other group's is its mirror; one group: nothing to fit (probability 1).
+    j, g = np.nonzero(np.where((n_present == 2)[:, None], first, present & (n_present > 2)[:, None]))
+    coef = np.full((len(block), n_groups, p), np.nan)
+    coef[n_present == 1] = np.where(present[n_present == 1, :, None], 0.0, np.nan)
+    if len(j):
+        rows = lengths[block[j]]
+        owner = np.repeat(np.arange(len(j)), rows)
+        index = np.arange(rows.sum()) + np.repeat(starts[block[j]] - (np.cumsum(rows) - rows), rows)
+        Z = design[index] * (np.arange(p) < widths[j][owner, None])
+        coef[j, g] = fit_logistic_stack(Z, counts[index, g[owner]], counts.sum(axis=1)[index], np.cumsum(rows) - rows,
+                                        l2, width=widths[j])[0]
+    mirrored = np.flatnonzero(n_present == 2)
+    second = present[mirrored] & ~first[mirrored]
+    coef[mirrored, np.argmax(second, axis=1)] = -coef[mirrored, np.argmax(first[mirrored], axis=1)]
     return coef
 
 
-def fit_counts_logistic(Z: np.ndarray, positive: np.ndarray, total: np.ndarray, l2: float, max_iter: int = 50,
-                        tol: float = 1e-8) -> np.ndarray:
-    """:func:`~fairstream.repair.logistic.fit_logistic` on grouped rows: row i of ``Z`` stands for
-    ``total[i]`` records, ``positive[i]`` of them labelled 1. The same objective (mean log-loss over the
-    records + l2/2 ||theta[1:]||^2) and the same damped Newton steps, with one row per distinct value.
-    """
-    n, p = Z.shape
-    penalty = np.full(p, l2)
-    penalty[0] = 0.0
-    records = float(total.sum())
-
-    def objective(theta):
-        eta = Z @ theta
-        return (total @ np.logaddexp(0.0, eta) - positive @ eta) / records + 0.5 * np.sum(penalty * theta * theta)
-
-    theta = np.zeros(p)
-    loss = objective(theta)
-    for _ in range(max_iter):
-        prob = expit(Z @ theta)
-        grad = Z.T @ (total * prob - positive) / records + penalty * theta
-        hessian = (Z * (total * prob * (1.0 - prob))[:, None]).T @ Z / records + np.diag(penalty)
-        try:
-            step = np.linalg.solve(hessian, grad)
-        except np.linalg.LinAlgError:
-            step = np.linalg.lstsq(hessian, grad, rcond=None)[0]
-        t = 1.0
-        for _ in range(_MAX_HALVINGS):
-            candidate = theta - t * step
-            new_loss = objective(candidate)
-            if new_loss <= loss:
-                break
-            t *= 0.5
-        else:  # no decrease even for tiny steps: at the optimum up to rounding
-            return theta
-        change = float(np.max(np.abs(candidate - theta)))
-        theta, loss = candidate, new_loss
-        if change < tol:
-            break
-    return theta
-
-
 def ovr_proba(design: np.ndarray, coef: np.ndarray) -> np.ndarray:
-    """Normalised one-vs-rest probabilities (n, n_groups); ``coef`` is (n_groups, p) or (n, n_groups, p).
+    """Normalised one-vs-rest probabilities (..., n, n_groups) of ``design`` (..., n, p); ``coef`` is
+    (n_groups, p), (n, n_groups, p) or anything that broadcasts against (..., n, n_groups, p).
 
     The linear predictor is an element-wise product summed per row (not a matrix product), so a
     row's probabilities are bit-identical whatever batch it is computed in.
     """
-    eta = (design[:, None, :] * (coef if coef.ndim == 3 else coef[None])).sum(axis=-1)
+    eta = (design[..., None, :] * coef).sum(axis=-1)
     score = np.where(np.isnan(eta), 0.0, expit(np.nan_to_num(eta)))
-    total = score.sum(axis=1, keepdims=True)
+    total = score.sum(axis=-1, keepdims=True)
     return score / np.where(total > 0, total, 1.0)
 
 
@@ -210,8 +192,16 @@ class GroupPosterior:
         """:meth:`fit` on checked, finite ``X`` with the rows' group and stratum codes into ``groups`` and ``strata``."""
         self.groups_, self.strata_ = groups, strata
         self.n_features_in_ = X.shape[1]
-        self.mean_, self.scale_, self.coef_ = self._fit_codes(X, s_codes, u_codes)
-        self.cv_ = self._cross_validate(X, s_codes, u_codes)
+        # The fit and every cross-validation fold's fit: each (fit, stratum) a stratum of one stacked fit.
+        folds = self._folds(s_codes, u_codes)
+        parts = [np.ones(len(X), dtype=bool)] + [folds != f for f in range(int(self.n_folds)) if (folds == f).any()]
+        stats = [self._statistics(X[rows], s_codes[rows], u_codes[rows]) for rows in parts]
+        mean, scale = np.vstack([m for m, _, _, _ in stats]), np.vstack([sc for _, sc, _, _ in stats])
+        coef = self._fit_distinct([v for _, _, values, _ in stats for v in values],
+                                  [c for _, _, _, counts in stats for c in counts], mean, scale)
+        n_u = len(strata)
+        self.mean_, self.scale_, self.coef_ = mean[:n_u], scale[:n_u], coef[:n_u]
+        self.cv_ = self._cross_validate(X, s_codes, u_codes, folds, mean[n_u:], scale[n_u:], coef[n_u:])
         return self
 
     @property
@@ -219,10 +209,29 @@ class GroupPosterior:
         """The degree of the stored design: the highest power any stratum may use."""
         return 2 if self.degree == "bic" else int(self.degree)
 
-    def _fit_codes(self, X, s_codes, u_codes):
+    def fit_distinct(self, values: Sequence[np.ndarray | None], counts: Sequence[np.ndarray | None], mean: np.ndarray,
+                     scale: np.ndarray, groups: np.ndarray, strata: np.ndarray) -> "GroupPosterior":
+        """Fit from each stratum's :func:`distinct_rows` (``values[a]``, ``counts[a]``; None where a stratum has no
+        rows) and its standardisation (``mean``, ``scale``: (n_strata, n_features)), with no calibration check.
+
+        The same fit as :meth:`fit_codes` with ``n_folds=0``, for a caller that has the counts already.
+        """
+        if self.n_folds:
+            raise RepairInputError("fit_distinct has no rows to cross-validate on: "
+                                   f"n_folds must be 0, got {self.n_folds!r}")
+        self.groups_, self.strata_ = groups, strata
+        self.n_features_in_ = mean.shape[1]
+        self.mean_, self.scale_ = mean, scale
+        self.coef_ = self._fit_distinct(values, counts, mean, scale)
+        self.cv_ = np.full(len(CV_METRICS), np.nan)
+        return self
+
+    def _statistics(self, X, s_codes, u_codes) -> tuple[np.ndarray, np.ndarray, list, list]:
+        """Per stratum: the mean and scale that standardise it, its :func:`distinct_rows` and their group counts
+        (None for a stratum without rows)."""
         n_u, n_g, d = len(self.strata_), len(self.groups_), X.shape[1]
         mean, scale = np.zeros((n_u, d)), np.ones((n_u, d))
-        coef = np.full((n_u, n_g, 1 + d * self.max_degree), np.nan)
+        values, counts = [None] * n_u, [None] * n_u
         for a in range(n_u):
             rows = u_codes == a
             if not rows.any():
@@ -230,45 +239,61 @@ class GroupPosterior:
             mean[a] = X[rows].mean(axis=0)
             sd = X[rows].std(axis=0)
             scale[a] = np.where(sd > 0, sd, 1.0)  # a constant column stays 0 after standardising
-            values, counts = distinct_rows(X[rows], s_codes[rows], n_g)
-            design = polynomial_design((values - mean[a]) / scale[a], self.max_degree)
-            coef[a] = self._fit_stratum(design, counts, d)
-        return mean, scale, coef
+            values[a], counts[a] = distinct_rows(X[rows], s_codes[rows], n_g)
+        return mean, scale, values, counts
 
-    def _fit_stratum(self, design: np.ndarray, counts: np.ndarray, d: int) -> np.ndarray:
-        """One-vs-rest coefficients in the max-degree layout (unused powers are 0), from :func:`distinct_rows` counts."""
-        degrees = (1, 2) if self.degree == "bic" else (int(self.degree),)
-        best = None
-        for degree in degrees:
-            width = 1 + d * degree
-            coef = np.zeros((counts.shape[1], design.shape[1]))
-            coef[:, :width] = one_vs_rest(design[:, :width], counts, float(self.l2))
-            coef[np.isnan(coef[:, 0])] = np.nan  # absent groups stay absent in every column
-            if len(degrees) == 1:
-                return coef
-            log_likelihood = np.sum(counts * np.log(np.clip(ovr_proba(design, coef), 1e-300, None)))
-            n_free = (np.count_nonzero(counts.sum(axis=0)) - 1) * width
-            bic = -2.0 * log_likelihood + n_free * np.log(counts.sum())
-            if best is None or bic < best[0]:
-                best = (bic, coef)
-        return best[1]
+    def _fit_distinct(self, values, counts, mean, scale) -> np.ndarray:
+        """One-vs-rest coefficients per stratum in the max-degree layout (unused powers are 0): every stratum and
+        candidate degree in one stacked fit, then per stratum the degree with the lower BIC."""
+        n_g, d = len(self.groups_), mean.shape[1]
+        coef = np.full((len(values), n_g, 1 + d * self.max_degree), np.nan)
+        fitted = [a for a in range(len(values)) if values[a] is not None]
+        if not fitted:
+            return coef
+        degrees = np.array((1, 2) if self.degree == "bic" else (int(self.degree),))
+        lengths = np.array([len(values[a]) for a in fitted])
+        starts = np.cumsum(lengths) - lengths
+        owner = np.repeat(np.arange(len(fitted)), lengths)
+        design = polynomial_design((np.concatenate([values[a] for a in fitted]) - mean[fitted][owner])
+                                   / scale[fitted][owner], self.max_degree)
+        C = np.concatenate([counts[a] for a in fitted])
+        # Every stratum with every candidate degree: one problem each.
+        stack = one_vs_rest_stack(design, C, starts, np.repeat(np.arange(len(fitted)), len(degrees)),
+                                  np.tile(1 + d * degrees, len(fitted)), float(self.l2))
+        stack = stack.reshape(len(fitted), len(degrees), n_g, -1)
+        if len(degrees) == 1:
+            coef[fitted] = stack[:, 0]
+            return coef
+        # BIC per stratum and degree.
+        proba = ovr_proba(design[:, None], stack[owner])  # (rows, degrees, groups)
+        log_likelihood = np.add.reduceat(np.sum(C[:, None] * np.log(np.clip(proba, 1e-300, None)), axis=2), starts)
+        totals = np.add.reduceat(C, starts)  # (strata, groups)
+        n_free = (np.count_nonzero(totals, axis=1) - 1)[:, None] * (1 + d * degrees)
+        bic = -2.0 * log_likelihood + n_free * np.log(totals.sum(axis=1))[:, None]
+        coef[fitted] = stack[np.arange(len(fitted)), np.where(bic[:, 1] < bic[:, 0], 1, 0)]
+        return coef
 
-    def _cross_validate(self, X, s_codes, u_codes) -> np.ndarray:
-        """Out-of-fold log-loss, Brier score, calibration error, AUC (two groups) and accuracy."""
+    def _folds(self, s_codes, u_codes) -> np.ndarray:
+        """Each row's cross-validation fold: deterministic, dealt within each (u, s) cell so every fold sees
+        every group (all 0 without folds)."""
         if not self.n_folds:
-            return np.full(len(CV_METRICS), np.nan)
-        # Deterministic folds, dealt within each (u, s) cell so every fold sees every group.
+            return np.zeros(len(s_codes), dtype=np.int64)
         cell = u_codes * len(self.groups_) + s_codes
         order = np.lexsort((np.random.default_rng(0).random(len(cell)), cell))
         fold = np.empty(len(cell), dtype=np.int64)
         fold[order] = np.arange(len(cell)) % int(self.n_folds)
+        return fold
+
+    def _cross_validate(self, X, s_codes, u_codes, folds, mean, scale, coef) -> np.ndarray:
+        """Out-of-fold log-loss, Brier score, calibration error, AUC (two groups) and accuracy, from each
+        non-empty fold's fit (``mean``, ``scale``, ``coef``: the folds' strata one after another)."""
+        if not self.n_folds:
+            return np.full(len(CV_METRICS), np.nan)
+        n_u = len(self.strata_)
         proba = np.zeros((len(X), len(self.groups_)))
-        for f in range(int(self.n_folds)):
-            train, test = fold != f, fold == f
-            if not test.any():
-                continue
-            mean, scale, coef = self._fit_codes(X[train], s_codes[train], u_codes[train])
-            proba[test] = self._proba(X[test], u_codes[test], mean, scale, coef)
+        for i, f in enumerate(f for f in range(int(self.n_folds)) if (folds == f).any()):
+            test, fit = folds == f, slice(i * n_u, (i + 1) * n_u)
+            proba[test] = self._proba(X[test], u_codes[test], mean[fit], scale[fit], coef[fit])
         return calibration_metrics(proba, s_codes)
 
     def _proba(self, X, u_codes, mean, scale, coef) -> np.ndarray:

@@ -1,20 +1,28 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from scipy.special import gammaln
 from scipy.stats import norm
 
 from fairstream.repair.density import (
+    STRENGTHS,
     binned_bandwidth,
     binned_counts,
     dirichlet_strength,
+    dirichlet_strengths,
     group_pmfs,
+    group_pmfs_stack,
     kde_pmf,
     linear_binning,
     proportion_strength,
+    proportion_strengths,
     row_kernel,
+    sample_bandwidths,
     silverman_bandwidth,
     spread,
+    spread_stack,
 )
 
 NODES = np.linspace(0.0, 10.0, 21)
@@ -156,3 +164,107 @@ def test_a_thin_group_borrows_its_strata_shape():
         own = group_pmfs(x[codes == 0], np.zeros(int((codes == 0).sum()), int), 1, nodes, 1.5)[0]
         err_pooled.append(np.abs(pooled - truth).sum()); err_own.append(np.abs(own - truth).sum())
     assert np.mean(err_pooled) < 0.8 * np.mean(err_own)
+
+
+# ------------------------------------------------------------------ many (stratum, feature) problems at once
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.floats(0.05, 3.0), st.floats(0.0, 8.0)), min_size=1, max_size=5),
+       st.integers(0, 2**31))
+def test_spread_stack_spreads_each_row_on_its_own_grid(grids, seed):
+    # Rows of different lengths share one windowed product, zero-padded to the longest: each must be its
+    # own grid's kernel times its mass, whatever the others are.
+    rng = np.random.default_rng(seed)
+    size = np.array([n for n, _, _ in grids])
+    step, h = np.array([d for _, d, _ in grids]), np.array([b for _, _, b in grids])
+    mass = rng.random((len(grids), size.max())) * (np.arange(size.max()) < size[:, None])
+    out = spread_stack(step, size, h, mass)
+    for r, n in enumerate(size):
+        nodes = step[r] * np.arange(n)
+        want = mass[r, :n] if n < 2 or h[r] <= 1e-6 * step[r] else direct_row_kernel(nodes, h[r]) @ mass[r, :n]
+        np.testing.assert_allclose(out[r, :n], want, rtol=1e-9, atol=1e-12)
+        assert np.all(out[r, n:] == 0.0)
+
+
+def test_sample_bandwidths_are_silvermans_rule_on_the_repeated_values():
+    # The plan fit knows each sample by its distinct values and how often each occurs.
+    rng = np.random.default_rng(4)
+    samples = [np.round(rng.normal(40, 12, 500)), np.array([3.0]), np.array([40.0] * 30 + [20.0, 60.0] * 4),
+               rng.normal(size=7)]
+    values = [np.unique(x, return_counts=True) for x in samples]
+    got = sample_bandwidths(np.concatenate([v for v, _ in values]),
+                            np.concatenate([c for _, c in values]).astype(float),
+                            np.repeat(np.arange(len(values)), [len(v) for v, _ in values]), len(values))
+    for x, h in zip(samples, got):
+        if len(x) < 2:
+            assert h == 0.0
+            continue
+        iqr = np.subtract(*np.percentile(x, [75, 25]))
+        want = (0.9 * min(x.std(ddof=1), iqr / 1.34) if iqr > 0 else 1.06 * x.std(ddof=1)) * len(x) ** -0.2
+        assert h == pytest.approx(want, rel=1e-12)
+
+
+def direct_evidence(counts, base, m):
+    """The Dirichlet-multinomial log evidence at strength m, every node evaluated (zero counts included)."""
+    return gammaln(m) - gammaln(m + counts.sum()) + np.sum(gammaln(m * base + counts) - gammaln(m * base))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31), st.floats(0.0, 0.9))
+def test_the_strengths_are_the_evidence_maxima_of_every_problem(seed, empty):
+    # The stacked evidence skips the nodes without counts (their terms are 0) and the grids' padding.
+    rng = np.random.default_rng(seed)
+    size = rng.integers(2, 30, 3)
+    on_grid = np.arange(size.max()) < size[:, None]
+    counts = rng.poisson(rng.uniform(0.5, 40), (3, 2, size.max())) * (rng.random((3, 2, size.max())) > empty)
+    counts = counts * on_grid[:, None]
+    counts[:, :, 0] += 1  # every group present
+    base = rng.random((3, size.max())) + 0.01
+    share = rng.uniform(0.05, 0.95, (3, size.max()))
+    proportions = np.stack([share, 1 - share], axis=1)
+    n0 = dirichlet_strengths(counts.sum(axis=1), base, on_grid)
+    m = proportion_strengths(counts, proportions, np.ones((3, 2), dtype=bool), on_grid)
+    for p, n in enumerate(size):
+        pooled, b = counts[p].sum(axis=0)[:n], base[p, :n] / base[p, :n].sum()
+        want = [direct_evidence(pooled, b, s) for s in STRENGTHS]
+        assert n0[p] == STRENGTHS[np.argmax(want)]
+        pi = proportions[p, :, :n]
+        want = [np.sum([direct_evidence(counts[p, :, j], pi[:, j], s) for j in range(n)]) for s in STRENGTHS]
+        assert m[p] == STRENGTHS[np.argmax(want)]
+
+
+def test_the_stacked_estimator_is_each_problem_estimated_alone():
+    # Pooled strata (tilted by their shares), groups alone, grids of different lengths and a one-node grid,
+    # in one stack: each problem's pmfs must be those it gets alone, with the other nodes zero.
+    rng = np.random.default_rng(5)
+    problems = []
+    for n, step, tilt in ((25, 1.0, True), (60, 0.25, False), (40, 2.0, True), (1, 0.0, False)):
+        if n > 1:
+            x = np.clip(np.round(rng.normal(n * step / 2, n * step / 6, 300) / step) * step, 0.0, (n - 1) * step)
+        else:
+            x = np.full(50, 7.0)
+        codes = (rng.random(len(x)) < 0.15).astype(int) if tilt else np.ones(len(x), dtype=int)
+        share = 1 / (1 + np.exp(-(np.arange(n) - n / 2) / 5)) if tilt else np.ones(n)
+        problems.append((x, codes, n, step, float(x.min()) if n == 1 else 0.0, np.vstack([share, 1 - share]), tilt))
+    values, weights, owner = [], [], []
+    for p, (x, codes, *_) in enumerate(problems):
+        v, inverse = np.unique(x, return_inverse=True)
+        values.append(v), owner.append(np.full(len(v), p))
+        weights.append(np.stack([np.bincount(inverse, codes == g, minlength=len(v)) for g in (0, 1)], axis=1))
+    n_max = max(n for _, _, n, *_ in problems)
+    proportions = np.ones((len(problems), 2, n_max))
+    for p, (*_, n, _, _, share, tilt) in enumerate(problems):
+        proportions[p, :, :n] = share
+    for smoothing in ("auto", "kde", 0.4):
+        stacked = group_pmfs_stack(np.concatenate(values), np.concatenate(weights).astype(float), np.concatenate(owner),
+                                   np.array([s0 for *_, s0, _, _ in problems]),
+                                   np.array([d for _, _, _, d, *_ in problems]),
+                                   np.array([n for _, _, n, *_ in problems]), 1.5, proportions,
+                                   np.array([not t for *_, t in problems]), smoothing)
+        for p, (x, codes, n, step, s0, share, tilt) in enumerate(problems):
+            nodes = s0 + step * np.arange(n)
+            alone = (group_pmfs(x, codes, 2, nodes, 1.5, share, smoothing) if tilt else
+                     group_pmfs(x, np.zeros(len(x), dtype=int), 1, nodes, 1.5, smoothing=smoothing))
+            np.testing.assert_allclose(stacked[p, :, :n] if tilt else stacked[p, 1:, :n], alone, rtol=1e-10, atol=1e-13)
+            assert np.all(stacked[p, :, n:] == 0.0) and (tilt or np.all(stacked[p, 0] == 0.0))  # group 1 alone

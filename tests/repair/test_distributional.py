@@ -425,18 +425,21 @@ def test_only_thin_strata_are_pooled_and_the_others_estimate_each_group_alone():
 
 def test_a_stratum_that_is_not_thin_fits_no_posterior(monkeypatch):
     # The pooled estimate needs Pr[s | x_k, u] per feature; a stratum estimated group by group does not.
+    # The thin strata's features are the strata of one 1-D posterior fit, from their distinct values.
     from fairstream.repair.posterior import GroupPosterior
 
     X, s, u = thin_and_thick(18)
     fitted_on = []
-    fit = GroupPosterior.fit_codes
+    fit_distinct, fit_codes = GroupPosterior.fit_distinct, GroupPosterior.fit_codes
+    monkeypatch.setattr(GroupPosterior, "fit_distinct", lambda self, values, counts, *args: fitted_on.append(
+        [(v.shape[1], c.sum()) for v, c in zip(values, counts)]) or fit_distinct(self, values, counts, *args))
     monkeypatch.setattr(GroupPosterior, "fit_codes",
-                        lambda self, X, *args, **kw: fitted_on.append(X.shape) or fit(self, X, *args, **kw))
+                        lambda self, X, *args: fitted_on.append(X.shape) or fit_codes(self, X, *args))
     DistributionalRepair(n_q=40, posterior=False, pool_below=1000).fit(X, s, u)
-    assert fitted_on == [(660, 1), (660, 1)]  # one 1-D posterior per feature of the thin stratum only
+    assert fitted_on == [[(1, 660), (1, 660)]]  # one 1-D posterior per feature of the thin stratum only
     fitted_on.clear()
     DistributionalRepair(n_q=40, pool_below=1000).fit(X, s, u)
-    assert fitted_on == [(660, 1), (660, 1), (X.shape[0], 2)]  # and the plan's own posterior on request
+    assert fitted_on == [[(1, 660), (1, 660)], (X.shape[0], 2)]  # and the plan's own posterior on request
 
 
 def test_a_plan_written_before_the_thin_strata_rule_loads_as_pooled_everywhere(fitted):
@@ -449,3 +452,85 @@ def test_a_plan_written_before_the_thin_strata_rule_loads_as_pooled_everywhere(f
     assert again.pool_below is None and again.pooled_.all() and again.fingerprint_ == fitted.fingerprint_
     X, s, u = paper_simulation(200, seed=19)
     np.testing.assert_array_equal(again.transform(X, s, u), fitted.transform(X, s, u))
+
+
+# ------------------------------------------------------------------ one stacked estimate for all strata and features
+
+
+def pair_by_pair(plan, X, s, u):
+    """Source pmfs and barycentres of ``plan``'s grids estimated one (stratum, feature) at a time, from the rows,
+    with the single-problem estimators (as plans were fitted before the stacked estimate)."""
+    from fairstream.repair.density import group_pmfs
+    from fairstream.repair.posterior import GroupPosterior
+    from fairstream.repair.transport import barycenter
+
+    pmfs, barycentres = np.zeros_like(plan.source_pmf_), np.zeros_like(plan.barycenter_)
+    n_groups = len(plan.groups_)
+    for a, stratum in enumerate(plan.strata_):
+        groups = np.flatnonzero(plan.has_plan_[a])
+        rows = u == stratum
+        codes = np.searchsorted(plan.groups_, s[rows])
+        for k, col in enumerate(plan.features_ if len(groups) else ()):
+            n = int(plan.grid_size_[a, k])
+            nodes = plan.grid_start_[a, k] + plan.grid_step_[a, k] * np.arange(n)
+            x = X[rows, col]
+            if plan.pooled_[a]:
+                posterior = GroupPosterior(n_folds=0).fit(x[:, None], codes, np.zeros(len(x)),
+                                                          groups=np.arange(n_groups))
+                shares = posterior.predict_proba(nodes[:, None], np.zeros(n)).T
+                estimate = group_pmfs(x, codes, n_groups, nodes, plan.bandwidth_scale, shares)[groups]
+            else:
+                estimate = np.array([group_pmfs(x[codes == b], np.zeros(int(np.sum(codes == b)), dtype=int), 1, nodes,
+                                                plan.bandwidth_scale)[0] for b in groups])
+            pmfs[a, groups, k, :n] = estimate
+            barycentres[a, k, :n] = barycenter(estimate, nodes, np.ones(len(groups)))
+    return pmfs, barycentres
+
+
+@pytest.mark.parametrize("data, pool_below", [("thin and thick", 1000), ("adult", 300), ("law", 170)])
+def test_every_stratum_and_feature_is_estimated_in_one_stack_as_it_would_be_alone(data, pool_below, monkeypatch):
+    # One stacked computation for all (stratum, feature) pairs replaced a loop over them: the plans must
+    # stay those of the pair-by-pair estimate (pooled thin strata, groups alone in the others; integer
+    # and fractional features), to L1 1e-8 per pmf.
+    from fairstream.repair import datasets, distributional, posterior
+
+    if data == "thin and thick":
+        X, s, u = thin_and_thick(20)
+        X[:, 1] = np.round(X[:, 1] * 4)  # an integer feature
+    else:
+        research = datasets.load(data).split(2000, seed=1)[0]
+        X, s, u = research.X, research.s, research.u
+    calls = {"pmfs": 0, "newton": 0}
+    stacked = ((distributional, "group_pmfs_stack", "pmfs"), (posterior, "fit_logistic_stack", "newton"))
+    for module, name, key in stacked:
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, _f=original, _k=key, **kw: calls.__setitem__(_k, calls[_k] + 1)
+                            or _f(*args, **kw))
+    plan = DistributionalRepair(n_q=60, posterior=False, pool_below=pool_below).fit(X, s, u)
+    assert calls == {"pmfs": 1, "newton": 1}
+    monkeypatch.undo()
+    assert plan.pooled_.any() and not plan.pooled_.all()  # a thin stratum and a thick one
+    pmfs, barycentres = pair_by_pair(plan, X, s, u)
+    assert np.abs(plan.source_pmf_ - pmfs).sum(axis=-1).max() <= 1e-8
+    assert np.abs(plan.barycenter_ - barycentres).sum(axis=-1).max() <= 1e-8
+
+
+def test_distinct_values_count_each_groups_rows_per_stratum_and_value():
+    from collections import Counter
+
+    from fairstream.repair.distributional import distinct_values
+
+    rng = np.random.default_rng(21)
+    u, s = rng.integers(0, 3, 500), rng.integers(0, 2, 500)
+    u[:3] = [0, 1, 2]
+    columns = {"short integer range": rng.integers(-5, 20, 500).astype(float),
+               "long integer range": rng.integers(0, 10**9, 500).astype(float),
+               "fractional": np.round(rng.normal(size=500), 1)}
+    for name, x in columns.items():
+        table = distinct_values(x, s, u, 2, 3)
+        for a in range(3):
+            values, counts = table.stratum(a)
+            want = Counter(zip(x[u == a].tolist(), s[u == a].tolist()))
+            assert values.tolist() == sorted({v for v, _ in want}), name
+            assert {(v, g): c for v, row in zip(values.tolist(), counts) for g, c in enumerate(row) if c} == want, name
+            assert table.range(a) == (x[u == a].min(), x[u == a].max())

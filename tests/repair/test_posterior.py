@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from scipy.special import expit
 
 from fairstream.repair._validation import RepairInputError
-from fairstream.repair.logistic import fit_logistic
+from fairstream.repair.logistic import fit_logistic, fit_logistic_stack
 from fairstream.repair.posterior import (
     GroupPosterior,
     calibration_metrics,
@@ -125,3 +125,60 @@ def test_the_fit_on_distinct_rows_is_the_per_row_maximum_likelihood_fit(n_groups
     per_row = polynomial_design(standardise(X), 2)
     want = [fit_logistic(per_row, (codes == g).astype(float), 1e-3)[0] for g in range(n_groups)]
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def logistic_problem(rng, rows, separable=False):
+    """Grouped rows of a random logistic problem: design (intercept and two columns), records and positives per row."""
+    Z = np.column_stack([np.ones(rows), 4.0 * rng.normal(size=rows), 3.0 * rng.normal(size=rows) ** 2])
+    total = rng.integers(1, 30, rows).astype(float)
+    p = (Z[:, 1] > 0.5).astype(float) if separable else expit(Z @ rng.normal(scale=0.3, size=3))
+    return Z, rng.binomial(total.astype(int), p).astype(float), total
+
+
+def penalised_loss(theta, Z, positive, total, l2):
+    eta = Z @ theta
+    return (total @ np.logaddexp(0.0, eta) - positive @ eta) / total.sum() + 0.5 * l2 * theta[1:] @ theta[1:]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stacked_problems_take_the_steps_each_would_take_alone(seed):
+    # A plan fit solves every (stratum, feature, degree) regression in one stack: of different sizes, one
+    # using fewer columns, one separable (only the ridge keeps it finite). Each must stop on its own and get
+    # the parameters it gets alone (up to the rounding of another summation order: a lone problem's sums
+    # are matrix products) and the minimum of its penalised loss.
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(seed)
+    problems = [logistic_problem(rng, rows, separable)
+                for rows, separable in ((5, False), (40, False), (30, True), (1, False))]
+    widths = np.array([3, 2, 3, 3])
+    lengths = np.array([len(Z) for Z, _, _ in problems])
+    masked = [Z * (np.arange(3) < w) for (Z, _, _), w in zip(problems, widths)]
+    theta, n_iter, converged = fit_logistic_stack(np.concatenate(masked), np.concatenate([y for _, y, _ in problems]),
+                                                  np.concatenate([t for _, _, t in problems]),
+                                                  np.cumsum(lengths) - lengths, 1e-3, width=widths)
+    assert converged.all() and len(set(n_iter.tolist())) > 1
+    for r, ((Z, positive, total), w) in enumerate(zip(problems, widths)):
+        alone = fit_logistic_stack(masked[r], positive, total, np.zeros(1, dtype=np.intp), 1e-3, width=widths[r:r + 1])
+        np.testing.assert_allclose(theta[r], alone[0][0], rtol=1e-7, atol=1e-8)
+        assert np.all(theta[r, w:] == 0.0)
+        best = minimize(penalised_loss, np.zeros(w), args=(Z[:, :w], positive, total, 1e-3), method="BFGS",
+                        options={"gtol": 1e-10}).x
+        np.testing.assert_allclose(theta[r, :w], best, atol=1e-4)
+
+
+def test_fit_distinct_is_the_fit_from_rows_without_folds():
+    # The plan fit hands the posterior each stratum's distinct values and group counts directly.
+    X, s, u, _ = logistic_data(3000, [(0.1, 1.0, 0.5, 0.0), (0.0, -1.0, 0.0, 2.0)], seed=6)
+    X = np.round(X, 1)  # repeated rows, as integer features have
+    rows = GroupPosterior(n_folds=0).fit(X, s, u)
+    stats = [distinct_rows(X[u == a], s[u == a], 2) for a in (0, 1)]
+    mean = np.array([X[u == a].mean(axis=0) for a in (0, 1)])
+    scale = np.array([X[u == a].std(axis=0) for a in (0, 1)])
+    counted = GroupPosterior(n_folds=0).fit_distinct([v for v, _ in stats], [c for _, c in stats], mean, scale,
+                                                     rows.groups_, rows.strata_)
+    np.testing.assert_allclose(counted.coef_, rows.coef_, rtol=1e-10, atol=1e-12)
+    assert np.isnan(counted.cv_).all()
+    with pytest.raises(RepairInputError, match="n_folds must be 0"):
+        GroupPosterior().fit_distinct([v for v, _ in stats], [c for _, c in stats], mean, scale, rows.groups_,
+                                      rows.strata_)
