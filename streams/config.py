@@ -297,6 +297,8 @@ class PipelineConfig(_Section):
             if len(set(values)) != len(values):
                 raise ConfigError(f"pipeline.{key} has duplicates: {list(values)}; expected "
                                   f"{_expected(_hints(PipelineConfig)[key])}")
+        for key in ("groups", "strata"):
+            _check_labels(getattr(self, key), f"pipeline.{key}")
         object.__setattr__(self, "valid_ranges", _check_ranges(self.valid_ranges, self.features))
         self._check_sections()
 
@@ -420,6 +422,23 @@ def _check_chain(artifact, key: str) -> str | tuple[str, ...]:
     if not chain or len(set(chain)) != len(chain) or "scorer" in chain[:-1]:
         raise ConfigError(f"{key} must be {_expected(_hints(AgentConfig)['artifact'])}, got {_found(artifact)}")
     return chain if len(chain) > 1 else chain[0]
+
+
+def _check_labels(labels: tuple, key: str) -> None:
+    """Labels every record field can carry: 64-bit integers (the arrays' type) and Unicode text (JSON's)."""
+    for label in labels:
+        if isinstance(label, int) and not -(2**63) <= label < 2**63:
+            raise ConfigError(f"{key}: label {label} does not fit a 64-bit integer")
+        if isinstance(label, str) and not _is_unicode(label):
+            raise ConfigError(f"{key}: label {label!r} is not Unicode text (a lone surrogate)")
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_ranges(ranges: dict, features: tuple) -> tuple:

@@ -447,9 +447,12 @@ class BatchWindow:
         bucket[2] += n
 
     def accumulator(self):
-        """A new accumulator holding every batch in the window, or None while it is empty."""
+        """An accumulator holding every batch in the window (later adds never change it), or None while it is empty."""
         if not self.ring_:
             return None
+        if len(self.ring_) == 1:  # handed out as it is: later batches of its bucket are added into a new copy
+            self.ring_[0][3] = False
+            return self.ring_[0][1]
         return reduce(lambda a, b: a.merge(b), [bucket[1] for bucket in self.ring_])
 
     def value(self):

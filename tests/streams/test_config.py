@@ -227,6 +227,9 @@ def test_features_must_be_a_list_of_strings(features):
     ([], "non-empty"),
     ([0, 0], "distinct"),
     (["f", "f"], "distinct"),
+    ([0, 2**63], "64-bit integer"),  # the label arrays are int64: every batch would fail to decode
+    ([0, -(2**63) - 1], "64-bit integer"),
+    (["f", "\ud800"], "lone surrogate"),  # no UTF-8 bytes: no output could carry it
 ])
 def test_bad_groups_and_strata(key, values, fragment):
     data = adult_data()

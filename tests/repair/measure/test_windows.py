@@ -387,3 +387,13 @@ def test_batch_windows_sharing_batches_add_into_their_own_buckets_only(seed, n_b
         assert window.n_records == reference.n_records == sum(bucket[2] for bucket in window.ring_)
         mine, theirs = window.accumulator(), reference.accumulator()
         assert np.array_equal(mine.positives_, theirs.positives_) and np.array_equal(mine.totals_, theirs.totals_)
+
+
+def test_a_read_of_a_window_never_changes_when_later_batches_are_added():
+    window = BatchWindow(seconds=60.0, buckets=1)
+    for _ in range(2):  # one bucket: the window adds the second batch into its own copy
+        window.add(PositiveRateAccumulator([0, 1]).update([0], [0]), 1, ts=0.0)
+    read = window.accumulator()
+    window.add(PositiveRateAccumulator([0, 1]).update([1], [0]), 1, ts=1.0)  # same bucket
+    assert read.positives_.tolist() == [[0, 0]] and read.totals_.tolist() == [[2, 0]]
+    assert window.accumulator().positives_.tolist() == [[1, 0]] and window.accumulator().totals_.tolist() == [[3, 0]]
