@@ -1,4 +1,4 @@
-"""Settings shared by every Kafka client the product opens (kafka-python and aiokafka alike): protocol and security.
+"""Settings shared by every Kafka client the product opens (kafka-python, aiokafka, librdkafka): protocol and security.
 
 Production clusters want TLS and SASL. The ``[kafka]`` table of the pipeline config names the
 security protocol, the SASL mechanism and user, and the TLS files; the password never sits in
@@ -7,8 +7,9 @@ the config: it comes from ``FAIRSTREAM_KAFKA_SASL_PASSWORD`` or from the file
 variable overrides the config's ``<key>``. A process resolves the settings once
 (:func:`use`, called by the CLI after it reads the config) and every client it then creates (worker
 consumers and producer, the control follower and client, the topic admin, replay, re-fit sources
-and service, the webhook's publisher) passes :func:`aiokafka_options` or
-:func:`kafka_python_options` on. Without a config, the environment alone decides (PLAINTEXT by default).
+and service, the webhook's publisher) passes :func:`aiokafka_options`, :func:`kafka_python_options`
+or (confluent-kafka's clients, whose settings are one dict) :func:`librdkafka_options` on. Without a
+config, the environment alone decides (PLAINTEXT by default).
 
 The password is never logged: :class:`ClientSecurity`'s repr masks it, and errors name the key, not
 the value.
@@ -38,6 +39,8 @@ ENV_PREFIX = "FAIRSTREAM_KAFKA_"
 KEYS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password_file", "ssl_cafile", "ssl_certfile",
         "ssl_keyfile")
 """The ``[kafka]`` keys, each overridable by ``FAIRSTREAM_KAFKA_<KEY>``."""
+LIBRDKAFKA_TLS_KEYS = {"cafile": "ssl.ca.location", "certfile": "ssl.certificate.location",
+                       "keyfile": "ssl.key.location"}
 
 
 class KafkaSecurityError(ValueError):
@@ -133,6 +136,17 @@ class ClientSecurity:
                                                         keyfile=self.keyfile or None)
         return options
 
+    def librdkafka_options(self) -> dict:
+        """The same settings as librdkafka configuration properties (confluent-kafka's Consumer and Producer)."""
+        options: dict = {"security.protocol": self.protocol} if self.protocol != "PLAINTEXT" else {}
+        if self.sasl:
+            options.update({"sasl.mechanism": self.mechanism, "sasl.username": self.username,
+                            "sasl.password": self.password})
+        if self.tls:
+            options.update({key: getattr(self, name) for name, key in LIBRDKAFKA_TLS_KEYS.items()
+                            if getattr(self, name)})
+        return options
+
 
 def _read_secret(path: str) -> str:
     try:
@@ -163,3 +177,8 @@ def kafka_python_options() -> dict:
 def aiokafka_options() -> dict:
     """The active settings as aiokafka keyword arguments."""
     return active().aiokafka_options()
+
+
+def librdkafka_options() -> dict:
+    """The active settings as librdkafka configuration properties."""
+    return active().librdkafka_options()

@@ -6,7 +6,9 @@ and logging. The hot path is not a Faust stream: each input topic (``records.in`
 worker's consumer group, which delivers a batch's outputs before committing its offsets
 (at-least-once; see that module). The same consumer serves both inputs; only the batch logic
 (:mod:`~fairstream.streams.worker.processing`) and the artifact kind differ, and every artifact
-kind is applied through the module protocol.
+kind is applied through the module protocol. Each batch consumer runs on librdkafka (confluent-kafka)
+in a thread of its own, with its own producer; the worker's notices (re-embed events, re-fit
+requests) go through one small producer of the app's (:class:`NoticeProducer`).
 
 A crash between send and commit replays the batch; the repair is a deterministic function of
 (artifact version, record key), so the replayed outputs are identical and consumers de-duplicate
@@ -33,19 +35,18 @@ from typing import Iterable
 
 import faust
 import mode
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from confluent_kafka import KafkaException, Producer
 from faust.app.base import BootStrategy
 
-from fairstream.streams.codec import MAX_OUTPUT_BYTES, RefitRequest
+from fairstream.streams.codec import RefitRequest
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
-from fairstream.streams.kafka import aiokafka_options
+from fairstream.streams.kafka import librdkafka_options
 from fairstream.streams.ops.broker import parse_broker_url
 
-from .consumer import BatchConsumer, InputSpec
+from .consumer import CLIENT_LOG, NOT_LOADED, BatchConsumer, InputSpec
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import (
@@ -68,6 +69,8 @@ from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 log = logging.getLogger(__name__)
 
 FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
+NOTICE_SECONDS = 10.0  # a notice (re-embed event, re-fit request) not acknowledged within this is sent again later
+HELD_LOG_SECONDS = 30.0  # while an input is held for a missing artifact: say why this often
 
 
 class _Boot(BootStrategy):
@@ -87,47 +90,73 @@ class _App(faust.App):
         return [*super().on_init_dependencies(), *self.fairstream_services]
 
 
-class OutputProducer(mode.Service):
-    """The aiokafka producer every batch consumer delivers through; flushed and closed last."""
+class NoticeNotSent(RuntimeError):
+    """A notice was not acknowledged in time (it may still arrive: a resend carries the same id)."""
+
+
+class NoticeProducer(mode.Service):
+    """A small librdkafka producer for the worker's notices (re-embed events, re-fit requests): not the hot path.
+
+    :meth:`send` blocks until the broker acknowledges, from any thread (the records consumer's thread sends
+    re-fit requests, the event loop re-embed events through an executor): each send has its own report.
+    """
 
     def __init__(self, bootstrap: str, **kwargs):
         self.bootstrap = bootstrap
-        self.producer: AIOKafkaProducer | None = None  # created in the worker's event loop
+        self.producer: Producer | None = None
         super().__init__(**kwargs)
 
     async def on_start(self) -> None:
-        """Connect."""
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, **aiokafka_options(), acks="all",
-                                         linger_ms=5, max_batch_size=512 * 1024, max_request_size=MAX_OUTPUT_BYTES)
-        await self.producer.start()
+        """Create the producer (it connects on its first send)."""
+        self.producer = Producer({"bootstrap.servers": self.bootstrap, **librdkafka_options(), "acks": "all",
+                                  "partitioner": "murmur2_random", "enable.idempotence": True, "linger.ms": 0,
+                                  "message.timeout.ms": int(NOTICE_SECONDS * 3000), "logger": CLIENT_LOG})
+
+    def send(self, topic: str, key: bytes, value: bytes, timeout: float = NOTICE_SECONDS) -> None:
+        """Send one message and wait for its acknowledgement; KafkaException or NoticeNotSent if there is none."""
+        reports: list = []
+        self.producer.produce(topic, value, key, on_delivery=lambda error, message: reports.append(error))
+        deadline = time.monotonic() + timeout
+        while not reports and time.monotonic() < deadline:
+            self.producer.flush(min(1.0, max(deadline - time.monotonic(), 0.0)))
+        if not reports:
+            raise NoticeNotSent(f"no acknowledgement from the broker within {timeout:g} s")
+        if reports[0] is not None:
+            raise KafkaException(reports[0])
+
+    @mode.Service.timer(1.0)
+    async def _serve(self) -> None:
+        """Serve the producer's callbacks and log lines even while no notice is sent (they queue until then)."""
+        if self.producer is not None:
+            self.producer.poll(0)
 
     async def on_stop(self) -> None:
-        """Flush what is pending and close."""
+        """Flush what is pending (bounded)."""
         if self.producer is not None:  # None when the worker stops before it started
-            await self.producer.stop()
+            await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, NOTICE_SECONDS)
 
 
 class WorkerServices(mode.Service):
-    """The producer and one batch consumer per input, stopped in order: consumers, then producer."""
+    """The notice producer and one batch consumer per input, stopped in order: consumers, then notices."""
 
-    def __init__(self, producer: OutputProducer, consumers: list[BatchConsumer], health: WorkerHealth, **kwargs):
-        self.output, self.consumers, self.health = producer, consumers, health
+    def __init__(self, notices: NoticeProducer, consumers: list[BatchConsumer], health: WorkerHealth, **kwargs):
+        self.notices, self.consumers, self.health = notices, consumers, health
         super().__init__(**kwargs)
-        for service in (producer, *consumers):
+        for service in (notices, *consumers):
             # In the tree (started here, in order, not as children): a crash of one reaches the worker.
             service.beacon.reattach(self.beacon)
 
     async def on_start(self) -> None:
-        """Start the producer, then the consumers."""
+        """Start the notice producer, then the consumers."""
         self.health.attach(asyncio.get_running_loop())
-        await self.output.start()
+        await self.notices.start()
         # Together: each group join waits about half the session timeout, and they need not queue.
         await asyncio.gather(*(consumer.start() for consumer in self.consumers))
 
     async def on_stop(self) -> None:
-        """Each consumer finishes its batch, commits and leaves the group; then the producer flushes."""
+        """Each consumer finishes its batch, commits and leaves the group; then the notices are flushed."""
         await asyncio.gather(*(consumer.stop() for consumer in self.consumers))
-        await self.output.stop()
+        await self.notices.stop()
 
 
 def app_settings(config: PipelineConfig, bootstrap: str, datadir: str | None = None) -> dict:
@@ -156,7 +185,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app.fairstream_registry = registry  # for tests and the CLI's status line
     monitor = FairnessMonitor(config)
     app.fairstream_monitor = monitor
-    output = OutputProducer(bootstrap)
+    notices = NoticeProducer(bootstrap)
     health = WorkerHealth()
     app.fairstream_health = health
     # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
@@ -179,38 +208,43 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         """After a live swap of the embedding module: tell users that stored templates must be re-embedded."""
         while True:
             previous, current = await swaps.queue.get()
-            while output.producer is None:  # a swap right at start: the producer is still starting
+            while notices.producer is None:  # a swap right at start: the producer is still starting
                 await asyncio.sleep(0.1)
             key, value = reembed_event(previous, current)
-            await output.producer.send_and_wait(topics.control, value, key=key)
+            await asyncio.get_running_loop().run_in_executor(None, notices.send, topics.control, key, value)
             REEMBED_EVENTS.inc()
             log.warning("embedding module swapped from version %s to %s: templates embedded under version %s must "
                         "be re-embedded (event %s on %s)", previous.version, current.version, previous.version,
                         key.decode(), topics.control)
 
-    async def active(kind: str, agent: str):
-        """The artifact to apply; waits (backpressure, nothing dead-lettered) until one is loaded."""
-        await ready.wait()
-        waited = 0
-        while (current := registry.current(kind)) is None:
+    held_said: dict[str, float] = {}  # kind -> when the worker last said why its input is held
+
+    def active(kind: str, agent: str):
+        """The artifact to apply, or NOT_LOADED: the consumer holds its input (backpressure, nothing dead-lettered).
+
+        Called on the consumer's thread (the registry's snapshots are immutable).
+        """
+        if not ready.is_set():
+            return NOT_LOADED
+        if (current := registry.current(kind)) is None:
             INPUT_HELD.labels(agent).set(1)
-            if waited % 30 == 0:  # at start, then twice a minute: loud, not a flood
+            if time.monotonic() - held_said.get(kind, -HELD_LOG_SECONDS) >= HELD_LOG_SECONDS:  # loud, not a flood
+                held_said[kind] = time.monotonic()
                 # An error when the config disagrees with the published artifact, a warning when none exists.
                 log.log(*registry.explain_missing(kind))
-            await asyncio.sleep(1.0)
-            waited += 1
+            return NOT_LOADED
         INPUT_HELD.labels(agent).set(0)
         return current
 
-    async def active_chain() -> tuple:
+    def active_chain():
         """Every artifact of the record chain, in order, read from one registry snapshot (one version each)."""
-        for kind in config.records.chain:
-            await active(kind, "records")
+        if any(active(kind, "records") is NOT_LOADED for kind in config.records.chain):
+            return NOT_LOADED
         snapshot = registry.snapshot()  # the registry never unloads a kind: every one is still in it
         return tuple(snapshot[kind] for kind in config.records.chain)
 
-    async def no_artifact():
-        return None
+    def no_artifact():
+        return None  # the identity module
 
     # Created at 0 so that Prometheus' increase() sees the first drift event as an increase.
     for statistic in config.monitor.statistics:
@@ -221,7 +255,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
 
     pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
 
-    async def monitor_delivered(outcome: BatchOutcome, chain) -> None:
+    def monitor_delivered(outcome: BatchOutcome, chain) -> None:
         if outcome.monitor_batch is not None:  # what was just delivered to records.repaired
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
             with observing("fairness"):
@@ -233,13 +267,13 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                     export_fairness(monitor)
                     last_export[0] = time.monotonic()
             MONITOR_CPU.inc(time.thread_time() - started)
-        await send_refit_requests(pending_refits)
+        send_refit_requests(pending_refits)
 
     verification = EmbeddingMonitor(config)
     app.fairstream_verification = verification
     last_verification_export = [0.0]
 
-    async def verify_delivered(outcome: BatchOutcome, active) -> None:
+    def verify_delivered(outcome: BatchOutcome, active) -> None:
         if outcome.labelled is None:
             return
         started = time.thread_time()
@@ -261,13 +295,13 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         return RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
                                 source=f"monitor@{app.conf.id}"), reason
 
-    async def send_refit_requests(pending: list[tuple[RefitRequest, str]]) -> None:
+    def send_refit_requests(pending: list[tuple[RefitRequest, str]]) -> None:
         """Send the pending re-fit requests; one that cannot be sent now waits for the next batch (never fatal)."""
         while pending:
             request, reason = pending[0]
             try:
-                await output.producer.send_and_wait(topics.refit_requests, request.to_json(), key=refit_kind.encode())
-            except KafkaError as exc:  # the records were delivered; the request goes with a later batch
+                notices.send(topics.refit_requests, refit_kind.encode(), request.to_json())
+            except (KafkaException, NoticeNotSent, BufferError) as exc:  # the request goes with a later batch
                 log.error("fairness drift confirmed (%s); the re-fit request %s could not be sent yet: %r", reason,
                           request.request_id, exc)
                 return
@@ -285,8 +319,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                            active=no_artifact if identity else (lambda: active("embedding", "embeddings")),
                            delivered=verify_delivered)
     # One group per input, so a worker joining or leaving rebalances each input on its own.
-    consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", output=output,
-                               dlq_topic=topics.dlq) for spec in (records, embeddings)]
+    consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=topics.dlq)
+                 for spec in (records, embeddings)]
     applied = config.records.chain + (() if identity else ("embedding",))
 
     def blockers() -> list[str]:
@@ -295,7 +329,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         return [f"no {kind} artifact loaded (input held)" for kind in applied if registry.current(kind) is None]
 
     health.watch(consumers, blockers)
-    app.fairstream_services = (WorkerServices(output, consumers, health),)
+    app.fairstream_services = (WorkerServices(notices, consumers, health),)
     app.fairstream_consumers = consumers
     return app
 

@@ -3,56 +3,58 @@
 Faust's per-event stream machinery costs about 150 us a record here whatever the agent does, so
 the record and embedding inputs do not go through Faust streams. A :class:`BatchConsumer` (a
 ``mode.Service`` inside the Faust app, next to the control-topic follower and the metrics
-endpoint) runs this loop with aiokafka::
+endpoint) runs this loop on librdkafka (confluent-kafka), in one thread of its own: every call to
+its consumer and producer happens there, the rebalance callbacks included (librdkafka serves them
+from inside ``consume()``), and librdkafka's own threads do the network work without the GIL::
 
-    fetch a batch (getmany) -> decode it in one pass -> apply the active module(s) -> encode
-    -> send every output and dead letter, wait for the broker's acknowledgements
-    -> commit the batch's offsets -> hand the delivered batch to the monitor
+    consume batch N+1 -> decode, apply the active module(s), encode N+1
+    -> settle N: wait for every delivery report of N, commit N's offsets, hand N to the monitor
+    -> produce N+1 (its delivery reports come back while N+2 is decoded and applied)
 
-One batch is in flight at a time, and an offset is committed only after every output of its batch
-is acknowledged: at-least-once. A failed send is retried; if it keeps failing the worker exits
-non-zero with nothing committed past the undelivered records (a restart replays them, identically).
+At most one batch is produced but not settled, and batch N+1 is produced only after every output
+of N is acknowledged, so the outputs of a partition come out in input order. An offset is committed
+only after every output of its batch is acknowledged: at-least-once. A failed delivery report sends
+the batch again whole (its duplicates are bit-identical: the repair is deterministic); a batch whose
+delivery keeps failing stops the worker non-zero with nothing of it committed (a restart replays it).
 
-Rebalance: when partitions are revoked, the callback waits for the batch in flight to be delivered
-and committed (it holds the same lock), so the next owner resumes exactly after it; newly assigned
-partitions resume from their committed offset. A graceful stop (SIGTERM) finishes the batch in
-flight, commits, and leaves the group, so a clean stop leaves no duplicates.
+Rebalance (eager, range assignor: the embedded broker and Kafka alike): a revocation first settles
+the batch in flight (delivery reports, then a synchronous commit), so the next owner resumes exactly
+after it; newly assigned partitions resume from their committed offset. A start ends once the group
+assigned partitions (as aiokafka's did). A graceful stop (SIGTERM) finishes the batch it holds
+(process, produce, settle) and closes the consumer, leaving the group, so a clean stop leaves no
+duplicates.
 
 Liveness: a worker is consuming or it has exited non-zero. What the client recovers from by itself
 is recovered in place: a commit refused because the group moved on (a pause longer than the session
 timeout, a broker that restarted and forgot the group) leaves the batch delivered but uncommitted,
 so it is replayed, by this worker on the partitions it still owns (it seeks back to the batch's
-first offset) and by the new owner on the others; a broker that is away is waited for (fetches
-return nothing, the client reconnects and rejoins). A position past the end of its partition's log
-(the topic was re-created, as by the memory-only embedded broker restarted: the group's committed
-offsets are the old log's) is Kafka's offset out of range, which Tansu does not report: the worker
-resets that partition to the beginning itself (auto_offset_reset="earliest"), so the new log is
-replayed rather than skipped up to the old offset. Anything else (a bug, a delivery that keeps
-failing, an error the client does not retry, commits that keep failing) ends the loop with the
-exception; mode then crashes the worker and the process exits with a non-zero status.
+first offset) and by the new owner on the others; a broker that is away is waited for (consume
+returns nothing, librdkafka reconnects and rejoins; its log lines go through Python logging, where
+the worker's filter keeps one per cause every few seconds). A position past the end of its
+partition's log (the topic was re-created, as by the memory-only embedded broker restarted: the
+group's committed offsets are the old log's) is Kafka's offset out of range, which Tansu does not
+report: the worker resets that partition to the beginning itself (auto.offset.reset=earliest), so
+the new log is replayed rather than skipped up to the old offset. Anything else (a bug, a delivery
+that keeps failing, a fatal or authorisation error, commits that keep failing) ends the loop with
+the exception; mode then crashes the worker and the process exits with a non-zero status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
 import time
-from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import mode
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalGenerationError,
-    IllegalStateError,
-    KafkaError,
-    RebalanceInProgressError,
-    UnknownMemberIdError,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from fairstream.streams.codec import MAX_OUTPUT_BYTES
 from fairstream.streams.config import AgentConfig
-from fairstream.streams.kafka import aiokafka_options
+from fairstream.streams.kafka import librdkafka_options
 
 from .metrics import (
     BATCH_SECONDS,
@@ -67,6 +69,7 @@ from .metrics import (
 from .processing import BatchOutcome
 
 log = logging.getLogger(__name__)
+CLIENT_LOG = log.getChild("librdkafka")  # librdkafka's own lines, rate-limited like every other
 
 FETCH_MAX_WAIT_MS = 10
 """How long the broker may hold an empty fetch. Faust hard-codes 1.5 s, which put p99 latency at
@@ -74,15 +77,32 @@ FETCH_MAX_WAIT_MS = 10
 
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 SEND_ATTEMPTS = 5  # a batch whose delivery fails this many times stops the worker (nothing is committed)
+SEND_BACKOFF_SECONDS = 0.2  # before the n-th re-send: this times 2**n, at most 5 s
+DELIVERY_TIMEOUT_MS = 30_000  # a broker away shows up as a failed delivery report within this
 LATENCY_SAMPLES = 50  # record latencies observed per batch: keeps the histogram O(1) per batch
 FAILED_COMMITS_IN_A_ROW = 10  # a group that refuses this many commits in a row is not a rebalance: exit
-RETRY_PAUSE_SECONDS = 1.0  # after a fetch error the client retries by itself: do not spin on it
-FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if the broker answered a fetch this recently
+HOLD_SECONDS = 0.05  # while no artifact is loaded: how often to look again (records wait meanwhile: latency)
+FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if its broker answered this recently
+STATS_INTERVAL_MS = 1000  # librdkafka's statistics (broker round trips) for the freshness above
+COMMITTED_TIMEOUT_SECONDS = 10.0
+JOIN_SETTLE_SECONDS = 12.0  # a close in the middle of a group join first waits this long for the join to end
+START_JOIN_SECONDS = 60.0  # a start waits this long for the first assignment (the join takes ~5 s on Tansu)
 
-GROUP_MOVED_ON = (CommitFailedError, IllegalGenerationError, UnknownMemberIdError, RebalanceInProgressError,
-                  IllegalStateError)
-"""Errors of a commit that the group refused because it rebalanced without us (the partitions may
-have been given to another member, or not be assigned any more): the client rejoins by itself."""
+_E = KafkaError
+GROUP_MOVED_ON = frozenset({
+    _E.REBALANCE_IN_PROGRESS, _E.ILLEGAL_GENERATION, _E.UNKNOWN_MEMBER_ID, _E._ASSIGNMENT_LOST, _E.FENCED_INSTANCE_ID,
+    _E.NOT_COORDINATOR, _E.COORDINATOR_NOT_AVAILABLE, _E.COORDINATOR_LOAD_IN_PROGRESS, _E._WAIT_COORD, _E._STATE,
+    _E._TRANSPORT, _E._ALL_BROKERS_DOWN, _E._TIMED_OUT, _E.REQUEST_TIMED_OUT, _E._UNKNOWN_PARTITION})
+"""Errors of a commit that did not happen because the group moved on without us (the partitions may
+have been given to another member, or not be assigned any more) or the coordinator is away: the
+batch is replayed, and librdkafka rejoins by itself."""
+
+FATAL = frozenset({_E._FATAL, _E.TOPIC_AUTHORIZATION_FAILED, _E.GROUP_AUTHORIZATION_FAILED,
+                   _E.CLUSTER_AUTHORIZATION_FAILED, _E.SASL_AUTHENTICATION_FAILED, _E._AUTHENTICATION})
+"""Errors that waiting does not cure (besides those librdkafka itself calls fatal): they end the loop."""
+
+NOT_LOADED = object()
+"""What ``InputSpec.active()`` returns while the artifact to apply is not loaded (the input is held)."""
 
 
 class DeliveryError(RuntimeError):
@@ -91,15 +111,18 @@ class DeliveryError(RuntimeError):
 
 @dataclass(frozen=True)
 class InputSpec:
-    """One input of the worker: where it reads, what it does to a batch, where the outputs go."""
+    """One input of the worker: where it reads, what it does to a batch, where the outputs go.
+
+    ``active`` and ``delivered`` run on the consumer's thread.
+    """
 
     agent: str  # metrics label: "records" or "embeddings"
     topic: str
     output_topic: str
     batching: AgentConfig
     process: Callable[[Sequence, object], BatchOutcome]  # (messages, active artifact) -> outcome
-    active: Callable[[], Awaitable[object]]  # the artifact to apply; may wait (backpressure)
-    delivered: Callable[[BatchOutcome, object], Awaitable[None]]  # after commit: the monitor
+    active: Callable[[], object]  # the artifact to apply, or NOT_LOADED (the input is held)
+    delivered: Callable[[BatchOutcome, object], None]  # after the commit: the monitor
 
 
 @dataclass(frozen=True)
@@ -112,83 +135,138 @@ class Progress:
     last_error: str | None  # the last error recovered from in place, if any
 
 
-class _SettleOnRevoke(ConsumerRebalanceListener):
-    """Revocation waits for the batch in flight: nothing is committed past what was delivered."""
+class _Reports:
+    """The delivery reports of one send of a batch (a re-send counts afresh)."""
 
-    def __init__(self, lock: asyncio.Lock, agent: str):
-        self.lock, self.agent = lock, agent
+    def __init__(self, expected: int):
+        self.expected, self.failed = expected, []
 
-    async def on_partitions_revoked(self, revoked) -> None:
-        async with self.lock:  # the loop holds it from fetch to commit
-            log.info("%s: partitions revoked after the batch in flight settled: %s", self.agent, _names(revoked))
+    def report(self, error, message) -> None:
+        """librdkafka's delivery callback (served by ``flush`` on the consumer's thread)."""
+        self.expected -= 1
+        if error is not None:
+            self.failed.append(error)
 
-    async def on_partitions_assigned(self, assigned) -> None:
-        log.info("%s: partitions assigned (resuming from committed offsets): %s", self.agent, _names(assigned))
+
+@dataclass
+class _Batch:
+    """A batch taken from the input: its messages, outcome, and the offsets to commit once it is delivered."""
+
+    messages: list
+    active: object
+    next_offsets: dict  # (topic, partition) -> the next offset to read, after the batch
+    started: float  # perf_counter when it was taken
+    outcome: BatchOutcome | None = None
+    reports: _Reports = field(default_factory=lambda: _Reports(0))
+
+    @property
+    def sends(self) -> int:
+        return len(self.outcome.repaired) + len(self.outcome.dead)
+
+    def first_offsets(self) -> dict:
+        """(topic, partition) -> the batch's first offset there (only needed to replay it: rare)."""
+        first: dict = {}
+        for m in self.messages:
+            first.setdefault((m.topic(), m.partition()), m.offset())
+        return first
 
 
 def _names(partitions) -> str:
-    return ", ".join(sorted(map(_name, partitions))) or "none"
+    return ", ".join(sorted(_name(*p) if isinstance(p, tuple) else _name(p.topic, p.partition)
+                            for p in partitions)) or "none"
 
 
-def _short(exc: BaseException) -> str:
-    """One line naming the error (Kafka errors' own text starts with their name)."""
-    text = " ".join(str(exc).split())
-    return (text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}")[:160]
+def _name(topic: str, partition: int) -> str:
+    return f"{topic}[{partition}]"
 
 
-def _name(tp: TopicPartition) -> str:
-    return f"{tp.topic}[{tp.partition}]"
+def _short(error) -> str:
+    """One line naming a Kafka error (or any exception)."""
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        error = error.args[0]
+    if isinstance(error, KafkaError):
+        text = f"{error.name()}: {error.str()}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return " ".join(text.split())[:160]
+
+
+def _code(error) -> int | None:
+    if isinstance(error, KafkaException) and error.args and isinstance(error.args[0], KafkaError):
+        error = error.args[0]
+    return error.code() if isinstance(error, KafkaError) else None
 
 
 class BatchConsumer(mode.Service):
     """Consume ``spec.topic`` in ``group_id`` a batch at a time; deliver, then commit (see the module docstring)."""
 
-    def __init__(self, spec: InputSpec, bootstrap: str, group_id: str, output, dlq_topic: str,
+    def __init__(self, spec: InputSpec, bootstrap: str, group_id: str, dlq_topic: str,
                  session_timeout_ms: int = 10_000, **kwargs):
-        self.spec, self.bootstrap, self.group_id = spec, bootstrap, group_id
-        self.output, self.dlq_topic = output, dlq_topic  # output.producer: the started AIOKafkaProducer
+        self.spec, self.bootstrap, self.group_id, self.dlq_topic = spec, bootstrap, group_id, dlq_topic
         self.session_timeout_ms = session_timeout_ms
-        self._in_flight = asyncio.Lock()
-        self._next_offset: dict[TopicPartition, int] = {}  # per partition: the next offset to process
-        self._consumer: AIOKafkaConsumer | None = None
-        self._finished = asyncio.Event()
-        self._looping = False  # the batch loop started: a stop waits for its batch in flight
+        self._consumer: Consumer | None = None
+        self._producer: Producer | None = None
+        self._stop = threading.Event()  # set by on_stop: the thread finishes its batch and leaves the group
+        self._looping = False  # the batch loop's thread started: a stop waits for its batch in flight
+        self._done: asyncio.Future | None = None  # the thread's end, on the event loop
+        self._finished = asyncio.Event()  # the thread ended (set on the event loop)
+        self._up = threading.Event()  # the first assignment came (or the thread ended): the start is over
+        self._early: list = []  # read while joining, before the loop: its first batch
+        self._pending: _Batch | None = None  # produced, not settled yet (at most one)
+        self._owned: frozenset = frozenset()  # (topic, partition) assigned now
+        self._joined = False  # an assignment (maybe empty) came since the last revocation: no join in flight
+        self._rebalanced = False  # during the last consume(): drop messages of partitions no longer owned
+        self._start_offsets: dict = {}  # (topic, partition) -> committed offset at assignment, if any
+        self._next_offset: dict = {}  # (topic, partition) -> the next offset to process
+        self._reset: set = set()  # reset to the beginning, no record read since: not reset again
+        self._answered: dict = {}  # broker id -> monotonic time it last answered (librdkafka's statistics)
+        self._leaders: dict = {}  # (topic, partition) -> its leader's broker id
+        self._fatal: KafkaError | None = None  # from the error callbacks: raised by the loop
+        self._gave_up = False  # a revocation after a crash settles nothing
         self._progress_at: float | None = None  # monotonic: last commit, or last read to the end of every partition
         self._failed_commits = 0  # in a row
         self._last_error: str | None = None
         super().__init__(**kwargs)
 
-    async def on_start(self) -> None:
-        """Join the group (partitions come with the first fetch)."""
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, **aiokafka_options(), group_id=self.group_id, enable_auto_commit=False,
-            auto_offset_reset="earliest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
-            max_partition_fetch_bytes=MAX_FETCH_BYTES, fetch_max_bytes=4 * MAX_FETCH_BYTES,
-            # A short session lets survivors take over a dead worker's partitions within seconds.
-            session_timeout_ms=self.session_timeout_ms, heartbeat_interval_ms=1000,
-            max_poll_interval_ms=300_000)
-        self._consumer.subscribe([self.spec.topic], listener=_SettleOnRevoke(self._in_flight, self.spec.agent))
-        await self._consumer.start()
+    # ------------------------------------------------------------------ the service, on the event loop
 
-    async def on_stop(self) -> None:
-        """Finish the batch in flight, commit it, and leave the group (no duplicates on a clean stop)."""
-        if self._consumer is None:
+    async def on_start(self) -> None:
+        """Start the loop's thread and wait (bounded) until it is in its group, as a started consumer is."""
+        self._start_thread()
+        await asyncio.get_running_loop().run_in_executor(None, self._up.wait, START_JOIN_SECONDS)
+
+    def _start_thread(self) -> None:
+        if self._done is not None:
             return
-        try:
-            if self._looping:
-                await asyncio.wait_for(self._finished.wait(), timeout=30)
-        except asyncio.TimeoutError:
-            log.error("%s: the batch in flight did not settle within 30 s; stopping without its commit",
-                      self.spec.agent)
-        await self._consumer.stop()  # leaves the group: the others take the partitions at once
-        log.info("%s: left group %s", self.spec.agent, self.group_id)
+        loop = asyncio.get_running_loop()
+        self._done = done = loop.create_future()
+
+        def run() -> None:
+            try:
+                self._run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the event loop, raised there
+                outcome = (done.set_exception, exc)
+            else:
+                outcome = (done.set_result, None)
+            finally:
+                self._up.set()
+            try:
+                loop.call_soon_threadsafe(lambda: done.done() or outcome[0](outcome[1]))
+            except RuntimeError:  # the loop is closed: the process is on its way out
+                pass
+
+        threading.Thread(target=run, name=f"fairstream-{self.spec.agent}", daemon=True).start()
+        self._looping = True
 
     @mode.Service.task
     async def _consume(self) -> None:
-        self._looping = True
+        """Await the batch loop's thread; its exception crashes the worker (mode), which exits non-zero."""
+        self._start_thread()
+        done = self._done
         try:
-            while not self.should_stop:
-                await self._one_batch()
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            raise
         except Exception:
             # mode crashes the service and, through the service tree, the worker: the process exits
             # non-zero (a supervisor restarts it) rather than stay up without consuming. Nothing past
@@ -198,61 +276,230 @@ class BatchConsumer(mode.Service):
                          self.spec.agent, exc_info=True)
             raise
         finally:
-            self._finished.set()
+            if done.done():
+                self._finished.set()
 
-    async def _one_batch(self) -> None:
-        # Waits (no fetch) while no artifact is loaded: backpressure; a stop ends the wait at once.
-        waited = await self.wait(self.spec.active())
-        if waited.stopped:
+    async def on_stop(self) -> None:
+        """Finish the batch in flight, commit it, and leave the group (no duplicates on a clean stop)."""
+        self._stop.set()
+        if not self._looping:
             return
-        active = waited.result
-        fetched = await self._fetch()
-        await self._reset_partitions_past_their_end()
-        messages = [m for records in fetched.values() for m in records]
-        if not messages:
-            await self._note_if_caught_up()
-            return
-        async with self._in_flight:
-            RECORDS_IN.labels(self.spec.agent).inc(len(messages))
-            started = time.perf_counter()
-            outcome = self.spec.process(messages, active)
-            await self._deliver(outcome)
-            if not await self._commit(fetched):
-                return  # delivered, not committed: replayed (the monitor sees it then)
-            BATCH_SECONDS.labels(self.spec.agent).observe(time.perf_counter() - started)
-            self._count(outcome)
-            self._record_lag(fetched)
-        await self.spec.delivered(outcome, active)
-
-    async def _fetch(self) -> dict:
-        """The next batch; nothing after an error the client retries by itself (a broker away, a leader moving)."""
         try:
-            return await self._consumer.getmany(timeout_ms=int(self.spec.batching.batch_within * 1000),
-                                                max_records=self.spec.batching.batch_size)
-        except KafkaError as exc:
-            if not exc.retriable:
-                raise
-            self._last_error = _short(exc)
-            log.warning("%s: fetch failed, retrying: %s", self.spec.agent, self._last_error)
-            await self.sleep(RETRY_PAUSE_SECONDS)
-            return {}
+            await asyncio.wait_for(self._finished.wait(), timeout=30)
+        except asyncio.TimeoutError:
+            log.error("%s: the batch in flight did not settle within 30 s; stopping without its commit",
+                      self.spec.agent)
 
-    async def _commit(self, fetched: dict) -> bool:
+    # ------------------------------------------------------------------ the loop, on its thread
+
+    def _run(self) -> None:
+        """Open the clients, run batches until a stop, settle the last one, leave the group."""
+        self._open()
+        try:
+            self._join()
+            while not self._stop.is_set():
+                self._one_batch()
+            if self._pending is not None:
+                self._settle(self._pending)
+        except BaseException:
+            self._gave_up, self._pending = True, None  # nothing more is committed: a restart replays it
+            raise
+        finally:
+            self._close()
+
+    def _open(self) -> None:
+        """Create the consumer and producer (on this thread) and subscribe."""
+        self._consumer = Consumer({
+            "bootstrap.servers": self.bootstrap, **librdkafka_options(), "group.id": self.group_id,
+            "client.id": f"fairstream-{self.group_id}", "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": FETCH_MAX_WAIT_MS, "max.partition.fetch.bytes": MAX_FETCH_BYTES,
+            "fetch.max.bytes": 4 * MAX_FETCH_BYTES, "queued.max.messages.kbytes": 32 * 1024,
+            # A short session lets survivors take over a dead worker's partitions within seconds.
+            "session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": 1000,
+            "max.poll.interval.ms": 300_000, "partition.assignment.strategy": "range",
+            "statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats,
+            "error_cb": self._on_error, "logger": CLIENT_LOG})
+        self._producer = Producer({
+            "bootstrap.servers": self.bootstrap, **librdkafka_options(), "client.id": f"fairstream-{self.group_id}",
+            # murmur2 as the Java clients and aiokafka: an output's partition follows from its key as before.
+            "partitioner": "murmur2_random", "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            "message.max.bytes": MAX_OUTPUT_BYTES + 64 * 1024, "queue.buffering.max.messages": 250_000,
+            "error_cb": self._on_error, "logger": CLIENT_LOG})
+        self._consumer.subscribe([self.spec.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _close(self) -> None:
+        """Leave the group (the others take the partitions at once) and drop the producer."""
+        if self._consumer is not None:
+            try:
+                self._finish_join()
+                self._consumer.close()
+                log.info("%s: left group %s", self.spec.agent, self.group_id)
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("%s: leaving group %s: %s", self.spec.agent, self.group_id, _short(exc))
+        if self._producer is not None and not self._gave_up:
+            self._producer.flush(5.0)  # nothing is pending after a settled batch: returns at once
+
+    def _join(self) -> None:
+        """Until the first assignment: the group join runs while the artifacts load (what is read meanwhile is the
+        first batch)."""
+        while not self._joined and not self._stop.is_set():
+            self._early += self._fetch()
+        self._up.set()
+
+    def _finish_join(self) -> None:
+        """Before leaving, let a group join in flight end (bounded): what is read meanwhile is neither processed
+        nor committed.
+
+        Tansu keeps a member that leaves while its JoinGroup is held as the group's leader for good, so the
+        group never completes another rebalance (every later worker waits for that leader's SyncGroup).
+        Kafka does not need this; it costs a stop at most one join (about 5 s on Tansu).
+        """
+        deadline = time.monotonic() + JOIN_SETTLE_SECONDS
+        while not self._joined and time.monotonic() < deadline:
+            self._consumer.consume(self.spec.batching.batch_size, 0.2)
+
+    def _one_batch(self) -> None:
+        """Take a batch, process it, settle the one in flight, produce this one (see the module docstring)."""
+        active = self._active()
+        if active is NOT_LOADED:
+            return
+        messages = self._fetch()
+        taken_to = self._positions() if messages else {}  # before any reset: where this batch ends
+        self._reset_partitions_past_their_end()
+        if not messages:
+            if self._pending is not None:
+                self._settle(self._pending)
+            self._producer.poll(0)  # idle: the producer's errors and log lines are served all the same
+            self._note_if_caught_up()
+            return
+        RECORDS_IN.labels(self.spec.agent).inc(len(messages))
+        batch = _Batch(messages, active, taken_to, time.perf_counter())
+        batch.outcome = self.spec.process(messages, active)  # while the batch in flight's reports come back
+        if self._pending is not None and not self._settle(self._pending, taken=batch):
+            return  # its commit was refused: both are replayed from the batch in flight's first offsets
+        self._produce(batch)
+        self._pending = batch
+
+    def _active(self):
+        """The artifact to apply; NOT_LOADED after a stop. Waits (nothing fetched: backpressure) while none is."""
+        while (active := self.spec.active()) is NOT_LOADED:
+            if self._pending is not None:
+                self._settle(self._pending)
+            if self._stop.wait(HOLD_SECONDS):
+                return NOT_LOADED
+        return active
+
+    def _fetch(self) -> list:
+        """The next batch: the messages without errors, of partitions this worker owns."""
+        if self._early:
+            early, self._early = self._early, []
+            return early
+        self._rebalanced = False
+        messages = self._consumer.consume(self.spec.batching.batch_size, self.spec.batching.batch_within)
+        self._raise_fatal()
+        good = [m for m in messages if m.error() is None]
+        if len(good) < len(messages):
+            for m in messages:
+                if m.error() is not None:
+                    self._on_error(m.error())
+            self._raise_fatal()
+        if self._rebalanced:  # fetched before a revocation: the partitions' next owner reads them
+            good = [m for m in good if (m.topic(), m.partition()) in self._owned]
+        if self._reset and good:
+            self._reset -= {(m.topic(), m.partition()) for m in good}
+        return good
+
+    def _positions(self) -> dict:
+        """(topic, partition) -> the next offset to read, for each owned partition read from since its assignment."""
+        owned = [TopicPartition(topic, partition) for topic, partition in self._owned]
+        return {(tp.topic, tp.partition): tp.offset for tp in self._consumer.position(owned) if tp.offset >= 0}
+
+    # ------------------------------------------------------------------ delivery
+
+    def _produce(self, batch: _Batch) -> None:
+        """Hand every output and dead letter to the producer (non-blocking); batch.reports counts their reports."""
+        batch.reports = reports = _Reports(batch.sends)
+        produce, report = self._producer.produce, reports.report
+        for topic, pairs in ((self.spec.output_topic, batch.outcome.repaired), (self.dlq_topic, batch.outcome.dead)):
+            for key, value in pairs:
+                try:
+                    produce(topic, value, key, on_delivery=report)
+                except BufferError:  # the local queue is full: let it drain, then again
+                    self._produce_when_room(topic, key, value, report)
+                except KafkaException as exc:  # refused locally: counts as a failed delivery
+                    report(exc.args[0] if exc.args else exc, None)
+
+    def _produce_when_room(self, topic: str, key, value, report) -> None:
+        while True:
+            self._producer.poll(0.05)
+            try:
+                return self._producer.produce(topic, value, key, on_delivery=report)
+            except BufferError:
+                continue
+
+    def _settle(self, batch: _Batch, taken: _Batch | None = None, rewind: bool = True) -> bool:
+        """Wait for batch's delivery (re-sent whole on a failure), commit it, hand it to the monitor.
+
+        False if the commit was refused: the partitions still owned are then rewound to the first
+        offset of ``batch`` (or of ``taken``, the batch read meanwhile, on partitions ``batch`` lacks).
+        """
+        self._pending = None
+        self._deliver(batch)
+        if not self._commit(batch, [taken, batch] if rewind else None):
+            return False
+        BATCH_SECONDS.labels(self.spec.agent).observe(time.perf_counter() - batch.started)
+        self._count(batch.outcome)
+        self._record_lag(batch.next_offsets)
+        self.spec.delivered(batch.outcome, batch.active)
+        return True
+
+    def _deliver(self, batch: _Batch) -> None:
+        """Every delivery report of ``batch`` back and good; else re-sent whole, then :class:`DeliveryError`."""
+        for attempt in range(1, SEND_ATTEMPTS + 1):
+            self._await_reports(batch.reports)
+            if not batch.reports.failed:
+                return
+            first = _short(batch.reports.failed[0])
+            log.warning("%s: delivery of %d messages failed (attempt %d of %d): %s", self.spec.agent, batch.sends,
+                        attempt, SEND_ATTEMPTS, first)
+            if attempt == SEND_ATTEMPTS:
+                raise DeliveryError(f"{batch.sends} outputs could not be delivered: {first}")
+            time.sleep(min(SEND_BACKOFF_SECONDS * 2 ** attempt, 5.0))
+            # Sent again whole: duplicates are bit-identical (deterministic repair), and nothing is committed yet.
+            self._produce(batch)
+
+    def _await_reports(self, reports: _Reports) -> None:
+        deadline = time.monotonic() + DELIVERY_TIMEOUT_MS / 1000 + 10
+        while reports.expected > 0:
+            self._producer.flush(1.0)  # serves the delivery reports on this thread
+            self._raise_fatal()
+            if reports.expected > 0 and time.monotonic() > deadline:
+                reports.failed.append(KafkaError(KafkaError._MSG_TIMED_OUT, "no delivery report in time"))
+                return
+
+    def _commit(self, batch: _Batch, replay: list | None) -> bool:
         """Commit a delivered batch; False if the group moved on without us (the batch is then replayed)."""
         try:
-            offsets = self._offsets_the_broker_holds({tp: records[-1].offset + 1 for tp, records in fetched.items()})
+            offsets = self._offsets_the_broker_holds(batch.next_offsets)
             if offsets:
-                await self._consumer.commit(offsets)
-        except GROUP_MOVED_ON as exc:
+                committed = self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                                  asynchronous=False)
+                refused = [tp.error for tp in committed or () if tp.error is not None]
+                if refused:
+                    raise KafkaException(refused[0])
+        except KafkaException as exc:
+            if _code(exc) not in GROUP_MOVED_ON:
+                raise
             self._failed_commits += 1
             if self._failed_commits >= FAILED_COMMITS_IN_A_ROW:
                 raise
             self._last_error = _short(exc)
-            replayed = self._rewind(fetched)
+            replayed = self._rewind([b for b in replay if b is not None]) if replay else []
             log.warning("%s: the group rebalanced without this worker (%s): the delivered batch of %d records was "
                         "not committed and is replayed (here from %s; elsewhere by the partitions' new owner); "
-                        "rejoining", self.spec.agent, self._last_error, sum(map(len, fetched.values())),
-                        _names(replayed))
+                        "rejoining", self.spec.agent, self._last_error, len(batch.messages), _names(replayed))
             return False
         self._failed_commits = 0
         self._progress_at = time.monotonic()
@@ -263,93 +510,160 @@ class BatchConsumer(mode.Service):
 
         Committing them would make the group skip the new log up to there. They are not committed, and
         not replayed either: the broker no longer holds those records, and their outputs were delivered
-        (to the broker that answered the sends: the new one). The reset on the next fetch
+        (to the broker that answered the sends: the new one). The reset after the next fetch
         (:meth:`_reset_partitions_past_their_end`) then replays what the broker holds now.
         """
         kept = {}
-        for tp, offset in offsets.items():
-            try:
-                highwater = self._consumer.highwater(tp)
-            except (IllegalStateError, AssertionError):  # revoked: the commit is refused, the batch replayed
-                highwater = None
+        for (topic, partition), offset in offsets.items():
+            highwater = self._highwater(topic, partition)
             if highwater is None or offset <= highwater:
-                kept[tp] = offset
+                kept[topic, partition] = offset
             else:
-                self._last_error = f"offsets lost by the broker: {_name(tp)} batch ends at {offset}, log at {highwater}"
+                self._last_error = (f"offsets lost by the broker: {_name(topic, partition)} batch ends at {offset}, "
+                                    f"log at {highwater}")
                 log.warning("%s: %s[%d]: the delivered batch ends at offset %d but the partition's log now ends at "
                             "%d (the topic was re-created or truncated): its offset is not committed", self.spec.agent,
-                            tp.topic, tp.partition, offset, highwater)
+                            topic, partition, offset, highwater)
         return kept
 
-    async def _reset_partitions_past_their_end(self) -> None:
+    def _highwater(self, topic: str, partition: int) -> int | None:
+        """The partition's log end as the last fetch saw it (Tansu's ListOffsets are wrong: never ask it)."""
+        try:
+            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        except KafkaException:
+            return None
+        return high if high >= 0 else None
+
+    def _rewind(self, batches: list[_Batch]) -> list:
+        """Seek the partitions this worker still owns back to the batches' first offsets: at-least-once."""
+        first: dict = {}
+        for batch in batches:  # the earlier batch last: its offsets win
+            first.update(batch.first_offsets())
+        rewound = []
+        for (topic, partition), offset in sorted(first.items()):
+            if (topic, partition) not in self._owned:
+                continue  # lost: its new owner resumes from the committed offset
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException:  # revoked meanwhile
+                continue
+            self._start_offsets[topic, partition] = offset  # where it stands until a record is read
+            rewound.append((topic, partition))
+        return rewound
+
+    # ------------------------------------------------------------------ rebalance (inside consume())
+
+    def _on_assign(self, consumer, partitions) -> None:
+        self._rebalanced = self._joined = True
+        self._up.set()
+        self._owned = frozenset((tp.topic, tp.partition) for tp in partitions)
+        self._start_offsets = self._committed(partitions)
+        self._reset.clear()
+        log.info("%s: partitions assigned (resuming from committed offsets): %s", self.spec.agent, _names(partitions))
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        self._rebalanced, self._joined = True, False
+        if self._pending is not None and not self._gave_up:
+            self._settle(self._pending, rewind=False)  # delivered and committed: the next owner resumes after it
+        self._owned, self._next_offset, self._start_offsets = frozenset(), {}, {}
+        log.info("%s: partitions revoked after the batch in flight settled: %s", self.spec.agent, _names(partitions))
+
+    def _committed(self, partitions) -> dict:
+        """(topic, partition) -> the group's committed offset, where it has one (where consuming starts)."""
+        try:
+            committed = self._consumer.committed(list(partitions), timeout=COMMITTED_TIMEOUT_SECONDS)
+        except KafkaException as exc:
+            self._last_error = _short(exc)
+            return {}
+        return {(tp.topic, tp.partition): tp.offset for tp in committed if tp.offset >= 0}
+
+    # ------------------------------------------------------------------ errors and statistics (inside consume/flush)
+
+    def _on_error(self, error: KafkaError) -> None:
+        """A client error: a fatal one is raised by the loop; the others are waited out (librdkafka retries)."""
+        if error.fatal() or error.code() in FATAL:
+            self._fatal = self._fatal or error
+            return
+        if error.code() == KafkaError._PARTITION_EOF:
+            return
+        self._last_error = _short(error)
+        # One template per error code: the worker's log filter keeps one line per cause every few seconds.
+        log.warning(f"%s: Kafka client error {error.name()} (the client retries): %s", self.spec.agent, error.str())
+
+    def _raise_fatal(self) -> None:
+        if self._fatal is not None:
+            raise KafkaException(self._fatal)
+
+    def _on_stats(self, text: str) -> None:
+        """librdkafka's statistics (every STATS_INTERVAL_MS): when each broker last answered, who leads what."""
+        stats, now = json.loads(text), time.monotonic()
+        for broker in stats.get("brokers", {}).values():
+            idle = broker.get("rxidle", -1)  # microseconds since the broker last answered; -1: never
+            if broker.get("state") == "UP" and idle >= 0:
+                self._answered[broker.get("nodeid")] = now - idle / 1e6
+        self._leaders = {(topic, int(p)): partition.get("leader") for topic, parts in stats.get("topics", {}).items()
+                         for p, partition in parts.get("partitions", {}).items() if int(p) >= 0}
+
+    # ------------------------------------------------------------------ the log's end
+
+    def _reset_partitions_past_their_end(self) -> None:
         """Reset to the beginning every owned partition whose position is past its log's end (its highwater).
 
         That is Kafka's offset out of range: the log is shorter than where the group is (the topic was
         re-created, e.g. by the memory-only embedded broker after a restart, or truncated). Kafka answers
-        such a fetch with OFFSET_OUT_OF_RANGE and the client applies ``auto_offset_reset``; Tansu answers
+        such a fetch with OFFSET_OUT_OF_RANGE and the client applies ``auto.offset.reset``; Tansu answers
         it with no records and no error, so the group would wait there and skip every record below its
         position in silence. The reset is the policy the consumer declares ("earliest"): replay what the
-        broker holds (at-least-once; duplicates are identical). Cheap: highwater and a known position are
-        local to the client.
+        broker holds (at-least-once; duplicates are identical). Cheap: highwater and position are local.
         """
-        for tp in self._consumer.assignment():
-            try:
-                highwater = self._consumer.highwater(tp)
-                if highwater is None or (position := await self._consumer.position(tp)) <= highwater:
-                    continue
-                # Offset 0 is the beginning of a re-created log; on a log that starts later the fetch is
-                # out of range and the client's "earliest" reset moves it to the log's start.
-                self._consumer.seek(tp, 0)
-            except (IllegalStateError, AssertionError):  # revoked meanwhile: its next owner checks it
+        for (topic, partition), position in self._where().items():
+            highwater = self._highwater(topic, partition)
+            if highwater is None or position is None or position <= highwater or (topic, partition) in self._reset:
                 continue
-            self._next_offset.pop(tp, None)
-            self._last_error = f"offset out of range: {_name(tp)} at {position}, log ends at {highwater}"
-            log.warning("%s: %s[%d] is at offset %d but its log ends at %d (the topic was re-created or truncated): "
-                        "offset out of range, reset to the beginning (auto_offset_reset=earliest); what the broker "
-                        "holds is replayed", self.spec.agent, tp.topic, tp.partition, position, highwater)
-
-    def _rewind(self, fetched: dict) -> list[TopicPartition]:
-        """Seek the partitions this worker still owns back to the batch's first offset: at-least-once."""
-        owned = self._consumer.assignment()
-        rewound = [tp for tp in fetched if tp in owned]
-        for tp in rewound:
-            self._consumer.seek(tp, fetched[tp][0].offset)
-        return rewound
-
-    async def _note_if_caught_up(self) -> None:
-        """After an empty fetch: progress if the broker just said every owned partition has nothing more."""
-        owned = self._consumer.assignment()
-        if not owned:
-            return
-        now_ms = time.time() * 1000
-        for tp in owned:
-            polled, highwater = self._consumer.last_poll_timestamp(tp), self._consumer.highwater(tp)
-            if polled is None or highwater is None or now_ms - polled > FRESH_FETCH_SECONDS * 1000:
-                return  # not fetched lately: the broker may be away
+            # Offset 0 is the beginning of a re-created log; on a log that starts later the fetch is out of
+            # range and the client's "earliest" reset moves it to the log's start.
             try:
-                if highwater > await self._consumer.position(tp):
-                    return
-            except IllegalStateError:  # revoked meanwhile
+                self._consumer.seek(TopicPartition(topic, partition, 0))
+            except KafkaException:  # revoked meanwhile: its next owner checks it
+                continue
+            self._reset.add((topic, partition))
+            self._start_offsets[topic, partition] = 0
+            self._next_offset.pop((topic, partition), None)
+            self._last_error = f"offset out of range: {_name(topic, partition)} at {position}, log ends at {highwater}"
+            log.warning("%s: %s[%d] is at offset %d but its log ends at %d (the topic was re-created or truncated): "
+                        "offset out of range, reset to the beginning (auto.offset.reset=earliest); what the broker "
+                        "holds is replayed", self.spec.agent, topic, partition, position, highwater)
+
+    def _where(self) -> dict:
+        """(topic, partition) -> where consuming stands: the position, else the committed offset, else None."""
+        read = self._positions() if self._owned else {}
+        return {tp: read.get(tp, self._start_offsets.get(tp)) for tp in self._owned}
+
+    def _note_if_caught_up(self) -> None:
+        """After an empty fetch: progress if every owned partition is read to its end and its broker just answered."""
+        if not self._owned:
+            return
+        now = time.monotonic()
+        for (topic, partition), position in self._where().items():
+            answered = self._answered.get(self._leaders.get((topic, partition)))
+            if answered is None or now - answered > FRESH_FETCH_SECONDS:
+                return  # not fetched lately: the broker may be away
+            highwater = self._highwater(topic, partition)
+            if position is None:  # nothing read nor committed: the log's start is where it stands
+                position = self._low(topic, partition)
+            if highwater is None or position is None or highwater > position:
                 return
         self._progress_at = time.monotonic()
         CONSUMER_LAG.labels(self.spec.agent).set(0)
 
-    async def _deliver(self, outcome: BatchOutcome) -> None:
-        """Send every output and dead letter and wait for the acks; retried, then :class:`DeliveryError`."""
-        sends = [(self.spec.output_topic, k, v) for k, v in outcome.repaired] + \
-                [(self.dlq_topic, k, v) for k, v in outcome.dead]
-        for attempt in range(1, SEND_ATTEMPTS + 1):
-            try:
-                futures = [await self.output.producer.send(topic, value, key=key) for topic, key, value in sends]
-                await asyncio.gather(*futures)
-                return
-            except KafkaError as exc:
-                # A partial send is sent again whole: duplicates are bit-identical (deterministic repair).
-                log.warning("%s: delivery of %d messages failed (attempt %d of %d): %r", self.spec.agent,
-                            len(sends), attempt, SEND_ATTEMPTS, exc)
-                if attempt == SEND_ATTEMPTS:
-                    raise DeliveryError(f"{len(sends)} outputs could not be delivered: {exc!r}") from exc
-                await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
+    def _low(self, topic: str, partition: int) -> int | None:
+        try:
+            low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+        except KafkaException:
+            return None
+        return low if low >= 0 else None
+
+    # ------------------------------------------------------------------ metrics and health
 
     def _count(self, outcome: BatchOutcome) -> None:
         agent = self.spec.agent
@@ -363,22 +677,21 @@ class BatchConsumer(mode.Service):
             if 0 <= now - ts < 86_400:  # only event times on the wall clock mean latency
                 RECORD_LATENCY.labels(agent).observe(now - ts)
 
-    def _record_lag(self, fetched: dict) -> None:
+    def _record_lag(self, next_offsets: dict) -> None:
         # The fetch highwater, not end offsets: the embedded broker's ListOffsets under-reports them.
-        for tp, records in fetched.items():
-            self._next_offset[tp] = records[-1].offset + 1
+        self._next_offset.update(next_offsets)
         lag = 0
-        for tp in self._consumer.assignment():
-            highwater, position = self._consumer.highwater(tp), self._next_offset.get(tp)
+        for topic, partition in self._owned:
+            highwater, position = self._highwater(topic, partition), self._next_offset.get((topic, partition))
             if highwater is not None and position is not None:
                 lag += max(highwater - position, 0)
         CONSUMER_LAG.labels(self.spec.agent).set(lag)
 
-    def assignment(self) -> set[TopicPartition]:
-        """The partitions this worker owns now."""
-        return set(self._consumer.assignment()) if self._consumer is not None else set()
+    def assignment(self) -> set[tuple[str, int]]:
+        """The partitions this worker owns now, as (topic, partition)."""
+        return set(self._owned)
 
     def progress(self) -> Progress:
         """Partitions owned, and how long since this input last made progress (see :class:`Progress`)."""
         since = None if self._progress_at is None else time.monotonic() - self._progress_at
-        return Progress(self.spec.agent, len(self.assignment()), since, self._last_error)
+        return Progress(self.spec.agent, len(self._owned), since, self._last_error)

@@ -16,7 +16,9 @@ from fairstream.streams.kafka import ClientSecurity, KafkaSecurityError
 STREAMS = Path(kafka.__file__).resolve().parent
 CLIENTS = {"AIOKafkaConsumer": "aiokafka_options", "AIOKafkaProducer": "aiokafka_options",
            "AIOKafkaAdminClient": "aiokafka_options", "KafkaConsumer": "kafka_python_options",
-           "KafkaProducer": "kafka_python_options", "KafkaAdminClient": "kafka_python_options"}
+           "KafkaProducer": "kafka_python_options", "KafkaAdminClient": "kafka_python_options",
+           # confluent-kafka (librdkafka): one dict of settings, the options spread into it
+           "Consumer": "librdkafka_options", "Producer": "librdkafka_options", "AdminClient": "librdkafka_options"}
 SECRET = "s3cr3t-do-not-log"
 
 
@@ -28,6 +30,7 @@ def sasl(**changes) -> dict:
 def test_plaintext_by_default_and_no_options_to_pass():
     security = ClientSecurity.resolve(env={})
     assert security.protocol == "PLAINTEXT" and security.kafka_python_options() == {} == security.aiokafka_options()
+    assert security.librdkafka_options() == {}
 
 
 def test_the_environment_overrides_the_config_and_the_password_comes_from_a_file(tmp_path):
@@ -40,6 +43,8 @@ def test_the_environment_overrides_the_config_and_the_password_comes_from_a_file
         "SASL_PLAINTEXT", "SCRAM-SHA-256", "env-user", SECRET)
     assert security.kafka_python_options() == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-256",
                                                "sasl_plain_username": "env-user", "sasl_plain_password": SECRET}
+    assert security.librdkafka_options() == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                                             "sasl.username": "env-user", "sasl.password": SECRET}
     # The password variable wins over the file (a secret injected by the platform).
     assert ClientSecurity.resolve(config, env={"FAIRSTREAM_KAFKA_SASL_PASSWORD": "other"}).password == "other"
 
@@ -52,6 +57,14 @@ def test_tls_files_become_an_ssl_context_for_aiokafka_and_paths_for_kafka_python
     assert security.kafka_python_options()["ssl_cafile"] == str(cert)
     context = security.aiokafka_options()["ssl_context"]
     assert context.verify_mode.name == "CERT_REQUIRED" and context.cert_store_stats()["x509_ca"] == 1
+    files = dict(FAIRSTREAM_KAFKA_SSL_CAFILE=str(cert), FAIRSTREAM_KAFKA_SSL_CERTFILE=str(cert),
+                 FAIRSTREAM_KAFKA_SSL_KEYFILE=str(tmp_path / "k.pem"))
+    rdkafka = ClientSecurity.resolve(env=sasl(**files)).librdkafka_options()
+    assert (rdkafka["security.protocol"], rdkafka["ssl.ca.location"], rdkafka["ssl.certificate.location"],
+            rdkafka["ssl.key.location"]) == ("SASL_SSL", str(cert), str(cert), str(tmp_path / "k.pem"))
+    from confluent_kafka import Producer
+
+    Producer({"bootstrap.servers": "127.0.0.1:1", **rdkafka})  # librdkafka accepts every key and loads the files
 
 
 @pytest.mark.parametrize("env, message", [
@@ -84,14 +97,24 @@ def test_the_kafka_table_of_a_pipeline_config_reads_back_and_refuses_a_typo():
                                   "kafka": {"sasl_password": SECRET}})
 
 
+def spread_calls(spreads) -> set[str]:
+    """Names of the functions whose results are spread (``**f()``) among these keyword values / dict values."""
+    return {value.func.id for value in spreads if isinstance(value, ast.Call) and isinstance(value.func, ast.Name)}
+
+
 def client_calls() -> list[tuple[str, int, str, set[str]]]:
-    """(file, line, client class, names of the ** options passed) of every Kafka client created in streams/."""
+    """(file, line, client class, names of the ** options passed) of every Kafka client created in streams/.
+
+    Keyword clients (kafka-python, aiokafka) spread the options among their keywords; confluent-kafka's take one
+    dict of settings, a literal the options are spread into.
+    """
     calls = []
     for path in sorted(STREAMS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) in CLIENTS:
-                spread = {kw.value.func.id for kw in node.keywords if kw.arg is None and isinstance(kw.value, ast.Call)
-                          and isinstance(kw.value.func, ast.Name)}
+                spread = spread_calls(kw.value for kw in node.keywords if kw.arg is None)
+                for settings in (a for a in node.args[:1] if isinstance(a, ast.Dict)):
+                    spread |= spread_calls(v for k, v in zip(settings.keys, settings.values) if k is None)
                 name = getattr(node.func, "id", getattr(node.func, "attr", None))
                 calls.append((str(path.relative_to(STREAMS)), node.lineno, name, spread))
     return calls
@@ -99,9 +122,10 @@ def client_calls() -> list[tuple[str, int, str, set[str]]]:
 
 def test_every_kafka_client_the_product_creates_gets_the_security_options():
     calls = client_calls()
-    # worker consumer and producer, control follower, admin and producer, topic admin, replay, topic reader,
-    # re-fit source, service and request publisher
-    assert len(calls) >= 11, calls
+    # worker consumers and producers (librdkafka), notices, control follower, admin and producer, topic admin,
+    # replay, topic reader, re-fit source, service and request publisher
+    assert len(calls) >= 13, calls
+    assert {"Consumer", "Producer"} <= {name for _, _, name, _ in calls}, calls
     missing = [(f, line, name) for f, line, name, spread in calls if CLIENTS[name] not in spread]
     assert not missing, f"Kafka clients created without the security options: {missing}"
 
@@ -109,9 +133,12 @@ def test_every_kafka_client_the_product_creates_gets_the_security_options():
 def test_a_client_without_the_options_is_caught(tmp_path, monkeypatch):
     """The check above can fail: a new client that forgets the options is reported."""
     extra = STREAMS / "_probe_client.py"
-    extra.write_text("from kafka import KafkaConsumer\n\ndef f():\n    return KafkaConsumer(bootstrap_servers='x')\n")
+    extra.write_text("from kafka import KafkaConsumer\nfrom confluent_kafka import Producer\n\ndef f():\n"
+                     "    return KafkaConsumer(bootstrap_servers='x'), \\\n"
+                     "        Producer({'bootstrap.servers': 'x', **other()})\n")
     try:
-        assert [c for c in client_calls() if c[0] == "_probe_client.py" and not c[3]]
+        assert {c[2] for c in client_calls() if c[0] == "_probe_client.py" and not c[3] - {"other"}} == {
+            "KafkaConsumer", "Producer"}
     finally:
         extra.unlink()
 

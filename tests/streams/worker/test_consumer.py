@@ -1,323 +1,438 @@
-"""The batch consumer's delivery rule, with a scripted consumer and producer (no broker).
+"""The batch consumer's delivery rule, with a scripted librdkafka consumer and producer (no broker).
 
 Outputs are delivered before the batch's offsets are committed; a delivery that keeps failing
-commits nothing and stops the loop loudly; a revocation waits for the batch in flight. A commit the
-group refuses after a rebalance is recovered in place (the batch is replayed); errors the client
-does not retry end the loop.
+commits nothing and stops the loop loudly; a revocation settles the batch in flight. A commit the
+group refuses after a rebalance is recovered in place (the batch is replayed); fatal errors end the
+loop. Batch N+1 is decoded and applied while N's delivery reports come back, and produced only once
+N is settled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import threading
 import time
-from dataclasses import dataclass
 
 import pytest
-from aiokafka import TopicPartition
-from aiokafka.errors import (
-    CommitFailedError,
-    KafkaConnectionError,
-    KafkaTimeoutError,
-    TopicAuthorizationFailedError,
-)
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.worker import consumer as consumer_module
-from fairstream.streams.worker.consumer import BatchConsumer, DeliveryError, InputSpec, _SettleOnRevoke
+from fairstream.streams.worker.consumer import NOT_LOADED, BatchConsumer, DeliveryError, InputSpec
 from fairstream.streams.worker.processing import BatchOutcome
 
-TP = TopicPartition("in", 0)
+TP = ("in", 0)
+INVALID = -1001  # librdkafka's "no offset"
 
 
-@dataclass
 class Message:
-    key: bytes
-    value: bytes
-    offset: int
-    topic: str = "in"
-    partition: int = 0
+    """What confluent-kafka's Message offers the loop and the batch logic: methods."""
+
+    def __init__(self, key: bytes, value: bytes, offset: int, partition: int = 0, error=None):
+        self._key, self._value, self._offset, self._partition, self._error = key, value, offset, partition, error
+
+    def key(self):
+        return self._key
+
+    def value(self):
+        return self._value
+
+    def offset(self):
+        return self._offset
+
+    def partition(self):
+        return self._partition
+
+    def topic(self):
+        return "in"
+
+    def error(self):
+        return self._error
+
+    def timestamp(self):
+        return 0, 0
+
+
+def stats(rxidle_us: int = 1000, state: str = "UP") -> str:
+    """librdkafka's statistics as far as the loop reads them: the brokers' last answers and the partitions' leaders."""
+    return json.dumps({"brokers": {"b:9092/111": {"nodeid": 111, "state": state, "rxidle": rxidle_us}},
+                       "topics": {"in": {"partitions": {"0": {"leader": 111}}}}})
 
 
 class ScriptedConsumer:
-    """Serves ``batches`` in order; ``refusals`` commits fail as after a rebalance; ``fetch_errors`` come first."""
+    """Serves ``batches`` in order (an exception or a callable in the list is raised or called instead).
 
-    def __init__(self, batches, refusals=0, fetch_errors=(), owned=(TP,)):
-        self.batches, self.commits, self.log, self.seeks = list(batches), [], [], []
-        self.refusals, self.fetch_errors, self.owned = refusals, list(fetch_errors), set(owned)
-        self.served: list = []  # every batch handed out, so that a seek can serve it again
-        self.polled_ms, self.end, self.at = time.time() * 1000, 10, 10
+    ``refusals`` commits fail as after a rebalance; ``owned`` is assigned on the first consume().
+    """
 
-    async def getmany(self, timeout_ms, max_records):
-        if self.fetch_errors:
-            raise self.fetch_errors.pop(0)
+    def __init__(self, config, batches, log, refusals=0, refusal=KafkaError.ILLEGAL_GENERATION, owned=(TP,)):
+        self.config, self.batches, self.log = config, list(batches), log
+        self.refusals, self.refusal, self.owned = refusals, refusal, [TopicPartition(*tp) for tp in owned]
+        self.commits, self.seeks, self.served = [], [], []
+        self.position_at, self.end, self.committed_at = {}, 10, {}
+        self.stats = stats()
+        self.assigned = self.closed = False
+
+    def subscribe(self, topics, on_assign, on_revoke):
+        self.on_assign, self.on_revoke = on_assign, on_revoke
+
+    def consume(self, num_messages, timeout):
+        if not self.assigned:
+            self.assigned = True
+            self.on_assign(self, self.owned)
+        if self.stats is not None:
+            self.config["stats_cb"](self.stats)
         if not self.batches:
-            return {}
-        self.served.append(self.batches.pop(0))
-        return {TP: self.served[-1]}
+            return []
+        item = self.batches.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        if callable(item):
+            item = item(self)
+        else:
+            self.served.append(item)
+        for m in item:
+            if m.error() is None:
+                self.position_at[m.topic(), m.partition()] = m.offset() + 1
+        return list(item)
 
-    async def commit(self, offsets):
+    def position(self, partitions):
+        return [TopicPartition(tp.topic, tp.partition, self.position_at.get((tp.topic, tp.partition), INVALID))
+                for tp in partitions]
+
+    def commit(self, offsets, asynchronous):
+        assert asynchronous is False
         if self.refusals:
             self.refusals -= 1
             self.log.append("refused")
-            raise CommitFailedError("the group has already rebalanced")
+            raise KafkaException(KafkaError(self.refusal))
         self.log.append("commit")
-        self.commits.append(dict(offsets))
+        self.commits.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        return offsets
 
-    def seek(self, tp, offset):
-        self.seeks.append((tp, offset))
-        self.at = offset
-        self.batches[:0] = [b for b in self.served if b[0].offset == offset][:1]  # a batch served again
+    def seek(self, tp):
+        self.seeks.append(((tp.topic, tp.partition), tp.offset))
+        self.position_at.pop((tp.topic, tp.partition), None)
+        again = [b for b in self.served if tp.offset <= b[0].offset() < self.end]  # what the log holds, again
+        self.batches[:0] = again
 
-    def assignment(self):
-        return set(self.owned)
+    def get_watermark_offsets(self, tp, cached):
+        assert cached, "the embedded broker's ListOffsets are wrong: only the fetch's highwater is used"
+        return 0, self.end
 
-    def highwater(self, tp):
-        return self.end
+    def committed(self, partitions, timeout):
+        return [TopicPartition(tp.topic, tp.partition, self.committed_at.get((tp.topic, tp.partition), INVALID))
+                for tp in partitions]
 
-    def last_poll_timestamp(self, tp):
-        return self.polled_ms
+    def close(self):
+        self.closed = True
+        self.log.append("closed")
+        self.on_revoke(self, self.owned)
 
-    async def position(self, tp):
-        return self.at
+    def revoke(self):
+        """A consume() during which the group takes the partitions away (librdkafka calls back from inside it)."""
+        def revoked(consumer):
+            consumer.on_revoke(consumer, consumer.owned)
+            return [Message(b"late", b"late", 99)]  # fetched before the revocation: not this worker's any more
+        return revoked
 
 
 class ScriptedProducer:
+    """Queues produce() calls and reports them on flush(); the first ``failures`` reports are failures."""
+
     def __init__(self, failures: int, log: list):
-        self.failures, self.sent, self.log = failures, [], log
+        self.failures, self.sent, self.log, self.queued = failures, [], log, []
 
-    async def send(self, topic, value, key=None):
-        future = asyncio.get_running_loop().create_future()
-        if self.failures:
-            self.failures -= 1
-            future.set_exception(KafkaTimeoutError())
-        else:
-            self.sent.append((topic, key, value))
-            self.log.append("sent")
-            future.set_result(None)
-        return future
+    def produce(self, topic, value, key, on_delivery):
+        self.log.append("produced")
+        self.queued.append((topic, key, value, on_delivery))
+
+    def flush(self, timeout):
+        queued, self.queued = self.queued, []
+        for topic, key, value, report in queued:
+            if self.failures:
+                self.failures -= 1
+                report(KafkaError(KafkaError._MSG_TIMED_OUT), None)
+            else:
+                self.sent.append((topic, key, value))
+                self.log.append("reported")
+                report(None, None)
+        return 0
+
+    def poll(self, timeout):
+        return self.flush(timeout)
 
 
-class Output:
-    def __init__(self, producer):
-        self.producer = producer
-
-
-def spec(seen):
-    async def active():
-        return "plan"
-
-    async def delivered(outcome, active):
+def spec(seen, log, active=lambda: "plan"):
+    def delivered(outcome, active):
         seen.append(len(outcome.repaired))
 
     def process(messages, active):
-        return BatchOutcome(repaired=[(m.key, m.value.upper()) for m in messages], version=1)
+        log.append(f"processed {messages[0].offset()}")
+        return BatchOutcome(repaired=[(m.key(), m.value().upper()) for m in messages], version=1)
 
     return InputSpec(agent="records", topic="in", output_topic="out", batching=AgentConfig(artifact="plan"),
                      process=process, active=active, delivered=delivered)
 
 
-def make(batches, failures=0, seen=None, **script):
-    scripted = ScriptedConsumer(batches, **script)
-    producer = ScriptedProducer(failures, scripted.log)
-    worker = BatchConsumer(spec(seen if seen is not None else []), "unused:9092", "g", Output(producer), "dlq")
-    worker._consumer = scripted
-    return worker, scripted, producer
+def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", **script):
+    log: list = []
+    made = {}
+
+    def consumer(config):
+        made["consumer"] = ScriptedConsumer(config, batches, log, **script)
+        return made["consumer"]
+
+    monkeypatch.setattr(consumer_module, "Consumer", consumer)
+    monkeypatch.setattr(consumer_module, "Producer", lambda config: made.setdefault(
+        "producer", ScriptedProducer(failures, log)))
+    monkeypatch.setattr(consumer_module, "SEND_BACKOFF_SECONDS", 0.0)
+    worker = BatchConsumer(spec(seen if seen is not None else [], log, active), "unused:9092", "g", "dlq")
+    worker._open()
+    return worker, made["consumer"], made["producer"]
 
 
 def batch(start, n):
     return [Message(str(i).encode(), b"v%d" % i, i) for i in range(start, start + n)]
 
 
-def test_outputs_are_acknowledged_before_the_offsets_are_committed(monkeypatch):
-    async def run():
-        seen = []
-        worker, scripted, producer = make([batch(0, 3), batch(3, 2)], seen=seen)
-        await worker._one_batch()
-        await worker._one_batch()
-        return scripted, producer, seen
+def run(worker, batches: int) -> None:
+    for _ in range(batches):
+        worker._one_batch()
 
-    scripted, producer, seen = asyncio.run(run())
-    assert scripted.log == ["sent"] * 3 + ["commit"] + ["sent"] * 2 + ["commit"]
+
+def test_outputs_are_acknowledged_before_the_offsets_are_committed(monkeypatch):
+    seen = []
+    worker, scripted, producer = make(monkeypatch, [batch(0, 3), batch(3, 2)], seen=seen)
+    run(worker, 3)  # the third consume() finds nothing: the batch in flight is settled then
+    delivery = [e for e in scripted.log if e in ("reported", "commit")]
+    assert delivery == ["reported"] * 3 + ["commit"] + ["reported"] * 2 + ["commit"]
     assert scripted.commits == [{TP: 3}, {TP: 5}]  # the next offset to read, after the batch's last
     assert [value for _, _, value in producer.sent] == [b"V0", b"V1", b"V2", b"V3", b"V4"]
     assert seen == [3, 2]  # the monitor gets each batch after its commit
 
 
+def test_the_next_batch_is_processed_while_reports_come_back_and_produced_only_after_the_batch_settled(monkeypatch):
+    worker, scripted, _ = make(monkeypatch, [batch(0, 3), batch(3, 2), batch(5, 1)])
+    run(worker, 4)
+    assert scripted.log == [
+        "processed 0", "produced", "produced", "produced",  # batch 1 handed to the producer
+        "processed 3",  # batch 2 decoded and applied before batch 1's reports are awaited
+        "reported", "reported", "reported", "commit",  # batch 1 settled: delivered, then committed
+        "produced", "produced",  # only now is batch 2 produced: per-partition order
+        "processed 5", "reported", "reported", "commit", "produced",
+        "reported", "commit"]  # the empty consume() settles the last one
+
+
 def test_a_transient_send_failure_is_retried_and_the_batch_committed_once(monkeypatch):
-    monkeypatch.setattr(consumer_module.asyncio, "sleep", _no_sleep)
-
-    async def run():
-        worker, scripted, producer = make([batch(0, 2)], failures=1)
-        await worker._one_batch()
-        return scripted, producer
-
-    scripted, producer = asyncio.run(run())
-    assert scripted.commits == [{TP: 2}] and len(producer.sent) >= 2
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2)], failures=1)
+    run(worker, 2)
+    assert scripted.commits == [{TP: 2}]
+    assert [value for _, _, value in producer.sent] == [b"V1", b"V0", b"V1"]  # re-sent whole: identical copies
 
 
 def test_a_delivery_that_keeps_failing_commits_nothing_and_raises(monkeypatch):
-    monkeypatch.setattr(consumer_module.asyncio, "sleep", _no_sleep)
-
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)], failures=10_000)
-        with pytest.raises(DeliveryError, match="2 outputs could not be delivered"):
-            await worker._one_batch()
-        return scripted
-
-    assert asyncio.run(run()).commits == []
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)], failures=10_000)
+    worker._one_batch()
+    with pytest.raises(DeliveryError, match="2 outputs could not be delivered: _MSG_TIMED_OUT"):
+        worker._one_batch()
+    assert scripted.commits == []
 
 
-def test_a_revocation_waits_for_the_batch_in_flight():
-    async def run():
-        lock, order = asyncio.Lock(), []
-        listener = _SettleOnRevoke(lock, "records")
-
-        async def batch_in_flight():
-            async with lock:
-                order.append("batch started")
-                await asyncio.sleep(0.05)
-                order.append("batch committed")
-
-        async def revoke():
-            await asyncio.sleep(0.01)
-            await listener.on_partitions_revoked({TP})
-            order.append("revoked")
-
-        await asyncio.gather(batch_in_flight(), revoke())
-        return order
-
-    assert asyncio.run(run()) == ["batch started", "batch committed", "revoked"]
+def test_a_revocation_settles_the_batch_in_flight_before_the_partitions_go(monkeypatch):
+    seen = []
+    worker, scripted, producer = make(monkeypatch, [batch(0, 3)], seen=seen)
+    scripted.batches.append(scripted.revoke())
+    run(worker, 2)  # the second consume() is revoked inside: batch 1 is settled in the callback
+    assert scripted.commits == [{TP: 3}] and seen == [3]
+    assert worker.progress().partitions == 0 and worker._pending is None
+    assert b"LATE" not in [value for _, _, value in producer.sent]  # fetched before the revocation: dropped
 
 
-_real_sleep = asyncio.sleep
-
-
-async def _no_sleep(seconds):
-    await _real_sleep(0)
-
-
-def test_a_commit_refused_after_a_rebalance_is_replayed_in_place_from_the_batchs_first_offset(caplog):
-    async def run():
-        seen = []
-        worker, scripted, producer = make([batch(4, 3)], seen=seen, refusals=1)
-        await worker._one_batch()  # delivered, refused: no exception, nothing committed, rewound
-        await worker._one_batch()  # the same batch again
-        return scripted, producer, seen
-
+def test_a_commit_refused_after_a_rebalance_is_replayed_in_place_from_the_batchs_first_offset(monkeypatch, caplog):
+    seen = []
+    worker, scripted, producer = make(monkeypatch, [batch(4, 3)], seen=seen, refusals=1)
     with caplog.at_level(logging.WARNING):
-        scripted, producer, seen = asyncio.run(run())
-    assert scripted.log == ["sent"] * 3 + ["refused"] + ["sent"] * 3 + ["commit"]
+        run(worker, 4)  # taken; settled and refused (rewound); the same batch again; settled
+    delivery = [e for e in scripted.log if e in ("reported", "refused", "commit")]
+    assert delivery == ["reported"] * 3 + ["refused"] + ["reported"] * 3 + ["commit"]
     assert scripted.seeks == [(TP, 4)] and scripted.commits == [{TP: 7}]
     assert [value for _, _, value in producer.sent] == [b"V4", b"V5", b"V6"] * 2  # at-least-once: identical copies
     assert seen == [3]  # the monitor sees the batch once, after the commit that counted
-    assert "rebalanced without this worker" in caplog.text and "replayed" in caplog.text
+    assert "rebalanced without this worker (ILLEGAL_GENERATION" in caplog.text and "replayed" in caplog.text
 
 
-def test_a_partition_lost_in_the_rebalance_is_left_to_its_new_owner():
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)], refusals=1, owned=())
-        await worker._one_batch()
-        return scripted
+def test_a_refused_commit_replays_the_batch_taken_meanwhile_too_and_never_produces_it_first(monkeypatch):
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2), batch(2, 2)], refusals=1,
+                                      refusal=KafkaError.REBALANCE_IN_PROGRESS)
+    run(worker, 5)
+    assert scripted.seeks == [(TP, 0)] and scripted.commits == [{TP: 2}, {TP: 4}]
+    assert [value for _, _, value in producer.sent] == [b"V0", b"V1", b"V0", b"V1", b"V2", b"V3"]
 
-    scripted = asyncio.run(run())
+
+def test_a_partition_lost_in_the_rebalance_is_left_to_its_new_owner(monkeypatch):
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)], refusals=1, refusal=KafkaError.UNKNOWN_MEMBER_ID)
+    worker._one_batch()
+    worker._owned = frozenset()  # the group gave it away
+    worker._one_batch()
     assert scripted.seeks == [] and scripted.commits == []  # the new owner replays from the committed offset
 
 
 def test_commits_refused_again_and_again_end_the_loop(monkeypatch):
     refusals = consumer_module.FAILED_COMMITS_IN_A_ROW
-
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)], refusals=refusals)
-        for _ in range(refusals - 1):
-            await worker._one_batch()
-        with pytest.raises(CommitFailedError):
-            await worker._one_batch()
-        return scripted
-
-    assert asyncio.run(run()).commits == []
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)], refusals=refusals)
+    with pytest.raises(KafkaException, match="ILLEGAL_GENERATION"):
+        run(worker, 3 * refusals)
+    assert scripted.commits == [] and len(scripted.seeks) == refusals - 1
 
 
-def test_a_fetch_error_the_client_retries_is_waited_out_and_any_other_ends_the_loop(monkeypatch):
-    monkeypatch.setattr(consumer_module, "RETRY_PAUSE_SECONDS", 0.01)
+def test_errors_the_client_retries_are_waited_out_and_fatal_ones_end_the_loop(monkeypatch, caplog):
+    away = KafkaError(KafkaError._TRANSPORT, "broker away")
+    worker, scripted, _ = make(monkeypatch, [[Message(None, None, -1, error=away)], batch(0, 2)])
+    with caplog.at_level(logging.WARNING):
+        run(worker, 3)
+    assert scripted.commits == [{TP: 2}] and worker.progress().last_error == "_TRANSPORT: broker away"
+    assert "Kafka client error _TRANSPORT (the client retries)" in caplog.text
 
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)], fetch_errors=[KafkaConnectionError("broker away")])
-        await worker._one_batch()  # the retriable error: nothing fetched, no exception
-        await worker._one_batch()
-        fatal, _, _ = make([batch(0, 2)], fetch_errors=[TopicAuthorizationFailedError()])
-        with pytest.raises(TopicAuthorizationFailedError):
-            await fatal._one_batch()
-        return worker, scripted
+    def fatal_callback(consumer):
+        consumer.config["error_cb"](KafkaError(KafkaError._FATAL, "idempotence broken", fatal=True))
+        return batch(0, 2)
 
-    worker, scripted = asyncio.run(run())
-    assert scripted.commits == [{TP: 2}] and "KafkaConnectionError" in worker.progress().last_error
+    fatal, scripted, _ = make(monkeypatch, [fatal_callback])
+    with pytest.raises(KafkaException, match="idempotence broken"):
+        fatal._one_batch()
+    denied, _, _ = make(monkeypatch, [[Message(None, None, -1, error=KafkaError(
+        KafkaError.TOPIC_AUTHORIZATION_FAILED))]])
+    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        denied._one_batch()
 
 
 def test_a_crash_of_the_loop_is_logged_critical_and_raised_for_mode_to_end_the_worker(monkeypatch, caplog):
-    monkeypatch.setattr(consumer_module.asyncio, "sleep", _no_sleep)
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2), batch(2, 1)], failures=10_000)
+    worker._open = lambda: None  # opened above
 
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)], failures=10_000)
+    async def crash():
         with pytest.raises(DeliveryError):
-            await BatchConsumer._consume(worker)  # the service task, run once by hand
-        return worker, scripted
+            await BatchConsumer._consume(worker)  # the service task, run once by hand: the loop's thread
 
     with caplog.at_level(logging.CRITICAL):
-        worker, scripted = asyncio.run(run())
-    assert worker._finished.is_set() and scripted.commits == []  # a stop waiting for the batch is released
-    assert "non-zero exit status" in caplog.text
+        asyncio.run(crash())
+    assert scripted.commits == [] and "non-zero exit status" in caplog.text
+    assert scripted.closed and scripted.log[-1] == "closed"  # left the group, with nothing settled on the way
 
 
-def test_progress_is_a_commit_or_an_empty_fetch_at_the_end_of_every_partition_the_broker_just_answered():
-    async def run():
-        worker, scripted, _ = make([batch(0, 2)])
-        before = worker.progress()
-        await worker._one_batch()  # a commit
-        after_commit = worker.progress()
-        worker._progress_at = None
-        scripted.at = 9  # an empty fetch one record behind the highwater: not caught up
-        await worker._one_batch()
-        behind = worker.progress()
-        scripted.at, scripted.polled_ms = 10, time.time() * 1000 - 60_000  # at the end, but the broker went quiet
-        await worker._one_batch()
-        quiet = worker.progress()
-        scripted.polled_ms = time.time() * 1000
-        await worker._one_batch()
-        return before, after_commit, behind, quiet, worker.progress()
+def test_a_stop_finishes_the_batch_it_holds_and_leaves_the_group(monkeypatch):
+    taken = threading.Event()
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2)])
+    worker._open = lambda: None
 
-    before, after_commit, behind, quiet, caught_up = asyncio.run(run())
-    assert before.seconds_since is None and before.partitions == 1
-    assert after_commit.seconds_since < 5
-    assert behind.seconds_since is None and quiet.seconds_since is None
-    assert caught_up.seconds_since < 5
+    def take_then_wait(consumer):
+        taken.set()
+        time.sleep(0.2)  # the stop arrives while this batch is being taken
+        return batch(2, 3)
+
+    scripted.batches.append(take_then_wait)
+
+    async def stop_midway():
+        task = asyncio.ensure_future(BatchConsumer._consume(worker))
+        while not taken.is_set():
+            await asyncio.sleep(0.01)
+        await worker.on_stop()
+        await task
+
+    asyncio.run(stop_midway())
+    assert scripted.commits == [{TP: 2}, {TP: 5}] and len(producer.sent) == 5  # the batch held: delivered, committed
+    assert scripted.log[-1] == "closed"
 
 
-def test_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_out_of_range(caplog):
-    async def run():
-        worker, scripted, _ = make([])
-        scripted.at, scripted.end = 500, 75  # the committed offset of a log the broker lost; the new one is short
-        await worker._one_batch()  # the fetch past the end returns nothing, and no error
-        reset = (list(scripted.seeks), worker.progress())
-        await worker._one_batch()  # now at 0 < 75: nothing more to reset
-        return scripted, reset, worker.progress()
+def test_the_input_is_held_while_no_artifact_is_loaded_and_a_stop_ends_the_wait(monkeypatch):
+    monkeypatch.setattr(consumer_module, "HOLD_SECONDS", 0.01)
+    loaded = []
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)], active=lambda: loaded[0] if loaded else NOT_LOADED)
+    threading.Timer(0.1, lambda: loaded.append("plan")).start()
+    worker._one_batch()  # waits until the artifact is loaded; only then fetches
+    assert len(scripted.served) == 1 and worker._pending is not None
+    held, scripted, _ = make(monkeypatch, [batch(0, 2)], active=lambda: NOT_LOADED)
+    held._stop.set()
+    held._one_batch()
+    assert scripted.served == []  # nothing fetched while held
 
+
+def test_progress_is_a_commit_or_an_empty_fetch_at_the_end_of_every_partition_its_broker_just_answered(monkeypatch):
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)])
+    before = worker.progress()
+    run(worker, 2)  # a commit
+    after_commit = worker.progress()
+    worker._progress_at = None
+    scripted.position_at[TP] = 9  # an empty fetch one record behind the highwater: not caught up
+    worker._one_batch()
+    behind = worker.progress()
+    scripted.position_at[TP] = 10
+    scripted.stats = stats(rxidle_us=60_000_000)  # at the end, but the broker went quiet a minute ago
+    worker._one_batch()
+    quiet = worker.progress()
+    scripted.stats = stats(state="DOWN")
+    worker._one_batch()
+    down = worker.progress()
+    scripted.stats = stats()
+    worker._one_batch()
+    assert before.seconds_since is None and before.partitions == 0
+    assert after_commit.seconds_since < 5 and after_commit.partitions == 1
+    assert behind.seconds_since is None and quiet.seconds_since is None and down.seconds_since is None
+    assert worker.progress().seconds_since < 5
+
+
+def test_an_empty_partition_or_one_read_to_its_committed_end_is_caught_up_before_any_record(monkeypatch):
+    worker, scripted, _ = make(monkeypatch, [])
+    scripted.end = 0  # a new topic: nothing read, nothing committed, the log empty
+    worker._one_batch()
+    assert worker.progress().seconds_since < 5
+    restarted, scripted, _ = make(monkeypatch, [], owned=(TP,))
+    scripted.committed_at[TP] = 10  # everything committed by a previous run
+    restarted._one_batch()
+    assert restarted.progress().seconds_since < 5
+
+
+def test_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_out_of_range(monkeypatch, caplog):
+    worker, scripted, _ = make(monkeypatch, [])
+    # The committed offset of a log the broker lost; the new log is short.
+    scripted.committed_at[TP], scripted.end = 500, 75
     with caplog.at_level(logging.WARNING):
-        scripted, (seeks, progress), later = asyncio.run(run())
+        worker._one_batch()  # the fetch past the end returns nothing, and no error
+        reset = (list(scripted.seeks), worker.progress())
+        worker._one_batch()  # now at 0 < 75: nothing more to reset
+    seeks, progress = reset
     assert seeks == [(TP, 0)] and scripted.seeks == [(TP, 0)]
     assert progress.seconds_since is None  # not "caught up": 75 records below the position were never read
     assert progress.last_error == "offset out of range: in[0] at 500, log ends at 75"
     assert "in[0] is at offset 500 but its log ends at 75" in caplog.text
 
 
-def test_a_batch_past_the_end_of_a_shorter_log_is_delivered_but_its_offset_not_committed(caplog):
-    async def run():
-        worker, scripted, producer = make([batch(498, 2)])
-        scripted.end = 75  # the broker lost the log while the batch was in flight; the sends reached the new one
-        await worker._one_batch()
-        return worker, scripted, producer
-
+def test_a_batch_past_the_end_of_a_shorter_log_is_delivered_but_its_offset_not_committed(monkeypatch, caplog):
+    worker, scripted, producer = make(monkeypatch, [batch(498, 2)])
+    scripted.end = 75  # the broker lost the log while the batch was in flight; the sends reached the new one
     with caplog.at_level(logging.WARNING):
-        worker, scripted, producer = asyncio.run(run())
+        run(worker, 2)
     assert [value for _, _, value in producer.sent] == [b"V498", b"V499"] and scripted.commits == []
     assert "the delivered batch ends at offset 500 but the partition's log now ends at 75" in caplog.text
+
+
+def test_a_start_ends_once_the_group_assigned_partitions_and_what_was_read_while_joining_is_processed(monkeypatch):
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2)])  # the assignment comes with the first records
+    worker._open = lambda: None
+
+    async def start_then_stop():
+        await worker.on_start()  # as aiokafka's start did: the worker is up once it is in its group
+        owned = worker.progress().partitions
+        task = asyncio.ensure_future(BatchConsumer._consume(worker))
+        deadline = time.monotonic() + 10
+        while not scripted.commits and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await worker.on_stop()
+        await task
+        return owned
+
+    assert asyncio.run(start_then_stop()) == 1
+    assert scripted.commits == [{TP: 2}] and [value for _, _, value in producer.sent] == [b"V0", b"V1"]
