@@ -32,10 +32,7 @@ from typing import Union
 import msgspec
 import numpy as np
 
-from fairstream.models.scorer import LogisticScorer
-from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.group_maps import GroupTransportMap
+from adult_chain import adult_chain
 from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec import decode_records, encode_repaired, provenance
 from fairstream.streams.config import PipelineConfig, adult_config
@@ -125,11 +122,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="also print the profile of RecordRepairer.process")
     args = parser.parse_args()
     config = adult_config()
-    research, archive = datasets.load("adult").split(10_000, seed=0)
-    plan = Active("plan", 1, "0" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
-    repaired = plan.module.transform(research.X, research.s, research.u, keys=[str(i) for i in range(len(research))])
-    scorer = Active("scorer", 1, "1" * 64, None, LogisticScorer().fit(repaired, research.y).attach_group_map(
-        GroupTransportMap(seed=0).fit(repaired, research.s)))
+    archive, plan, scorer = adult_chain()
     pairs = record_messages(archive.subset(slice(0, BATCH * args.batches)), config, id_prefix="b")
     messages = kafka_messages(pairs, config.topics.records_in)
     batches = [messages[i:i + BATCH] for i in range(0, len(messages), BATCH)]

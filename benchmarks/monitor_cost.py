@@ -25,12 +25,8 @@ import itertools
 import time
 from dataclasses import replace
 
-from fairstream.models.scorer import LogisticScorer
-from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.group_maps import GroupTransportMap
+from adult_chain import adult_chain
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.worker.app import export_fairness
 from fairstream.streams.worker.monitor import FairnessMonitor
@@ -71,12 +67,7 @@ def main() -> None:
                              "in batches of 1000, every 60)")
     args = parser.parse_args()
     config = adult_config()
-    research, archive = datasets.load("adult").split(10_000, seed=0)
-    plan = Active("plan", 1, "0" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
-    # The scorer carries its frozen group map (what MDP matches with), fitted on the features it reads.
-    repaired = plan.module.transform(research.X, research.s, research.u, keys=[str(i) for i in range(len(research))])
-    scorer = Active("scorer", 1, "1" * 64, None, LogisticScorer().fit(repaired, research.y).attach_group_map(
-        GroupTransportMap(seed=0).fit(repaired, research.s)))
+    archive, plan, scorer = adult_chain()
     messages = [SimpleMessage(v, k) for k, v in record_messages(archive, config, id_prefix="m")]
     inputs = [messages[i:i + 1000] for i in range(0, min(1000 * args.batches, len(messages) - 999), 1000)]
     agent = RecordRepairer(config)

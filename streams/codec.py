@@ -37,7 +37,7 @@ import numpy as np
 from msgspec.structs import astuple
 
 from fairstream.repair.protocol import Batch
-from fairstream.streams.config import PipelineConfig
+from fairstream.streams.config import PipelineConfig, is_unicode
 
 from .schemas import DeadLetter, EmbeddingRecord, InputRecord
 
@@ -179,17 +179,9 @@ def _key(obj: dict) -> str:
         raise Invalid(f"id must be at most {MAX_ID_CHARS} characters long, got {len(text)}")
     if "\x00" in text:  # NUL would be lost in the fixed-width key arrays
         raise Invalid(f"id must not contain NUL characters, got {rid!r}")
-    if not _is_unicode(text):  # json.loads keeps "\ud800", whose key has no UTF-8 bytes
+    if not is_unicode(text):  # json.loads keeps "\ud800", whose key has no UTF-8 bytes
         raise Invalid(f"id must be Unicode text without lone surrogates, got {rid!r}")
     return text
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _label(value, configured: frozenset, name: str, listed: tuple) -> None:

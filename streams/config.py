@@ -429,11 +429,12 @@ def _check_labels(labels: tuple, key: str) -> None:
     for label in labels:
         if isinstance(label, int) and not -(2**63) <= label < 2**63:
             raise ConfigError(f"{key}: label {label} does not fit a 64-bit integer")
-        if isinstance(label, str) and not _is_unicode(label):
+        if isinstance(label, str) and not is_unicode(label):
             raise ConfigError(f"{key}: label {label!r} is not Unicode text (a lone surrogate)")
 
 
-def _is_unicode(text: str) -> bool:
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` has UTF-8 bytes (JSON text and record keys need them; a lone surrogate has none)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
