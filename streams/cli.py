@@ -322,6 +322,20 @@ def _add_common(parser: argparse.ArgumentParser, config: bool = True) -> None:
                             help=f"pipeline TOML (default: {DEFAULT_CONFIG}, else the built-in Adult pipeline)")
 
 
+def version_line() -> str:
+    """``fairstream X.Y.Z (librdkafka A.B.C, Python D.E.F)``: what a bug report or an upgrade needs to name."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from confluent_kafka import libversion
+
+    try:
+        ours = version("fairstream")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        ours = "unknown (not installed)"
+    return f"fairstream {ours} (librdkafka {libversion()[0]}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fairstream`` command line: one sub-command per job."""
     parser = argparse.ArgumentParser(
@@ -329,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Repair unfairness in data while it streams: fit optimal-transport repair plans offline, "
                     "apply them to Kafka streams, monitor fairness and re-fit on drift.",
     )
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version of fairstream and of the Kafka client library it runs on, and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     rep = sub.add_parser("repair", help="batch job: fit a plan on a research split, repair the archive, report E",

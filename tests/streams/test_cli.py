@@ -42,6 +42,16 @@ def test_the_parser_knows_exactly_the_documented_commands():
     assert sorted(sub.choices) == sorted(COMMANDS)
 
 
+def test_version_names_fairstream_its_kafka_client_and_python():
+    from importlib.metadata import version
+
+    result = subprocess.run([sys.executable, "-m", "fairstream.streams.cli", "--version"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(rf"fairstream {re.escape(version('fairstream'))} \(librdkafka [\d.]+, Python [\d.]+\)\n",
+                        result.stdout), result.stdout
+
+
 def test_batch_repair_job_writes_report_artifact_and_plot(tmp_path):
     out = fairstream("repair", "--dataset", "simulation", "--n-research", "500", "--n-q", "50", "--out", "run",
                      "--quiet", cwd=tmp_path).stdout
