@@ -196,11 +196,13 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     from .topics import ensure_topics
 
+    if args.limit is not None and args.bad > args.limit:
+        raise CliError(f"--bad {args.bad} exceeds --limit {args.limit} (the records sent at most, the bad ones included)")
     config = _config(args)
     data = datasets.load(args.dataset, features=config.features) if args.dataset != "simulation" else datasets.load("simulation")
     part = data.split(args.n_research, seed=args.seed)[1] if args.n_research else data
     try:
-        messages = record_messages(part.subset(slice(0, args.limit)) if args.limit else part, config,
+        messages = record_messages(part.subset(slice(0, args.limit - args.bad)) if args.limit is not None else part, config,
                                    id_prefix=args.id_prefix)
     except ValueError as exc:  # the data set's features are not the pipeline's
         raise CliError(f"--dataset {args.dataset}: {exc}") from None
@@ -354,7 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "and a PNG of the group-conditional distributions.")
     rep.add_argument("--dataset", default="adult", help="adult, compas, german, crime, law, health or simulation (default: adult)")
     rep.add_argument("--features", help="comma-separated feature columns (default: the data set's defaults)")
-    rep.add_argument("--n-research", type=int, default=10_000, help="rows in the research split (default: 10000)")
+    rep.add_argument("--n-research", type=int, default=None,
+                     help="rows in the research split (default: 10000, or half of a smaller data set)")
     rep.add_argument("--n-q", type=int, default=250, help="grid nodes per stratum and feature (default: 250)")
     rep.add_argument("--repair-amount", type=float, default=1.0, help="0 = identity, 1 = full repair (default: 1)")
     rep.add_argument("--seed", type=int, default=0, help="seed of the research/archive split (default: 0)")
@@ -394,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     rpl.add_argument("--n-research", type=int, default=10_000,
                      help="skip the research split of this size and send the archive (0: send everything)")
     rpl.add_argument("--seed", type=int, default=0)
-    rpl.add_argument("--limit", type=int, help="send at most this many records")
+    rpl.add_argument("--limit", type=int, help="send at most this many records, the --bad ones included")
     rpl.add_argument("--bad", type=int, default=0, help="mix in this many invalid records (they must be dead-lettered)")
     rpl.add_argument("--id-prefix", default="adult")
     rpl.add_argument("--quiet", action="store_true")

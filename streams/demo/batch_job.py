@@ -27,7 +27,7 @@ class BatchRepairConfig:
     """What the offline batch job (``fairstream repair``) fits and repairs."""
     dataset: str = "adult"
     features: tuple[str, ...] | None = None
-    n_research: int = 10_000
+    n_research: int | None = None  # None: DEFAULT_RESEARCH rows, or half of a smaller data set
     n_q: int = 250
     repair_amount: float = 1.0
     seed: int = 0
@@ -41,9 +41,22 @@ def load_split(config: BatchRepairConfig):
     if config.dataset == "simulation":
         kwargs = {"seed": config.seed}  # the simulation draws its data: same seed, same job
     data = datasets.load(config.dataset, **kwargs)
-    if config.n_research >= len(data):
-        raise ValueError(f"--n-research {config.n_research} leaves no archive: {config.dataset} has {len(data)} rows")
-    return data.split(config.n_research, seed=config.seed)
+    n_research = default_research_rows(len(data)) if config.n_research is None else config.n_research
+    if n_research >= len(data):
+        raise ValueError(f"--n-research {n_research} leaves no archive: {config.dataset} has {len(data)} rows")
+    return data.split(n_research, seed=config.seed)
+
+
+DEFAULT_RESEARCH = 10_000
+
+
+def default_research_rows(n_rows: int) -> int:
+    """The research split a data set gets by default: 10,000 rows, or half of a smaller data set (COMPAS: 3,083).
+
+    >>> default_research_rows(48_842), default_research_rows(6_167)
+    (10000, 3083)
+    """
+    return min(DEFAULT_RESEARCH, n_rows // 2)
 
 
 def fit_plan(research, config: BatchRepairConfig) -> DistributionalRepair:

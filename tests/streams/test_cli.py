@@ -61,6 +61,13 @@ def test_batch_repair_job_writes_report_artifact_and_plot(tmp_path):
     assert (tmp_path / "run" / "plan-v1.json").exists() and (tmp_path / "run" / "distributions.png").stat().st_size > 10_000
 
 
+def test_a_data_sets_default_research_split_fits_the_data_set(tmp_path):
+    # COMPAS has 6,167 rows: the default research split (10,000 elsewhere) is half of them, leaving an archive.
+    fairstream("repair", "--dataset", "compas", "--n-q", "30", "--out", "run", "--quiet", cwd=tmp_path)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert (report["n_research"], report["n_archive"]) == (3083, 6167 - 3083)
+
+
 def test_artifacts_publish_list_and_rollback(tmp_path):
     fairstream("repair", "--dataset", "adult", "--n-research", "500", "--n-q", "30", "--out", "run", "--quiet",
                cwd=tmp_path)
@@ -249,3 +256,13 @@ def test_artifacts_list_shows_which_workers_serve_each_version(broker, tmp_path,
         worker.stop()
     rows, out = listing(broker.url, toml, capsys)
     assert rows[2] == ("*", "") and f"  {name}  stopped  (announced " in out  # a clean stop says it left
+
+
+def test_replay_sends_at_most_limit_records_bad_ones_included(broker, tmp_path, capsys):
+    run = ["--broker", broker.url, "--config", str(ADULT_TOML), "--quiet"]
+    code, out, err = run_main(["replay", *run, "--limit", "300", "--bad", "20"], capsys)
+    assert (code, out) == (0, "sent 300 of 300 records to fairstream.records.in\n"), err
+    code, out, err = run_main(["replay", "--broker", UNREACHABLE, "--config", str(ADULT_TOML), "--limit", "5",
+                               "--bad", "6"], capsys)  # refused before any connection
+    assert (code, out, err) == (1, "", "fairstream replay: error: --bad 6 exceeds --limit 5 (the records sent at most, "
+                                       "the bad ones included)\n")
