@@ -58,6 +58,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                           ("fairstream.streams.refit.webhook", ["WebhookConfigError"]),
                           ("fairstream.streams.kafka", ["KafkaSecurityError"]),
                           ("fairstream.streams.refit.trainers", ["TrainerError"]),
+                          ("fairstream.streams.refit.sources", ["ResearchFileError"]),
                           ("fairstream.streams.control.records", ["ControlError"]),
                           ("fairstream.streams.ops.broker", ["BrokerError"]),
                           ("fairstream.streams.worker.metrics", ["MetricsPortError"]),

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from .job import REFIT_KINDS, RefitJob, format_outcome
 from .schedule import parse_duration, run_every
 from .service import RefitService
-from .sources import research_source
+from .sources import research_source, resolve_source
 from .webhook import add_webhook_arguments, webhook_from_args
 
 if TYPE_CHECKING:
@@ -146,9 +146,12 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args)
+    kind = args.kind or config.refit_kind
+    if args.source != "topic" or kind == "embedding":  # a file is read once before anything connects: its errors
+        # (and a source an embedding re-fit cannot use) come first, in one line
+        resolve_source(research_source(args.source, "", config, args.last, kind=kind))
     with broker_context(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        kind = args.kind or config.refit_kind
         job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), kind=kind, holdout=args.holdout,
                        tolerance=args.tolerance, seed=args.seed, **trainer_params(kind, args))
         source = research_source(args.source, broker.bootstrap, config, args.last, kind=kind)

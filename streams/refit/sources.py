@@ -152,6 +152,10 @@ def _at_highwater(consumer, tp) -> bool:
     return highwater is not None and consumer.position(tp) >= highwater
 
 
+class ResearchFileError(ValueError):
+    """A research source that cannot be used as given; the message names the file and the column."""
+
+
 def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWindow:
     """A research window from a file: JSON lines in the ``records.in`` format, or CSV.
 
@@ -187,7 +191,7 @@ def _csv_values(text: str, config: "PipelineConfig", path: Path) -> list[bytes]:
     u_column = _label_column(header, "u", config.u_name, path)
     missing = [name for name in config.features if name not in header]
     if missing:
-        raise ValueError(f"{path}: CSV header {header} lacks feature column(s) {missing}")
+        raise ResearchFileError(f"{path}: CSV header {header} lacks feature column(s) {missing}")
     groups = {str(g): g for g in config.groups}
     strata = {str(a): a for a in config.strata}
     values = []
@@ -209,7 +213,7 @@ def _label_column(header: list[str], short: str, long: str, path: Path) -> str:
     for name in (short, long):
         if name in header:
             return name
-    raise ValueError(f"{path}: CSV header {header} has no {short!r} (or {long!r}) column")
+    raise ResearchFileError(f"{path}: CSV header {header} has no {short!r} (or {long!r}) column")
 
 
 def _number_or_text(text: str | None):
@@ -304,7 +308,7 @@ def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_
     """``--source``: ``topic`` for the research topic, anything else is a file path (embeddings: a file only)."""
     if option == "topic":
         if kind == "embedding":
-            raise ValueError("an embedding re-fit reads labelled embeddings from a file: --source PATH "
+            raise ResearchFileError("an embedding re-fit reads labelled embeddings from a file: --source PATH "
                              "(.npz, .npy or .parquet with vector, identity and group columns)")
         return TopicSource(bootstrap, config, last_n)
     path = Path(option)

@@ -266,3 +266,17 @@ def test_replay_sends_at_most_limit_records_bad_ones_included(broker, tmp_path, 
                                "--bad", "6"], capsys)  # refused before any connection
     assert (code, out, err) == (1, "", "fairstream replay: error: --bad 6 exceeds --limit 5 (the records sent at most, "
                                        "the bad ones included)\n")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--source", "{csv}"], "{csv}: CSV header ['age', 's', 'u'] lacks feature column(s) ['hours-per-week']"),
+    (["--kind", "embedding", "--source", "{missing}"], "--source '{missing}' is neither 'topic' nor an existing file"),
+    (["--kind", "embedding"], "an embedding re-fit reads labelled embeddings from a file: --source PATH"),
+], ids=["csv without a feature", "no such file", "embeddings from the topic"])
+def test_refit_refuses_its_source_in_one_line_before_connecting(extra, message, tmp_path, capsys):
+    csv, missing = tmp_path / "research.csv", tmp_path / "faces.npz"
+    csv.write_text("age,s,u\n30,0,1\n")
+    fill = {"csv": str(csv), "missing": str(missing)}
+    code, out, err = run_main(["refit", "--config", str(ADULT_TOML), "--broker", UNREACHABLE,
+                               *[arg.format(**fill) for arg in extra]], capsys)
+    assert code == 1 and err.count("\n") == 1 and message.format(**fill) in err, err  # not the broker's error
