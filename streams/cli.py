@@ -82,8 +82,10 @@ def _quiet_client_logs() -> None:
     import logging
 
     for name in ("aiokafka", "kafka"):
-        # A handler stops Python's last-resort stderr output; configured handlers (worker, refit) still get them.
+        # A handler stops Python's last-resort stderr output; configured handlers (worker, refit) still get their
+        # warnings and errors, not their INFO lines (subscriptions, connections: --debug shows them).
         logging.getLogger(name).addHandler(logging.NullHandler())
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _config(args: argparse.Namespace):

@@ -280,3 +280,10 @@ def test_refit_refuses_its_source_in_one_line_before_connecting(extra, message, 
     code, out, err = run_main(["refit", "--config", str(ADULT_TOML), "--broker", UNREACHABLE,
                                *[arg.format(**fill) for arg in extra]], capsys)
     assert code == 1 and err.count("\n") == 1 and message.format(**fill) in err, err  # not the broker's error
+
+
+def test_the_kafka_clients_info_lines_are_kept_off_a_command_unless_debugging(tmp_path, capsys):
+    import logging
+
+    run_main(["replay", "--config", str(tmp_path / "nope.toml")], capsys)
+    assert all(logging.getLogger(name).getEffectiveLevel() == logging.WARNING for name in ("aiokafka", "kafka"))
