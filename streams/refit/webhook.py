@@ -4,7 +4,10 @@ Prometheus users route alerts through Alertmanager. With ``fairstream refit --se
 9095`` the service also listens for Alertmanager's webhook notifications (payload version 4, the
 ``webhook_configs`` receiver of deploy/alertmanager/alertmanager.yml). Each firing
 ``FairstreamFairnessDrift`` alert in a notification becomes one
-:class:`~fairstream.streams.codec.RefitRequest`; other alerts and resolved ones are skipped.
+:class:`~fairstream.streams.codec.RefitRequest`; other alerts, resolved ones and drift of a
+statistic the pipeline does not monitor are skipped (answered 200, logged). A payload Alertmanager
+could not have sent (not JSON, not version 4, an alert without string labels and annotations, ...)
+is answered 400 with a one-line reason and publishes nothing.
 
 **Published, not handed over in memory.** The webhook sends the request to ``refit.requests``
 (keyed by kind, like the monitor's) and answers 200 only once the broker has acknowledged it:
@@ -109,28 +112,33 @@ def alert_request_id(fingerprint: str, starts_at: str) -> str:
     return f"alert-{digest[:32]}"
 
 
-def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, ...] = DRIFT_ALERTS
-                   ) -> tuple[list[RefitRequest], list[str]]:
+ALERT_STATUSES = ("firing", "resolved")
+
+
+def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, ...] = DRIFT_ALERTS,
+                   statistics: tuple[str, ...] | None = None) -> tuple[list[RefitRequest], list[str]]:
     """The re-fit requests a webhook notification asks for, and why each other alert was skipped.
 
-    Raises :class:`WebhookPayloadError` for a payload that is not version 4 with a list of alerts;
-    a malformed alert inside a valid payload is skipped with its reason, so one bad alert does not
-    hide the others.
+    Raises :class:`WebhookPayloadError` (one line) for anything Alertmanager could not have sent: a
+    payload that is not version 4 with a list of alerts, or any alert that is not an object with
+    string ``status``, ``fingerprint``, RFC 3339 ``startsAt`` and string-to-string ``labels`` and
+    ``annotations``. The whole notification is checked before any request is made, so a refused one
+    publishes nothing. Well-formed alerts that ask for no re-fit (another alert, resolved, or a
+    statistic outside ``statistics`` when given) are skipped with their reason.
     """
     if not isinstance(payload, dict):
         raise WebhookPayloadError(f"the notification must be a JSON object, got {type(payload).__name__}")
     if payload.get("version") != "4":
-        raise WebhookPayloadError(f"unsupported webhook payload version {payload.get('version')!r} (expected '4')")
+        raise WebhookPayloadError(f"unsupported webhook payload version {_shown(payload.get('version'))} "
+                                  "(expected '4')")
     alerts = payload.get("alerts")
     if not isinstance(alerts, list):
-        raise WebhookPayloadError("the notification has no list of alerts")
+        raise WebhookPayloadError(f"the notification has no list of alerts (alerts is {type(alerts).__name__})")
+    for position, alert in enumerate(alerts):
+        _check_alert(alert, position)
     requests, skipped = [], []
     for position, alert in enumerate(alerts):
-        try:
-            request = _alert_request(alert, kind, alertnames)
-        except WebhookPayloadError as exc:
-            skipped.append(f"alert {position}: {exc}")
-            continue
+        request = _alert_request(alert, position, kind, alertnames, statistics)
         if isinstance(request, str):
             skipped.append(f"alert {position}: {request}")
         else:
@@ -138,31 +146,60 @@ def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, .
     return requests, skipped
 
 
-def _alert_request(alert: object, kind: str, alertnames: tuple[str, ...]) -> RefitRequest | str:
-    """The request for one alert, or why it asks for none (a string); raises for a malformed alert."""
-    if not isinstance(alert, dict) or not isinstance(alert.get("labels"), dict):
-        raise WebhookPayloadError("not an alert object with labels")
+def _shown(value: object, limit: int = 60) -> str:
+    """A value for a one-line error: its repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_alert(alert: object, position: int) -> None:
+    """Raise :class:`WebhookPayloadError` naming alert ``position`` and its field unless it has Alertmanager's shape."""
+    where = f"alert {position}"
+    if not isinstance(alert, dict):
+        raise WebhookPayloadError(f"{where} must be a JSON object, got {type(alert).__name__}")
+    for field in ("labels", "annotations"):
+        pairs = alert.get(field)
+        if not isinstance(pairs, dict):
+            raise WebhookPayloadError(f"{where}: {field} must be an object of strings, got {type(pairs).__name__}")
+        for key, value in pairs.items():
+            if not isinstance(value, str):
+                raise WebhookPayloadError(f"{where}: {field}[{_shown(key)}] must be a string, got "
+                                          f"{type(value).__name__}")
+    if alert.get("status") not in ALERT_STATUSES:
+        raise WebhookPayloadError(f"{where}: status must be 'firing' or 'resolved', got {_shown(alert.get('status'))}")
+    fingerprint, starts_at = alert.get("fingerprint"), alert.get("startsAt")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise WebhookPayloadError(f"{where}: fingerprint must be a non-empty string, got {_shown(fingerprint)}")
+    if not isinstance(starts_at, str):
+        raise WebhookPayloadError(f"{where}: startsAt must be an RFC 3339 time, got {_shown(starts_at)}")
+    try:
+        parse_time(starts_at)
+    except (ValueError, OverflowError, OSError):
+        raise WebhookPayloadError(f"{where}: startsAt must be an RFC 3339 time, got {_shown(starts_at)}") from None
+
+
+def _alert_request(alert: dict, position: int, kind: str, alertnames: tuple[str, ...],
+                   statistics: tuple[str, ...] | None) -> RefitRequest | str:
+    """The request for one checked alert, or why it asks for none (a string)."""
     labels = alert["labels"]
     name = labels.get("alertname")
     if name not in alertnames:
         return f"{name} does not ask for a re-fit (only {', '.join(alertnames)})"
-    if alert.get("status") != "firing":
-        return f"{name} is {alert.get('status')}, not firing"
-    fingerprint, starts_at = alert.get("fingerprint"), alert.get("startsAt")
-    if not isinstance(fingerprint, str) or not fingerprint or not isinstance(starts_at, str):
-        raise WebhookPayloadError(f"{name} has no fingerprint or startsAt")
-    try:
-        started = parse_time(starts_at)
-    except ValueError as exc:
-        raise WebhookPayloadError(f"{name}: {exc}") from None
+    if alert["status"] != "firing":
+        return f"{name} is {alert['status']}, not firing"
+    statistic = labels.get("statistic")
+    if statistics is not None and statistic not in statistics:
+        return f"{name} is for statistic {_shown(statistic)}, which this pipeline does not monitor " \
+               f"(it monitors {', '.join(statistics)})"
     instance = labels.get("instance", "unknown")
-    summary = (alert.get("annotations") or {}).get("summary") or name
+    summary = alert["annotations"].get("summary") or name
     try:
-        return RefitRequest.new(f"Alertmanager: {str(summary)[:500]}", kind=kind, statistic=labels.get("statistic"),
+        return RefitRequest.new(f"Alertmanager: {summary[:500]}", kind=kind, statistic=statistic,
                                 source=f"{ALERT_SOURCE_PREFIX}{name}@{instance}",
-                                request_id=alert_request_id(fingerprint, starts_at), ts=started)
-    except RefitRequestError as exc:  # e.g. an empty statistic label
-        raise WebhookPayloadError(f"{name}: {exc}") from None
+                                request_id=alert_request_id(alert["fingerprint"], alert["startsAt"]),
+                                ts=parse_time(alert["startsAt"]))
+    except RefitRequestError as exc:  # e.g. an empty statistic label, which Alertmanager never sends
+        raise WebhookPayloadError(f"alert {position}: {name}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- the HTTP endpoint
@@ -173,18 +210,22 @@ class AlertWebhook:
 
     ``publish(request)`` sends one request and returns once it is durable (a
     :class:`~fairstream.streams.refit.requests.RequestPublisher`); an exception from it answers
-    503, so Alertmanager retries the notification. Serves on a thread of its own from :meth:`start`
+    503, so Alertmanager retries the notification. ``statistics``: the monitored ones (the CLI passes
+    the pipeline's ``monitor.statistic``); drift of another is answered 200 and logged, not re-fitted;
+    None accepts any. Serves on a thread of its own from :meth:`start`
     (or the context manager) until :meth:`stop`; ``port=0`` picks a free port (see :attr:`port`).
     """
 
     def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "0.0.0.0",
                  port: int = DEFAULT_PORT, kind: str = "plan", path: str = WEBHOOK_PATH,
-                 alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES):
+                 alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES,
+                 statistics: tuple[str, ...] | None = None):
         if len(token) < MIN_TOKEN_CHARS:
             raise WebhookConfigError(f"the webhook token must have at least {MIN_TOKEN_CHARS} characters")
         self.publish = publish
         self.host, self.kind, self.path = host, kind, path
         self.alertnames, self.max_body_bytes = alertnames, max_body_bytes
+        self.statistics = statistics  # the monitored ones; None: any
         self._token = token
         self._requested_port = port
         self._server: ThreadingHTTPServer | None = None
@@ -237,9 +278,12 @@ class AlertWebhook:
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             return HTTPStatus.BAD_REQUEST, {"error": f"not UTF-8 JSON: {str(exc)[:200]}"}
         try:
-            requests, skipped = alert_requests(payload, self.kind, self.alertnames)
+            requests, skipped = alert_requests(payload, self.kind, self.alertnames, self.statistics)
         except WebhookPayloadError as exc:
+            log.warning("refused an Alertmanager notification: %s", exc)
             return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+        for reason in skipped:
+            log.info("Alertmanager alert skipped: %s", reason)
         published = []
         for request in requests:
             try:
@@ -279,8 +323,14 @@ class _Handler(BaseHTTPRequestHandler):
                         {"WWW-Authenticate": 'Bearer realm="fairstream-refit"', "Connection": "close"})
             return
         body = self._body()
-        if body is not None:
-            self._reply(*self.webhook.handle(body))
+        if body is None:
+            return
+        try:
+            answer = self.webhook.handle(body)
+        except Exception as exc:  # noqa: BLE001 (a bug must still answer, not drop the connection)
+            log.exception("the webhook failed on a notification")
+            answer = HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {type(exc).__name__}"}
+        self._reply(*answer)
 
     def _body(self) -> bytes | None:
         """The request body, or None after answering 411/413 (closing the connection)."""
@@ -353,5 +403,6 @@ def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: Pipeline
         raise WebhookConfigError("--webhook-port needs --serve: the webhook's requests are answered by the service")
     token = load_token(args.webhook_token_file)
     with RequestPublisher(bootstrap, config.topics.refit_requests) as publish, \
-            AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind) as webhook:
+            AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind,
+                         statistics=config.monitor.statistics) as webhook:
         yield webhook

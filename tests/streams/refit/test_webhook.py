@@ -26,6 +26,8 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fairstream.repair import datasets
 from fairstream.streams.codec import RefitRequest
@@ -106,10 +108,9 @@ def test_a_firing_drift_alert_becomes_one_request_and_everything_else_is_skipped
         drift_alert("dependence_e"),
         drift_alert("w1", status="resolved", fingerprint="aa"),
         drift_alert(name="FairstreamWorkerDown", fingerprint="bb"),
-        {"labels": "not a dict"},
-        drift_alert("dp_difference", starts_at="yesterday", fingerprint="cc"),
+        drift_alert("eopp", fingerprint="cc"),
     )
-    requests, skipped = alert_requests(payload, kind="plan")
+    requests, skipped = alert_requests(payload, kind="plan", statistics=("dependence_e", "w1"))
     (request,) = requests
     assert request.kind == "plan" and request.statistic == "dependence_e" and request.value is None
     assert request.request_id == alert_request_id("9f2c0e1a7b3d4c55", "2026-01-05T10:00:00.123456789Z")
@@ -120,8 +121,8 @@ def test_a_firing_drift_alert_becomes_one_request_and_everything_else_is_skipped
     assert skipped == [
         "alert 1: FairstreamFairnessDrift is resolved, not firing",
         "alert 2: FairstreamWorkerDown does not ask for a re-fit (only FairstreamFairnessDrift)",
-        "alert 3: not an alert object with labels",
-        "alert 4: FairstreamFairnessDrift: not an RFC 3339 time: 'yesterday'",
+        "alert 3: FairstreamFairnessDrift is for statistic 'eopp', which this pipeline does not monitor "
+        "(it monitors dependence_e, w1)",
     ]
 
 
@@ -197,9 +198,26 @@ def test_a_caller_without_the_token_gets_401_and_publishes_nothing(endpoint, tok
     assert headers["WWW-Authenticate"].startswith("Bearer") and endpoint.published == []
 
 
+MALFORMED_NOTIFICATIONS = {  # body -> the start of the one-line reason
+    "alerts as an object": ({**notification(), "alerts": {"0": drift_alert()}}, "the notification has no list"),
+    "alerts as a string": ({**notification(), "alerts": "[]"}, "the notification has no list of alerts"),
+    "no alerts": ({"version": "4"}, "the notification has no list of alerts"),
+    "no version": ({"alerts": [drift_alert()]}, "unsupported webhook payload version None"),
+    "a numeric version": ({**notification(drift_alert()), "version": 4}, "unsupported webhook payload version 4"),
+    "a list": ([drift_alert()], "the notification must be a JSON object, got list"),
+    "null": (None, "the notification must be a JSON object, got NoneType"),
+    "not JSON": (b"{not json", "not UTF-8 JSON"),
+    "not UTF-8": (b'{"version": "4", "alerts": [], "receiver": "\xff\xfe"}', "not UTF-8 JSON"),
+    "empty": (b"", "not UTF-8 JSON"),
+    "nested too deep": (b"[" * 100_000 + b"]" * 100_000, "not UTF-8 JSON"),
+}
+
+
 def test_bad_bodies_paths_and_methods_are_refused_and_health_needs_no_token(endpoint):
-    status, reply, _ = endpoint.call("POST", "/alertmanager", b"{not json")
-    assert status == 400 and reply["error"].startswith("not UTF-8 JSON")
+    for case, (body, reason) in MALFORMED_NOTIFICATIONS.items():
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        status, reply, _ = endpoint.call("POST", "/alertmanager", data)
+        assert status == 400 and reply["error"].startswith(reason) and "\n" not in reply["error"], (case, reply)
     assert endpoint.post({"version": "3", "alerts": []})[:2] == (400, {"error": "unsupported webhook payload version "
                                                                                 "'3' (expected '4')"})
     assert endpoint.post(notification(drift_alert()), headers={"Content-Length": "2000000"})[0] == 413
@@ -247,6 +265,100 @@ def test_the_command_line_options_start_the_webhook_only_with_serve(monkeypatch)
         assert served.kind == "flow"
         with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=10) as response:
             assert response.status == 200
+
+
+def with_alert(**changes) -> dict:
+    """A notification of one drift alert with fields replaced (``None``: removed)."""
+    alert = {**drift_alert(), **changes}
+    return notification({k: v for k, v in alert.items() if v is not None})
+
+
+MALFORMED_ALERTS = {  # body -> the start of the one-line reason
+    "annotations as a list": (with_alert(annotations=[{"summary": "drift"}]), "alert 0: annotations must be an object"),
+    "annotations as a string": (with_alert(annotations="drift"), "alert 0: annotations must be an object"),
+    "labels as a list": (with_alert(labels=[["alertname", "FairstreamFairnessDrift"]]), "alert 0: labels must be an"),
+    "labels as a string": (with_alert(labels="FairstreamFairnessDrift"), "alert 0: labels must be an object"),
+    "a label value not a string": (with_alert(labels={"alertname": "FairstreamFairnessDrift", "statistic": 3}),
+                                   "alert 0: labels['statistic'] must be a string, got int"),
+    "an empty statistic label": (with_alert(labels={"alertname": "FairstreamFairnessDrift", "statistic": ""}),
+                                 "alert 0: FairstreamFairnessDrift: invalid refit request"),
+    "no annotations": (with_alert(annotations=None), "alert 0: annotations must be an object of strings, got NoneType"),
+    "no labels": (with_alert(labels=None), "alert 0: labels must be an object of strings, got NoneType"),
+    "no status": (with_alert(status=None), "alert 0: status must be 'firing' or 'resolved', got None"),
+    "an unknown status": (with_alert(status="pending"), "alert 0: status must be 'firing' or 'resolved'"),
+    "no fingerprint": (with_alert(fingerprint=None), "alert 0: fingerprint must be a non-empty string"),
+    "a numeric fingerprint": (with_alert(fingerprint=7), "alert 0: fingerprint must be a non-empty string"),
+    "no startsAt": (with_alert(startsAt=None), "alert 0: startsAt must be an RFC 3339 time, got None"),
+    "a startsAt in words": (with_alert(startsAt="yesterday"), "alert 0: startsAt must be an RFC 3339 time"),
+    "a startsAt as a number": (with_alert(startsAt=1767607200), "alert 0: startsAt must be an RFC 3339 time"),
+    "an impossible date": (with_alert(startsAt="2026-13-45T10:00:00Z"), "alert 0: startsAt must be an RFC 3339 time"),
+    "an alert not an object": (notification("FairstreamFairnessDrift"), "alert 0 must be a JSON object, got str"),
+    "a bad alert after a good one": (notification(drift_alert(), [1]), "alert 1 must be a JSON object, got list"),
+}
+
+
+@pytest.mark.parametrize("body, reason", MALFORMED_ALERTS.values(), ids=MALFORMED_ALERTS.keys())
+def test_a_payload_alertmanager_could_not_have_sent_gets_400_with_a_one_line_reason(endpoint, body, reason):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, reply, _ = endpoint.call("POST", "/alertmanager", data)  # a dropped connection raises here
+    assert status == 400 and reply["error"].startswith(reason) and "\n" not in reply["error"], reply
+    assert len(reply["error"]) < 300 and endpoint.published == []
+
+
+@pytest.fixture(scope="module")
+def shared_endpoint():
+    served = Endpoint()
+    yield served
+    served.webhook.stop()
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
+                                                                                       max_size=3), max_leaves=8)
+VALID_TYPES = {"labels": dict, "annotations": dict, "status": str, "fingerprint": str, "startsAt": str}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(sorted(VALID_TYPES)), value=JSON_VALUES)
+def test_any_alert_field_of_the_wrong_type_gets_400_over_http(shared_endpoint, field, value):
+    if isinstance(value, VALID_TYPES[field]):
+        value = [value]  # the right type is covered above; here it is wrapped into the wrong one
+    alert = {**drift_alert(), field: value}
+    status, reply, _ = shared_endpoint.post(notification(drift_alert(fingerprint="ok"), alert))
+    assert status == 400 and reply["error"].startswith(f"alert 1: {field}") and "\n" not in reply["error"], reply
+    assert shared_endpoint.published == []
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=JSON_VALUES | st.fixed_dictionaries({"version": st.just("4"),
+                                                    "alerts": st.lists(JSON_VALUES, min_size=1, max_size=3)}))
+def test_any_json_is_answered_and_only_well_formed_alerts_are_accepted(shared_endpoint, payload):
+    status, reply, _ = shared_endpoint.post(payload)
+    assert (status, list(reply)) == (400, ["error"]) and "\n" not in reply["error"], reply
+    assert shared_endpoint.published == []
+
+
+def test_drift_of_a_statistic_the_pipeline_does_not_monitor_is_answered_and_logged_not_refit(caplog):
+    caplog.set_level(logging.INFO, logger="fairstream")
+    served = Endpoint(statistics=adult_config().monitor.statistics)  # dependence_e only
+    try:
+        status, reply, _ = served.post(notification(drift_alert("w1"), drift_alert("dependence_e", fingerprint="ab")))
+    finally:
+        served.webhook.stop()
+    assert status == 200 and [r.statistic for r in served.published] == ["dependence_e"]
+    reason = "alert 0: FairstreamFairnessDrift is for statistic 'w1', which this pipeline does not monitor"
+    assert reply["skipped"][0].startswith(reason) and reason in caplog.text
+
+
+def test_the_command_line_webhook_re_fits_only_the_monitored_statistics(monkeypatch):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--serve", action="store_true")
+    add_webhook_arguments(parser)
+    monkeypatch.setenv("FAIRSTREAM_WEBHOOK_TOKEN", TOKEN)
+    args = parser.parse_args(["--serve", "--webhook-port", "0", "--webhook-host", "127.0.0.1"])
+    config = adult_config()
+    with webhook_from_args(args, "127.0.0.1:1", config, "plan") as served:
+        assert served.statistics == config.monitor.statistics == ("dependence_e",)
 
 
 # --------------------------------------------------------------------------- one answer per drift
