@@ -254,13 +254,24 @@ def decode_records(values: Sequence[bytes | None], config: PipelineConfig) -> De
 def _decode_each(values: Sequence[bytes | None], fast: "_FastRecords", config: PipelineConfig) -> tuple:
     """(positions, records, errors) of a batch decoded message by message: the typed decoder, else the reference."""
     groups, strata = frozenset(config.groups), frozenset(config.strata)
-    index, records, errors, unexpected = [], [], [], []
+
+    def decode(value):
+        record = fast.decode(value)
+        if record is None:
+            obj = _parse(value, config.max_message_bytes)
+            record = fast.record(obj, _check_record(obj, config, groups, strata))
+        return record
+
+    return _each_message(values, decode, "records")
+
+
+def _each_message(values: Sequence[bytes | None], decode, agent: str) -> tuple[list[int], list, list]:
+    """(positions, decoded, errors): ``decode`` of every value; what it refuses (:class:`Invalid`), or anything
+    else one message makes it raise, is that message's reason, never the batch's error."""
+    index, decoded, errors, unexpected = [], [], [], []
     for i, value in enumerate(values):
         try:
-            record = fast.decode(value)
-            if record is None:
-                obj = _parse(value, config.max_message_bytes)
-                record = fast.record(obj, _check_record(obj, config, groups, strata))
+            result = decode(value)
         except Invalid as exc:
             errors.append((i, str(exc)))
             continue
@@ -268,9 +279,9 @@ def _decode_each(values: Sequence[bytes | None], fast: "_FastRecords", config: P
             errors.append((i, _unexpected(exc, unexpected)))
             continue
         index.append(i)
-        records.append(record)
-    _log_unexpected(unexpected, "records")
-    return index, records, errors
+        decoded.append(result)
+    _log_unexpected(unexpected, agent)
+    return index, decoded, errors
 
 
 def _digests(values: Sequence[bytes]) -> list[str]:
@@ -528,21 +539,9 @@ def decode_embeddings(values: Sequence[bytes | None], config: PipelineConfig) ->
     ``group`` and ``identity`` are labels (an integer or a string) or absent; no message can make the batch raise.
     """
     dim, limit = config.embeddings.dimension, config.max_message_bytes
-    index, records, rows, errors, digests, unexpected = [], [], [], [], [], []
-    for i, value in enumerate(values):
-        try:
-            obj, row = _decode_embedding(value, dim, limit)
-        except Invalid as exc:
-            errors.append((i, str(exc)))
-            continue
-        except Exception as exc:  # anything else one message makes a decoder raise: refused, not the batch
-            errors.append((i, _unexpected(exc, unexpected)))
-            continue
-        index.append(i)
-        records.append(obj)
-        rows.append(row)
-        digests.append(input_digest(value))
-    _log_unexpected(unexpected, "embeddings")
+    index, decoded, errors = _each_message(values, lambda value: _decode_embedding(value, dim, limit), "embeddings")
+    records, rows = [obj for obj, _ in decoded], [row for _, row in decoded]
+    digests = [input_digest(values[i]) for i in index]
     return DecodedEmbeddings(index=np.array(index, dtype=np.intp), records=records,
                              keys=np.array([str(r["id"]) for r in records], dtype=str),
                              vectors=np.array(rows, dtype=np.float64).reshape(len(rows), dim), errors=errors,
