@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairstream.repair._validation import RepairInputError, as_2d, check_finite
+from fairstream.repair.estimator import Estimator
 from fairstream.repair.measure.verification import VerificationRates, l2_normalise, same_group_pair_scores
 
 from .centroid_targets import (
@@ -83,8 +84,12 @@ def centroid_fairness_loss(scores, targets, weights, genuine):
     return loss
 
 
-class CentroidFairness:
+class CentroidFairness(Estimator):
     """Fit the Fairness Module ``g(z) = z + MLP(z)`` with the Centroid Fairness loss (scikit-learn style).
+
+    ``get_params``, ``set_params``, ``sklearn.base.clone`` and the repr follow scikit-learn; ``fit(vectors,
+    identities, groups)`` takes each vector's identity and group where scikit-learn's ``fit(X, y)`` takes
+    labels. The constructor only stores the parameters; ``fit`` checks them.
 
     Parameters
     ----------
@@ -122,8 +127,8 @@ class CentroidFairness:
         self.bins = bins
         self.seed = seed
 
-    def get_params(self) -> dict:
-        """The constructor arguments (JSON-ready; recorded in the artifact)."""
+    def artifact_parameters(self) -> dict:
+        """The constructor arguments, JSON-ready: what a module artifact's ``training`` provenance records."""
         params = {k: getattr(self, k) for k in ("reference", "hidden", "epochs", "batch_size", "learning_rate",
                                                   "sampling", "exact_limit", "bins", "seed")}
         if params["reference"] is not None:
@@ -144,7 +149,7 @@ class CentroidFairness:
             raise RepairInputError(f"sampling must be one of {_SAMPLING}, got {self.sampling!r}")
 
     def fit(self, vectors, identities, groups) -> CentroidFairness:
-        """Train on embeddings with per-vector identity and group labels (the group is per identity)."""
+        """Train on embeddings with per-vector identity and group labels (the group is per identity). Returns self."""
         self._check_params()
         start = time.perf_counter()
         X = as_2d(vectors)
@@ -243,7 +248,8 @@ def fit_embedding_module(vectors, identities, groups, **params) -> FairnessModul
     """Train a Fairness Module on (vectors, identity, group) and return it frozen (numpy, torch-free to apply).
 
     ``params`` are :class:`CentroidFairness` arguments. The module's ``to_artifact(training=...)``
-    can record them; use :func:`validate_embedding_module` on held-out identities before publishing.
+    can record them (:meth:`CentroidFairness.artifact_parameters`); use :func:`validate_embedding_module` on
+    held-out identities before publishing.
     """
     return CentroidFairness(**params).fit(vectors, identities, groups).module_
 

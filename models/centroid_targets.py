@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairstream.repair._validation import RepairInputError, as_labels, normalise_labels
+from fairstream.repair.estimator import Estimator
 from fairstream.repair.measure.verification import ScoreCurve, l2_normalise
 
 __all__ = [
@@ -299,13 +300,14 @@ def pseudo_score_block_rows(Z: np.ndarray, centroids_unit: np.ndarray, y: np.nda
 # --------------------------------------------------------------------------------------------
 
 
-class GroupQuantileScoreNormaliser:
+class GroupQuantileScoreNormaliser(Estimator):
     """Score-level baseline: map each group's pair scores onto the reference group's impostor quantiles.
 
     ``fit`` builds every group's impostor-score curve from the same-group pairs of a labelled set;
     ``transform_scores(scores, group)`` returns ``FAR_r^{-1}(FAR_a(s))``, which aligns the groups'
     FAR curves (the false-accept side, as score normalisation methods do). Unlike the embedding
-    module, it needs each pair's group at test time.
+    module, it needs each pair's group at test time. ``get_params``, ``set_params``, ``sklearn.base.clone``
+    and the repr follow scikit-learn; ``fit(vectors, identities, groups)`` takes identities and groups.
     """
 
     def __init__(self, reference=None, bins: int = 2 ** 18):
@@ -313,7 +315,7 @@ class GroupQuantileScoreNormaliser:
         self.bins = bins
 
     def fit(self, vectors, identities, groups) -> GroupQuantileScoreNormaliser:
-        """Impostor curves per group from all same-group pairs of the fit set (binned)."""
+        """Impostor curves per group from all same-group pairs of the fit set (binned). Returns self."""
         from fairstream.repair.measure.verification import _group_pair_blocks
 
         Z = l2_normalise(vectors)

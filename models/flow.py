@@ -322,8 +322,12 @@ class FlowPreprocessor:
 
     # ------------------------------------------------------------------ artifacts
 
-    def get_params(self) -> dict:
-        """The manifest parameters: feature names, mode, architecture and training provenance."""
+    def artifact_parameters(self) -> dict:
+        """The manifest parameters: feature names, mode, architecture and training provenance.
+
+        Not ``get_params``: a flow is a fitted result, not an estimator (scikit-learn's clone would try to rebuild
+        it from them); :class:`~fairstream.models.flow_training.AdapFair` fits it.
+        """
         return {"columns": list(self.columns) if self.named else None, "group_aware": bool(self.group_aware),
                 "n_blocks": self.n_blocks, "hidden": list(self.hidden), "training": dict(self.training)}
 
@@ -336,8 +340,8 @@ class FlowPreprocessor:
         >>> copy.n_features, copy.hidden, copy.groups.tolist()
         (3, (2,), [0, 1])
         """
-        return artifacts.pack(ARTIFACT_KIND, self._arrays(), parameters=self.get_params(), metrics=metrics or {},
-                              data_fingerprint=data_fingerprint, version=version)
+        return artifacts.pack(ARTIFACT_KIND, self._arrays(), parameters=self.artifact_parameters(),
+                              metrics=metrics or {}, data_fingerprint=data_fingerprint, version=version)
 
     def _arrays(self) -> dict[str, np.ndarray]:
         """The flow's arrays by their artifact names."""

@@ -40,6 +40,7 @@ from fairstream.repair._validation import (
     column_names,
     normalise_labels,
 )
+from fairstream.repair.estimator import FrozenPartsEstimator
 from fairstream.repair.measure.metrics import as_binary
 
 from .fairness_loss import DIVERGENCES, NOTIONS, fairness_loss
@@ -232,8 +233,13 @@ def _dtype_of(module: nn.Module) -> torch.dtype:
 # the estimator
 
 
-class AdapFair:
+class AdapFair(FrozenPartsEstimator):
     """Fit AdapFair flow(s) in front of a frozen scorer; ``flow_`` is the frozen :class:`FlowPreprocessor`.
+
+    A scikit-learn style estimator (``get_params``, ``set_params``, ``sklearn.base.clone``, a repr of the
+    changed parameters) whose ``fit(X, s, y)`` takes the protected attribute ``s`` besides the labels ``y``.
+    The constructor only stores the parameters; ``fit`` checks them. ``scorer`` and ``warm_start`` are used
+    frozen, so a clone shares them (scikit-learn's default clone would unfit a fitted scorer).
 
     Parameters
     ----------
@@ -250,10 +256,14 @@ class AdapFair:
         sizes; the paper uses 10 blocks of (20, 20), (20, 20, 20) for Health.
     n_steps, batch_size, lr, seed:
         Adam steps, rows sampled per fairness cell and step, learning rate, seed (masks, init, batches).
+    columns:
+        Feature names (default: a warm start's, else ``x0, x1, ...``).
     warm_start:
         A deployed flow (or its artifact) to start from; its architecture, masks and
         standardisation are kept, and ``n_blocks``/``hidden`` are then ignored.
     """
+
+    _shared_parameters = ("scorer", "warm_start")
 
     def __init__(self, scorer, group_aware: bool = True, notion: str = "dp", divergence: str = "sinkhorn",
                  eps: float = 200.0, lam: float = 0.5, n_blocks: int = 10, hidden: Sequence[int] = (20, 20),
@@ -292,7 +302,7 @@ class AdapFair:
         if not all(isinstance(h, (int, np.integer)) and not isinstance(h, bool) and h >= 1 for h in self.hidden):
             raise RepairInputError(f"hidden must be positive layer sizes, got {self.hidden!r}")
 
-    def get_params(self) -> dict:
+    def training_parameters(self) -> dict:
         """The training parameters recorded in the flow's ``training`` provenance."""
         return {"group_aware": bool(self.group_aware), "notion": self.notion, "divergence": self.divergence,
                 "eps": float(self.eps), "lam": float(self.lam), "n_steps": int(self.n_steps),
@@ -301,7 +311,7 @@ class AdapFair:
     # ------------------------------------------------------------------ fit
 
     def fit(self, X, s, y) -> "AdapFair":
-        """Fit the flow(s) on features ``X``, groups ``s`` and binary labels ``y`` (Algorithm 1)."""
+        """Fit the flow(s) on features ``X``, groups ``s`` and binary labels ``y`` (Algorithm 1). Returns self."""
         self._check_params()
         X = as_2d(X, columns=self.columns)
         warm = self._warm_flow(X.shape[1])
@@ -321,7 +331,7 @@ class AdapFair:
         started = time.perf_counter()
         self.history_ = self._train(bank, scorer, torch.as_tensor(X, dtype=DTYPE), codes, y, cells, flow_of_group)
         self.fit_seconds_ = time.perf_counter() - started
-        training = {**self.get_params(), "n_rows": n, "warm_start": warm is not None}
+        training = {**self.training_parameters(), "n_rows": n, "warm_start": warm is not None}
         self.flow_ = bank.freeze(columns=tuple(names), groups=all_groups, group_aware=bool(self.group_aware),
                                  data_min=X.min(axis=0), data_max=X.max(axis=0), named=named,
                                  training=training)

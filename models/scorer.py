@@ -48,6 +48,7 @@ from fairstream.repair._validation import (
     normalise_labels,
 )
 from fairstream.repair.artifacts import ArrayLayout, ArraySpec, above, at_least, at_most, finite
+from fairstream.repair.estimator import Estimator
 from fairstream.repair.group_maps import Counterparts, GroupTransportMap
 from fairstream.repair.logistic import fit_logistic
 from fairstream.repair.measure.mdp import fair_matching_cost, matched_dp
@@ -257,7 +258,7 @@ class Scorer:
     def _pack(self, arrays: dict, parameters: dict, version: int, metrics, data_fingerprint) -> artifacts.Artifact:
         if self.group_map_ is not None:
             arrays = {**arrays, **self.group_map_.to_arrays(_MAP_PREFIX)}
-            parameters = {**parameters, "group_map": self.group_map_.get_params()}
+            parameters = {**parameters, "group_map": self.group_map_.artifact_parameters()}
         return artifacts.pack(ARTIFACT_KIND, arrays, parameters=parameters, metrics=metrics or {},
                               data_fingerprint=data_fingerprint, version=version)
 
@@ -344,8 +345,12 @@ def _check_layers(scorer: Scorer, error: type[Exception]) -> None:
     artifacts.check_arrays(arrays, layout, "scorer", error)
 
 
-class LogisticScorer(Scorer):
+class LogisticScorer(Scorer, Estimator):
     """Binary logistic regression on standardised features, fitted by Newton/IRLS (no torch).
+
+    A scikit-learn style estimator (``get_params``, ``set_params``, ``sklearn.base.clone``, a repr of the
+    changed parameters): ``fit(X, y, columns=None)`` as scikit-learn's ``fit(X, y)``, ``columns`` naming the
+    features in errors. The constructor only stores the parameters; ``fit`` checks them.
 
     Parameters
     ----------
@@ -394,11 +399,11 @@ class LogisticScorer(Scorer):
         self.mean_, self.scale_ = mean, scale
         self.weights_, self.biases_ = (np.ascontiguousarray(theta[1:, None]),), (theta[:1].copy(),)
         self.n_iter_, self.converged_ = n_iter, converged
-        self.training_ = {"method": "logistic", **self.get_params()}
+        self.training_ = {"method": "logistic", **self.artifact_parameters()}
         self.group_map_ = None
         return self
 
-    def get_params(self) -> dict:
+    def artifact_parameters(self) -> dict:
         """The constructor parameters, JSON-ready (sealed into the artifact)."""
         return {"l2": float(self.l2), "max_iter": int(self.max_iter), "tol": float(self.tol)}
 
@@ -416,7 +421,7 @@ class LogisticScorer(Scorer):
         arrays = {"mean": self.mean_, "scale": self.scale_, "coef": self.coef_,
                   "intercept": np.array(self.intercept_), "n_iter": np.array(self.n_iter_),
                   "converged": np.array(self.converged_)}
-        parameters = {**self.get_params(), "columns": list(self.columns_)}
+        parameters = {**self.artifact_parameters(), "columns": list(self.columns_)}
         return self._pack(arrays, parameters, version, metrics, data_fingerprint)
 
     @classmethod
@@ -438,7 +443,7 @@ class LogisticScorer(Scorer):
         scorer.n_iter_, scorer.converged_ = int(a["n_iter"]), bool(a["converged"])
         scorer.n_features_in_ = coef.shape[0]
         scorer.columns_ = column_names(scorer.n_features_in_, columns)
-        scorer.training_ = {"method": "logistic", **scorer.get_params()}
+        scorer.training_ = {"method": "logistic", **scorer.artifact_parameters()}
         scorer.group_map_ = None
         try:
             scorer._check_params()

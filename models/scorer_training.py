@@ -58,6 +58,7 @@ from fairstream.repair._validation import (
     encode,
     normalise_labels,
 )
+from fairstream.repair.estimator import FrozenPartsEstimator
 from fairstream.repair.group_maps import GroupTransportMap, reference_index
 from fairstream.repair.measure.metrics import as_binary
 from fairstream.repair.measure.otf import NOTIONS, one_hot
@@ -130,8 +131,13 @@ class TrainingData:
     groups: np.ndarray
 
 
-class FairScorerTrainer:
+class FairScorerTrainer(FrozenPartsEstimator):
     """Train a scorer with a fairness penalty; ``scorer_`` is the frozen :class:`Scorer`.
+
+    A scikit-learn style estimator (``get_params``, ``set_params``, ``sklearn.base.clone``, a repr of the
+    changed parameters) whose ``fit(X, s, y, sensitive=None)`` takes the protected attribute ``s`` besides
+    the labels ``y``. The constructor only stores the parameters; ``fit`` checks them. ``warm_start`` is used
+    frozen, so a clone shares it (scikit-learn's default clone would unfit a fitted scorer).
 
     Parameters
     ----------
@@ -161,8 +167,11 @@ class FairScorerTrainer:
     group_map, map_points:
         Fit a :class:`GroupTransportMap` on the training data and carry it (``map_points`` per group).
     matching_cache:
-        A dict shared by FTM fits on the same data (a lambda sweep): each batch's assignment is solved once.
+        A dict shared by FTM fits on the same data (a lambda sweep): each batch's assignment is solved once
+        (``sklearn.base.clone`` copies it, as it copies any plain value: pass the same dict to each estimator).
     """
+
+    _shared_parameters = ("warm_start",)
 
     def __init__(self, method: str = "ftm", lam: float = 1.0, hidden: Sequence[int] | None = None,
                  map: str = "marginal", joint_alpha: float = 100.0, notion: str = "dp", eps: float = 1e-3,
@@ -241,7 +250,7 @@ class FairScorerTrainer:
     # ------------------------------------------------------------------ fit
 
     def fit(self, X, s, y, sensitive=None) -> FairScorerTrainer:
-        """Train on features ``X``, groups ``s`` and binary labels ``y``.
+        """Train on features ``X``, groups ``s`` and binary labels ``y``; returns self.
 
         ``sensitive`` (OTF and the norm penalty): sensitive columns (n, d_S) to constrain, e.g. two
         attributes one-hot and stacked; default: ``s`` one-hot.

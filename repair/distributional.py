@@ -56,6 +56,7 @@ from .artifacts import (
     sorted_labels,
 )
 from .density import bin_position, group_pmfs_stack
+from .estimator import Estimator
 from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
 from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
@@ -107,8 +108,13 @@ class RepairResult:
         return 0 if self.imputed is None else int((self.imputed & self.ok).sum())
 
 
-class DistributionalRepair:
+class DistributionalRepair(Estimator):
     """Frozen, off-sample distributional OT repair of ``X`` so that ``X`` is independent of ``s`` given ``u``.
+
+    A scikit-learn style estimator (``get_params``, ``set_params``, ``sklearn.base.clone``, a repr of the
+    changed parameters), except that ``fit(X, s, u)`` takes the protected attribute ``s`` and the strata
+    ``u`` (the unprotected attribute) where scikit-learn's ``fit(X, y)`` takes labels; ``transform(X, s, u,
+    keys)`` likewise. The constructor only stores the parameters; ``fit`` checks them.
 
     Parameters
     ----------
@@ -199,7 +205,8 @@ class DistributionalRepair:
     # ------------------------------------------------------------------ fit (Algorithm 1)
 
     def fit(self, X, s, u) -> "DistributionalRepair":
-        """Design the grids, barycentres and plans on labelled research data."""
+        """Design the grids, barycentres and plans on research data: features ``X`` (n, d), protected attribute
+        ``s`` and strata ``u`` (n,). Returns self."""
         self._check_parameters()
         X = as_2d(X, columns=self.columns)
         names = column_names(X.shape[1], self.columns)
@@ -441,7 +448,9 @@ class DistributionalRepair:
 
         Shape errors raise (they concern the batch); NaN/inf, unseen groups or strata, cells
         without a plan and (with ``out_of_range="reject"``) out-of-range values are per-row reasons.
-        ``keys`` identify records for the deterministic draws; default: the row positions.
+        ``keys`` identify records for the deterministic draws. With keys, a record's output is a
+        deterministic function of (plan, key), whatever batch it comes in; without, each row is keyed
+        by its position in this call, so the same row in another batch may come out differently.
         A missing s (None or NaN) is a reason too, unless ``impute_s``: then s is drawn from the
         plan's Pr[s | x, u] with the record's key, and ``imputed`` marks the row.
         """
@@ -493,14 +502,19 @@ class DistributionalRepair:
         return np.minimum((level[:, None] >= cum).sum(axis=1), len(self.groups_) - 1), np.isfinite(cum[:, -1])
 
     def transform(self, X, s, u, keys=None) -> np.ndarray:
-        """Repaired copy of ``X``; raises :class:`RepairInputError` naming the first bad value."""
+        """Repaired copy of ``X``; raises :class:`RepairInputError` naming the first bad value.
+
+        The draws are keyed by ``keys``: with keys, a record's output is a deterministic function of
+        (plan, key), bit for bit, whatever batch it comes in. Without keys, the draws are per call (each
+        row is keyed by its position in this call), so the same row in another batch may come out differently.
+        """
         result = self.repair(X, s, u, keys)
         if not result.ok.all():
             raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
         return result.values
 
     def fit_transform(self, X, s, u, keys=None) -> np.ndarray:
-        """Fit on the research data and repair it."""
+        """Fit on the research data and repair it (``keys`` as in :meth:`transform`)."""
         return self.fit(X, s, u).transform(X, s, u, keys)
 
     def _apply(self, X: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray, keys: np.ndarray):
@@ -599,8 +613,8 @@ class DistributionalRepair:
     _LEARNED = ("features_", "discrete_", "groups_", "strata_", "n_research_", "has_plan_", "grid_start_",
                 "grid_step_", "grid_size_", "source_pmf_", "barycenter_")
 
-    def get_params(self) -> dict:
-        """The constructor parameters, JSON-ready (sealed into the artifact)."""
+    def artifact_parameters(self) -> dict:
+        """The constructor parameters, JSON-ready, with the fitted column names: sealed into the artifact."""
         return {
             "n_q": int(self.n_q),
             "repair_amount": float(self.repair_amount),
@@ -626,7 +640,7 @@ class DistributionalRepair:
         arrays["n_features_in"] = np.array(self.n_features_in_)
         if self.posterior_ is not None:
             arrays.update(self.posterior_.to_arrays())
-        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.get_params(), metrics=metrics or {},
+        return artifacts.pack(ARTIFACT_KIND, arrays, parameters=self.artifact_parameters(), metrics=metrics or {},
                               data_fingerprint=data_fingerprint, version=version)
 
     @classmethod

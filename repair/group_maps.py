@@ -93,6 +93,7 @@ from .artifacts import (
     one_of,
     sorted_labels,
 )
+from .estimator import Estimator
 from .measure.metrics import as_binary
 
 __all__ = ["Counterparts", "GroupTransportMap", "exact_coupling", "exact_matching", "reference_index",
@@ -298,8 +299,12 @@ class _Side(NamedTuple):
     shares: np.ndarray  # per entry in ``entries`` order: its mass over its point's mass
 
 
-class GroupTransportMap:
+class GroupTransportMap(Estimator):
     """Frozen OT couplings from every group to a reference group (and back), in input space.
+
+    A scikit-learn style estimator (``get_params``, ``set_params``, ``sklearn.base.clone``, a repr of the
+    changed parameters) whose ``fit(X, s, y=None)`` takes the protected attribute ``s`` (and, for the joint
+    map, the labels ``y``); the constructor only stores the parameters, ``fit`` checks them.
 
     Parameters
     ----------
@@ -348,7 +353,7 @@ class GroupTransportMap:
     # ------------------------------------------------------------------ fit
 
     def fit(self, X, s, y=None, groups: Sequence | None = None, columns: Sequence[str] | None = None):
-        """Fit the couplings on records ``X`` (n, d) of groups ``s`` (labels ``y`` for the joint map).
+        """Fit the couplings on records ``X`` (n, d) of groups ``s`` (labels ``y`` for the joint map). Returns self.
 
         ``groups`` are the labels the map must serve (default: those in ``s``); each needs a record.
         """
@@ -561,8 +566,10 @@ class GroupTransportMap:
 
     # ------------------------------------------------------------------ arrays (embedded in artifacts)
 
-    def get_params(self) -> dict:
-        """The constructor parameters, JSON-ready (the reference as fitted, so a reload keeps it)."""
+    def artifact_parameters(self) -> dict:
+        """The constructor parameters, JSON-ready, with the reference as fitted (so a reload keeps it): the artifact's.
+
+        ``get_params`` gives the parameters as set (the reference as given, None by default)."""
         reference = self.reference if not hasattr(self, "groups_") else self.reference_group
         return {"method": self.method, "alpha": float(self.alpha), "n_points": int(self.n_points),
                 "reference": reference, "extension": self.extension, "seed": int(self.seed)}
@@ -580,7 +587,7 @@ class GroupTransportMap:
     @classmethod
     def from_arrays(cls, arrays: Mapping, params: dict, columns: Sequence[str] | None,
                     prefix: str = "group_map.") -> GroupTransportMap:
-        """Rebuild a fitted map from :meth:`to_arrays` and :meth:`get_params` (bit-exact), every array checked.
+        """Rebuild a fitted map from :meth:`to_arrays` and :meth:`artifact_parameters` (bit-exact), every array checked.
 
         Raises :class:`~fairstream.repair.artifacts.ArtifactError` naming the first array that is
         missing, undeclared, or has the wrong dtype, shape (against each other and ``columns``) or

@@ -52,6 +52,7 @@ from scipy.special import expit
 
 from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from .artifacts import ArraySpec, Check, above, at_least, finite
+from .estimator import Estimator
 from .logistic import fit_logistic_stack
 
 __all__ = ["GroupPosterior", "distinct_rows", "missing_mask", "one_vs_rest", "one_vs_rest_stack", "polynomial_design"]
@@ -156,7 +157,7 @@ def ovr_proba(design: np.ndarray, coef: np.ndarray) -> np.ndarray:
     return score / np.where(total > 0, total, 1.0)
 
 
-class GroupPosterior:
+class GroupPosterior(Estimator):
     """Pr[s | x, u] by stratum-wise one-vs-rest logistic regression on standardised x and its powers.
 
     Parameters

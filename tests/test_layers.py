@@ -12,10 +12,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = {"repair": "fairstream.repair", "models": "fairstream.models", "streams": "fairstream.streams"}
 STREAM_CLIENTS = ("faust", "kafka", "aiokafka", "mode", "river", "prometheus_client")
+TEST_ONLY = ("sklearn",)  # the estimator-convention tests use scikit-learn; the product never imports it
 FORBIDDEN = {
-    "repair": ("fairstream.models", "fairstream.streams", "torch", *STREAM_CLIENTS),
-    "models": ("fairstream.streams", *STREAM_CLIENTS),
-    "streams": (),
+    "repair": ("fairstream.models", "fairstream.streams", "torch", *STREAM_CLIENTS, *TEST_ONLY),
+    "models": ("fairstream.streams", *STREAM_CLIENTS, *TEST_ONLY),
+    "streams": TEST_ONLY,
 }
 
 
