@@ -74,7 +74,8 @@ def done(port: int) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
     return sum(float(v) for v in re.findall(
-        r'^fairstream_records_(?:repaired|dead_lettered)_total\{agent="embeddings"\} (\S+)$', text, re.MULTILINE))
+        r'^fairstream_records_(?:repaired|dead_lettered)_total\{agent="embeddings",pipeline="[^"]*"\} (\S+)$', text,
+        re.MULTILINE))
 
 
 def end_to_end(config, bootstrap: str, run_dir: Path, data, module, timeout: float) -> float:

@@ -29,6 +29,7 @@ from adult_chain import adult_chain
 from fairstream.streams.config import adult_config
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.worker.app import export_fairness
+from fairstream.streams.worker.metrics import PipelineMetrics
 from fairstream.streams.worker.monitor import FairnessMonitor
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
@@ -50,12 +51,12 @@ def steady_us(step, batches) -> float:
 def monitored(monitor: FairnessMonitor, chain: tuple, every: int = 6):
     """One delivered batch through the monitor as a worker does it: observed, and the gauges exported every
     ``every`` batches."""
-    seen = itertools.count(1)
+    seen, metrics = itertools.count(1), PipelineMetrics("monitor-cost")
 
     def step(batch) -> None:
         monitor.observe_batch(batch, *chain)
         if next(seen) % every == 0:
-            export_fairness(monitor)
+            export_fairness(monitor, metrics)
     return step
 
 
@@ -82,8 +83,9 @@ def main() -> None:
     monitor = FairnessMonitor(config)
     monitor_us = steady_us(monitored(monitor, (plan, scorer), every), delivered_scored)
     no_scorer_us = steady_us(monitored(FairnessMonitor(config), (plan,), every), delivered)
+    metrics = PipelineMetrics("monitor-cost")
     start = time.thread_time()
-    export_fairness(monitor)  # one more export, with whatever MDP samples wait: its cost whatever --export-every
+    export_fairness(monitor, metrics)  # one more export, with whatever MDP samples wait: its cost whatever --export-every
     export_ms = (time.thread_time() - start) * 1e3
     print(f"record agent batch logic, plan (decode + repair + encode):  {agent_us:7.2f} us/record")
     print(f"record agent batch logic, plan + scorer:                    {scored_us:7.2f} us/record")

@@ -259,9 +259,9 @@ class Passthrough(ManagedProcess):
 
 
 def scrape(port: int) -> dict[str, float]:
-    """A worker's Prometheus samples, ``name{labels}`` -> value."""
+    """A worker's Prometheus samples, ``name{labels}`` -> value (without the one pipeline's ``pipeline`` label)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
+        text = re.sub(r'\{pipeline="[^"]*"\}|pipeline="[^"]*",|,pipeline="[^"]*"', "", response.read().decode())
     return {name: float(value) for name, value in re.findall(r"^(\S+) (\S+)$", text, re.MULTILINE)}
 
 

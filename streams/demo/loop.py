@@ -36,6 +36,7 @@ from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.service import RefitService
 from fairstream.streams.refit.sources import TopicSource
 from fairstream.streams.topics import ensure_topics
+from fairstream.streams.worker.metrics import fairness_family
 
 from .replay import interleave, record_messages, replay
 
@@ -86,7 +87,7 @@ class MetricsPoller(threading.Thread):
         self.url, self.report, self.start_time, self.interval, self.say = url, report, start, interval, say
         self.last_line, self.last_done = 0.0, (0.0, 0.0)
         self.processed = 0.0  # records the worker has repaired or dead-lettered
-        self.monitor, self.kind = config.monitor, config.refit_kind
+        self.monitor, self.kind, self.pipeline = config.monitor, config.refit_kind, config.name
         self.statistic = config.monitor.statistics[0]
         self.threshold = config.monitor.thresholds[self.statistic]
         self.stop_event = threading.Event()
@@ -101,14 +102,18 @@ class MetricsPoller(threading.Thread):
                 continue
             self._observe(samples, time.monotonic() - self.start_time)
 
+    def _metric(self, samples: dict, name: str, **labels) -> float | None:
+        """The value of ``name`` with ``labels`` for this pipeline, or None."""
+        return metric(samples, name, pipeline=self.pipeline, **labels)
+
     def _observe(self, samples: dict, t: float) -> None:
-        self.processed = sum(metric(samples, name, agent="records") or 0.0
+        self.processed = sum(self._metric(samples, name, agent="records") or 0.0
                              for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
-        version = metric(samples, "fairstream_artifact_version", kind=self.kind)
-        value = metric(samples, "fairstream_fairness", statistic=self.statistic, stage="after", stratum="all",
-                       feature="all", group_pair="all", window="count")
-        drifts = metric(samples, "fairstream_drift_events_total", statistic=self.statistic,
-                        detector=self.monitor.detector) or 0.0
+        version = self._metric(samples, "fairstream_artifact_version", kind=self.kind)
+        value = self._metric(samples, fairness_family(self.statistic), statistic=self.statistic, stage="after",
+                             stratum="all", feature="all", group_pair="all", window="count")
+        drifts = self._metric(samples, "fairstream_drift_events_total", statistic=self.statistic,
+                              detector=self.monitor.detector) or 0.0
         if version is not None and version != self.version:
             self.report.events.append((t, f"{self.kind} version in use", f"version {int(version)}"))
             self.version = version
@@ -125,9 +130,9 @@ class MetricsPoller(threading.Thread):
 
 
     def _live_line(self, samples: dict, t: float, version, value) -> None:
-        taken = metric(samples, "fairstream_records_in_total", agent="records") or 0.0
-        repaired = metric(samples, "fairstream_records_repaired_total", agent="records") or 0.0
-        dead = metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
+        taken = self._metric(samples, "fairstream_records_in_total", agent="records") or 0.0
+        repaired = self._metric(samples, "fairstream_records_repaired_total", agent="records") or 0.0
+        dead = self._metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
         rate = (repaired + dead - self.last_done[1]) / max(t - self.last_done[0], 1e-9)
         self.say(f"[{t:6.1f}s] in {taken:.0f}  repaired {repaired:.0f}  dead-lettered {dead:.0f}  {rate:,.0f} rec/s  "
                  f"{self.kind} v{int(version) if version else '-'}  {self.statistic} after "

@@ -5,7 +5,7 @@
     rules = rules_with_short_for(ALERTS_YML, tmp_path)          # alerts.yml, `for:` capped at 5s
     with PrometheusServer(tmp_path / "prom", ["127.0.0.1:9464"], [rules]) as prom:
         prom.wait_for_targets_up()
-        prom.query('fairstream_fairness{stage="after"}')        # -> [{"metric": {...}, "value": [t, "0.01"]}]
+        prom.query('fairstream_fairness_dependence{stage="after"}')  # -> [{"metric": {...}, "value": [t, "0.01"]}]
         prom.wait_for_alert("FairstreamFairnessGapHigh", state="firing", timeout=60)
 
 The server is ``/usr/bin/prometheus`` (the Debian ``prometheus`` package, installed by ``make

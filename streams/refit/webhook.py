@@ -3,9 +3,12 @@
 Prometheus users route alerts through Alertmanager. With ``fairstream refit --serve --webhook-port
 9095`` the service also listens for Alertmanager's webhook notifications (payload version 4, the
 ``webhook_configs`` receiver of deploy/alertmanager/alertmanager.yml). Each firing
-``FairstreamFairnessDrift`` alert in a notification becomes one
-:class:`~fairstream.streams.codec.RefitRequest`; other alerts, resolved ones and drift of a
-statistic the pipeline does not monitor are skipped (answered 200, logged). A payload Alertmanager
+``FairstreamFairnessDrift`` alert of the service's own pipeline (its ``pipeline`` label: every
+fairstream rule aggregates by it) becomes one :class:`~fairstream.streams.codec.RefitRequest`; other
+alerts, resolved ones, alerts of another pipeline or without a ``pipeline`` label (not from a
+fairstream worker of this pipeline) and drift of a statistic the pipeline does not monitor are
+skipped (answered 200, logged), so one Alertmanager can route every pipeline's alerts to every
+pipeline's service. A payload Alertmanager
 could not have sent (not JSON, not version 4, an alert without string labels and annotations, ...)
 is answered 400 with a one-line reason and publishes nothing.
 
@@ -116,15 +119,17 @@ ALERT_STATUSES = ("firing", "resolved")
 
 
 def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, ...] = DRIFT_ALERTS,
-                   statistics: tuple[str, ...] | None = None) -> tuple[list[RefitRequest], list[str]]:
+                   statistics: tuple[str, ...] | None = None, pipeline: str | None = None
+                   ) -> tuple[list[RefitRequest], list[str]]:
     """The re-fit requests a webhook notification asks for, and why each other alert was skipped.
 
     Raises :class:`WebhookPayloadError` (one line) for anything Alertmanager could not have sent: a
     payload that is not version 4 with a list of alerts, or any alert that is not an object with
     string ``status``, ``fingerprint``, RFC 3339 ``startsAt`` and string-to-string ``labels`` and
     ``annotations``. The whole notification is checked before any request is made, so a refused one
-    publishes nothing. Well-formed alerts that ask for no re-fit (another alert, resolved, or a
-    statistic outside ``statistics`` when given) are skipped with their reason.
+    publishes nothing. Well-formed alerts that ask for no re-fit (another alert, resolved, another
+    ``pipeline`` label than ``pipeline`` when given, or a statistic outside ``statistics`` when given)
+    are skipped with their reason.
     """
     if not isinstance(payload, dict):
         raise WebhookPayloadError(f"the notification must be a JSON object, got {type(payload).__name__}")
@@ -138,7 +143,7 @@ def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, .
         _check_alert(alert, position)
     requests, skipped = [], []
     for position, alert in enumerate(alerts):
-        request = _alert_request(alert, position, kind, alertnames, statistics)
+        request = _alert_request(alert, position, kind, alertnames, statistics, pipeline)
         if isinstance(request, str):
             skipped.append(f"alert {position}: {request}")
         else:
@@ -179,7 +184,7 @@ def _check_alert(alert: object, position: int) -> None:
 
 
 def _alert_request(alert: dict, position: int, kind: str, alertnames: tuple[str, ...],
-                   statistics: tuple[str, ...] | None) -> RefitRequest | str:
+                   statistics: tuple[str, ...] | None, pipeline: str | None) -> RefitRequest | str:
     """The request for one checked alert, or why it asks for none (a string)."""
     labels = alert["labels"]
     name = labels.get("alertname")
@@ -187,6 +192,10 @@ def _alert_request(alert: dict, position: int, kind: str, alertnames: tuple[str,
         return f"{name} does not ask for a re-fit (only {', '.join(alertnames)})"
     if alert["status"] != "firing":
         return f"{name} is {alert['status']}, not firing"
+    if pipeline is not None and labels.get("pipeline") != pipeline:
+        if "pipeline" not in labels:
+            return f"{name} has no pipeline label (this service re-fits pipeline {pipeline!r} only)"
+        return f"{name} is for pipeline {_shown(labels['pipeline'])}, not this service's {pipeline!r}"
     statistic = labels.get("statistic")
     if statistics is not None and statistic not in statistics:
         return f"{name} is for statistic {_shown(statistic)}, which this pipeline does not monitor " \
@@ -212,20 +221,23 @@ class AlertWebhook:
     :class:`~fairstream.streams.refit.requests.RequestPublisher`); an exception from it answers
     503, so Alertmanager retries the notification. ``statistics``: the monitored ones (the CLI passes
     the pipeline's ``monitor.statistic``); drift of another is answered 200 and logged, not re-fitted;
-    None accepts any. Serves on a thread of its own from :meth:`start`
+    None accepts any. ``pipeline``: the pipeline's name (the CLI passes ``[pipeline] name``); an alert
+    whose ``pipeline`` label differs, or has none, is answered 200 and logged; None accepts any. Serves
+    on a thread of its own from :meth:`start`
     (or the context manager) until :meth:`stop`; ``port=0`` picks a free port (see :attr:`port`).
     """
 
     def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "0.0.0.0",
                  port: int = DEFAULT_PORT, kind: str = "plan", path: str = WEBHOOK_PATH,
                  alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES,
-                 statistics: tuple[str, ...] | None = None):
+                 statistics: tuple[str, ...] | None = None, pipeline: str | None = None):
         if len(token) < MIN_TOKEN_CHARS:
             raise WebhookConfigError(f"the webhook token must have at least {MIN_TOKEN_CHARS} characters")
         self.publish = publish
         self.host, self.kind, self.path = host, kind, path
         self.alertnames, self.max_body_bytes = alertnames, max_body_bytes
         self.statistics = statistics  # the monitored ones; None: any
+        self.pipeline = pipeline  # the alerts' pipeline label it acts on; None: any
         self._token = token
         self._requested_port = port
         self._server: ThreadingHTTPServer | None = None
@@ -249,8 +261,8 @@ class AlertWebhook:
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="alert-webhook", daemon=True)
         self._thread.start()
-        log.info("Alertmanager webhook on http://%s:%d%s (re-fits %s on %s)", self.host, self.port, self.path,
-                 self.kind, ", ".join(self.alertnames))
+        log.info("Alertmanager webhook on http://%s:%d%s (re-fits %s on %s of pipeline %s)", self.host, self.port,
+                 self.path, self.kind, ", ".join(self.alertnames), self.pipeline or "any")
         return self
 
     def stop(self) -> None:
@@ -278,7 +290,7 @@ class AlertWebhook:
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             return HTTPStatus.BAD_REQUEST, {"error": f"not UTF-8 JSON: {str(exc)[:200]}"}
         try:
-            requests, skipped = alert_requests(payload, self.kind, self.alertnames, self.statistics)
+            requests, skipped = alert_requests(payload, self.kind, self.alertnames, self.statistics, self.pipeline)
         except WebhookPayloadError as exc:
             log.warning("refused an Alertmanager notification: %s", exc)
             return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
@@ -404,5 +416,5 @@ def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: Pipeline
     token = load_token(args.webhook_token_file)
     with RequestPublisher(bootstrap, config.topics.refit_requests) as publish, \
             AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind,
-                         statistics=config.monitor.statistics) as webhook:
+                         statistics=config.monitor.statistics, pipeline=config.name) as webhook:
         yield webhook

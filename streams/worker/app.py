@@ -49,20 +49,7 @@ from fairstream.streams.ops.broker import parse_broker_url
 from .consumer import CLIENT_LOG, NOT_LOADED, BatchConsumer, InputSpec
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
-from .metrics import (
-    ARTIFACT_REFUSED,
-    ARTIFACT_VERSION,
-    DRIFT_EVENTS,
-    FAIRNESS,
-    INPUT_HELD,
-    MONITOR_CPU,
-    MONITOR_ERRORS,
-    REEMBED_EVENTS,
-    REFIT_REQUESTS,
-    VERIFICATION,
-    WINDOW_RECORDS,
-    serve,
-)
+from .metrics import PipelineMetrics, serve
 from .monitor import DriftEvent, FairnessMonitor
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 
@@ -175,13 +162,15 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     """The worker app for one pipeline; several worker processes with the same id share partitions."""
     app_id = app_id or f"{config.topics.prefix}-{config.name}"
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
+    metrics = PipelineMetrics(config.name)  # every series this app exports carries its pipeline's name
+    app.fairstream_metrics = metrics
     topics = config.topics
     ready = asyncio.Event()
     swaps = SwapNotices(ready)
     registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
-                                on_change=lambda current: (_on_artifact_change(current, config.records.chain),
+                                on_change=lambda current: (_on_artifact_change(current, config.records.chain, metrics),
                                                            swaps.seen(current)),
-                                on_refuse=lambda kind, reason: ARTIFACT_REFUSED.labels(kind).inc())
+                                on_refuse=lambda kind, reason: metrics.artifact_refused.labels(kind).inc())
     app.fairstream_registry = registry  # for tests and the CLI's status line
     monitor = FairnessMonitor(config)
     app.fairstream_monitor = monitor
@@ -212,7 +201,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                 await asyncio.sleep(0.1)
             key, value = reembed_event(previous, current)
             await asyncio.get_running_loop().run_in_executor(None, notices.send, topics.control, key, value)
-            REEMBED_EVENTS.inc()
+            metrics.reembed_events.inc()
             log.warning("embedding module swapped from version %s to %s: templates embedded under version %s must "
                         "be re-embedded (event %s on %s)", previous.version, current.version, previous.version,
                         key.decode(), topics.control)
@@ -227,13 +216,13 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
         if not ready.is_set():
             return NOT_LOADED
         if (current := registry.current(kind)) is None:
-            INPUT_HELD.labels(agent).set(1)
+            metrics.input_held.labels(agent).set(1)
             if time.monotonic() - held_said.get(kind, -HELD_LOG_SECONDS) >= HELD_LOG_SECONDS:  # loud, not a flood
                 held_said[kind] = time.monotonic()
                 # An error when the config disagrees with the published artifact, a warning when none exists.
                 log.log(*registry.explain_missing(kind))
             return NOT_LOADED
-        INPUT_HELD.labels(agent).set(0)
+        metrics.input_held.labels(agent).set(0)
         return current
 
     def active_chain():
@@ -248,25 +237,25 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
 
     # Created at 0 so that Prometheus' increase() sees the first drift event as an increase.
     for statistic in config.monitor.statistics:
-        DRIFT_EVENTS.labels(statistic, config.monitor.detector).inc(0)
+        metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
     last_export = [0.0]
     for observer in ("fairness", "verification"):  # at 0 from the start, so increase() sees the first error
-        MONITOR_ERRORS.labels(observer).inc(0)
+        metrics.monitor_errors.labels(observer).inc(0)
 
     pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
 
     def monitor_delivered(outcome: BatchOutcome, chain) -> None:
         if outcome.monitor_batch is not None:  # what was just delivered to records.repaired
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
-            with observing("fairness"):
+            with observing("fairness", metrics):
                 pending_refits.extend(map(refit_request, monitor.observe_batch(outcome.monitor_batch, *chain)))
                 if monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
-                    MONITOR_ERRORS.labels("fairness").inc()
-                    FAIRNESS.clear()
+                    metrics.monitor_errors.labels("fairness").inc()
+                    metrics.clear_fairness()
                 elif time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
-                    export_fairness(monitor)
+                    export_fairness(monitor, metrics)
                     last_export[0] = time.monotonic()
-            MONITOR_CPU.inc(time.thread_time() - started)
+            metrics.monitor_cpu.inc(time.thread_time() - started)
         send_refit_requests(pending_refits)
 
     verification = EmbeddingMonitor(config)
@@ -278,18 +267,18 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
             return
         started = time.thread_time()
         vectors, identities, groups, ids = outcome.labelled
-        with observing("verification"):
+        with observing("verification", metrics):
             verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
             if time.monotonic() - last_verification_export[0] >= 1.0:
-                export_verification(verification)
+                export_verification(verification, metrics)
                 last_verification_export[0] = time.monotonic()
-        MONITOR_CPU.inc(time.thread_time() - started)
+        metrics.monitor_cpu.inc(time.thread_time() - started)
 
     refit_kind = config.refit_kind
 
     def refit_request(event: DriftEvent) -> tuple[RefitRequest, str]:
         """One request per confirmed drift event, made once: a resend carries the same request id."""
-        DRIFT_EVENTS.labels(event.statistic, event.detector).inc()
+        metrics.drift_events.labels(event.statistic, event.detector).inc()
         reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
                   f"{config.records.chain[0]} version {event.version}")
         return RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
@@ -306,7 +295,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                           request.request_id, exc)
                 return
             pending.pop(0)
-            REFIT_REQUESTS.labels(refit_kind, "drift").inc()
+            metrics.refit_requests.labels(refit_kind, "drift").inc()
             log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, refit_kind,
                         request.request_id)
 
@@ -319,7 +308,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
                            active=no_artifact if identity else (lambda: active("embedding", "embeddings")),
                            delivered=verify_delivered)
     # One group per input, so a worker joining or leaving rebalances each input on its own.
-    consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=topics.dlq)
+    consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=topics.dlq,
+                               metrics=metrics)
                  for spec in (records, embeddings)]
     applied = config.records.chain + (() if identity else ("embedding",))
 
@@ -335,7 +325,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
 
 
 @contextlib.contextmanager
-def observing(monitor: str):
+def observing(monitor: str, metrics: PipelineMetrics):
     """A monitor observes batches already delivered and committed: its failure is logged and counted, never fatal.
 
     The data path must not stop because a statistic cannot be computed (one control record or one batch
@@ -345,25 +335,26 @@ def observing(monitor: str):
     try:
         yield
     except Exception:  # noqa: BLE001 - any failure of the observer, whatever its cause
-        MONITOR_ERRORS.labels(monitor).inc()
+        metrics.monitor_errors.labels(monitor).inc()
         log.exception("the %s monitor could not observe a delivered batch (the records were delivered; the worker "
                       "keeps consuming)", monitor)
 
 
-def export_fairness(monitor: FairnessMonitor) -> None:
+def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics) -> None:
     """Set the fairness gauges from both windows (a window below min_records exports nothing)."""
     for window in ("count", "time"):
-        WINDOW_RECORDS.labels(window).set(monitor.windows[window].n_records if monitor.version is not None else 0)
+        in_window = monitor.windows[window].n_records if monitor.version is not None else 0
+        metrics.window_records.labels(window).set(in_window)
         for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
-            FAIRNESS.labels(statistic, stage, stratum, feature, pair, window).set(float(value))
+            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value)
 
 
-def export_verification(monitor: EmbeddingMonitor) -> None:
+def export_verification(monitor: EmbeddingMonitor, metrics: PipelineMetrics) -> None:
     """Set the verification gauges from both windows (nothing before the first labelled pair)."""
-    VERIFICATION.clear()  # a group without pairs in the window must not keep an old value
+    metrics.verification.clear()  # a group without pairs in the window must not keep an old value
     for window in ("count", "time"):
         for rate, group, value in monitor.rows(window):
-            VERIFICATION.labels(rate, group, window).set(value)
+            metrics.verification.labels(rate, group, window).set(value)
 
 
 class SwapNotices:
@@ -384,12 +375,12 @@ class SwapNotices:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (previous, current))
 
 
-def _on_artifact_change(current, chain: tuple) -> None:
+def _on_artifact_change(current, chain: tuple, metrics: PipelineMetrics) -> None:
     if current.kind in chain:
         # The monitor starts empty windows for the new chain: the old version's statistics are
         # removed at the swap, so Prometheus never reads them as the new version's.
-        FAIRNESS.clear()
-    ARTIFACT_VERSION.labels(current.kind).set(current.version)
+        metrics.clear_fairness()
+    metrics.artifact_version.labels(current.kind).set(current.version)
     log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
 
 

@@ -56,16 +56,7 @@ from fairstream.streams.codec import MAX_OUTPUT_BYTES
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.kafka import librdkafka_options
 
-from .metrics import (
-    BATCH_SECONDS,
-    CONSUMER_LAG,
-    RECORD_LATENCY,
-    RECORDS_DEAD,
-    RECORDS_IN,
-    RECORDS_OUT_OF_RANGE,
-    RECORDS_REPAIRED,
-    RECORDS_S_IMPUTED,
-)
+from .metrics import PipelineMetrics
 from .processing import BatchOutcome
 
 log = logging.getLogger(__name__)
@@ -200,9 +191,10 @@ def _code(error) -> int | None:
 class BatchConsumer(mode.Service):
     """Consume ``spec.topic`` in ``group_id`` a batch at a time; deliver, then commit (see the module docstring)."""
 
-    def __init__(self, spec: InputSpec, bootstrap: str, group_id: str, dlq_topic: str,
+    def __init__(self, spec: InputSpec, bootstrap: str, group_id: str, dlq_topic: str, metrics: PipelineMetrics,
                  session_timeout_ms: int = 10_000, **kwargs):
         self.spec, self.bootstrap, self.group_id, self.dlq_topic = spec, bootstrap, group_id, dlq_topic
+        self.metrics = metrics  # the pipeline's view of the families (its label filled in)
         self.session_timeout_ms = session_timeout_ms
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
@@ -374,7 +366,7 @@ class BatchConsumer(mode.Service):
             self._producer.poll(0)  # idle: the producer's errors and log lines are served all the same
             self._note_if_caught_up()
             return
-        RECORDS_IN.labels(self.spec.agent).inc(len(messages))
+        self.metrics.records_in.labels(self.spec.agent).inc(len(messages))
         batch = _Batch(messages, active, taken_to, time.perf_counter())
         batch.outcome = self.spec.process(messages, active)  # while the batch in flight's reports come back
         if self._pending is not None and not self._settle(self._pending, taken=batch):
@@ -449,7 +441,7 @@ class BatchConsumer(mode.Service):
         self._deliver(batch)
         if not self._commit(batch, [taken, batch] if rewind else None):
             return False
-        BATCH_SECONDS.labels(self.spec.agent).observe(time.perf_counter() - batch.started)
+        self.metrics.batch_seconds.labels(self.spec.agent).observe(time.perf_counter() - batch.started)
         self._count(batch.outcome)
         self._record_lag(batch.next_offsets)
         self.spec.delivered(batch.outcome, batch.active)
@@ -654,7 +646,7 @@ class BatchConsumer(mode.Service):
             if highwater is None or position is None or highwater > position:
                 return
         self._progress_at = time.monotonic()
-        CONSUMER_LAG.labels(self.spec.agent).set(0)
+        self.metrics.consumer_lag.labels(self.spec.agent).set(0)
 
     def _low(self, topic: str, partition: int) -> int | None:
         try:
@@ -666,16 +658,17 @@ class BatchConsumer(mode.Service):
     # ------------------------------------------------------------------ metrics and health
 
     def _count(self, outcome: BatchOutcome) -> None:
-        agent = self.spec.agent
-        RECORDS_REPAIRED.labels(agent).inc(len(outcome.repaired))
-        RECORDS_DEAD.labels(agent).inc(len(outcome.dead))
-        RECORDS_OUT_OF_RANGE.labels(agent).inc(outcome.out_of_range)
-        RECORDS_S_IMPUTED.labels(agent).inc(outcome.imputed)
+        agent, metrics = self.spec.agent, self.metrics
+        metrics.records_repaired.labels(agent).inc(len(outcome.repaired))
+        metrics.records_dead.labels(agent).inc(len(outcome.dead))
+        metrics.records_out_of_range.labels(agent).inc(outcome.out_of_range)
+        metrics.records_group_imputed.labels(agent).inc(outcome.imputed)
+        metrics.event_time_skewed.labels(agent).inc(outcome.skewed)
         now = time.time()
         times = outcome.event_times
         for ts in times[:: max(1, len(times) // LATENCY_SAMPLES)]:
             if 0 <= now - ts < 86_400:  # only event times on the wall clock mean latency
-                RECORD_LATENCY.labels(agent).observe(now - ts)
+                metrics.record_latency.labels(agent).observe(now - ts)
 
     def _record_lag(self, next_offsets: dict) -> None:
         # The fetch highwater, not end offsets: the embedded broker's ListOffsets under-reports them.
@@ -685,7 +678,7 @@ class BatchConsumer(mode.Service):
             highwater, position = self._highwater(topic, partition), self._next_offset.get((topic, partition))
             if highwater is not None and position is not None:
                 lag += max(highwater - position, 0)
-        CONSUMER_LAG.labels(self.spec.agent).set(lag)
+        self.metrics.consumer_lag.labels(self.spec.agent).set(lag)
 
     def assignment(self) -> set[tuple[str, int]]:
         """The partitions this worker owns now, as (topic, partition)."""

@@ -1,17 +1,42 @@
 """Every Prometheus metric a worker exports, in one place (names follow Prometheus conventions).
 
-Labels are bounded: ``agent`` (records, embeddings, monitor), ``kind`` (artifact kinds), and for
-fairness statistics ``statistic``, ``stage`` (before/after repair), ``stratum`` (configured strata
-and "all"), ``feature`` (configured features and "all") and ``group_pair`` (pairs of configured
-groups and "all"). Record ids or values never become labels.
+Every family carries the label ``pipeline`` first (the worker's ``[pipeline] name``), so workers of
+several pipelines on one Prometheus stay apart. The families are module globals; a worker reaches
+them through one :class:`PipelineMetrics` made in ``create_app``, which fills in ``pipeline`` (so no
+call site names it, and two apps of different pipelines in one process export separate series).
+``fairstream_worker_info`` is 1 for each running worker's pipeline: Prometheus' own ``up`` has no
+``pipeline`` label, so the worker-down rule takes it from there.
 
-Statistics (label ``statistic``): ``dependence_e``, ``w1``, ``dp_difference``, ``dp_ratio``,
-``conditional_dp``, ``eopp``, ``mdp``, ``out_of_range_rate``. Verification rates of the embeddings
-stream (``fairstream_verification``) are labelled ``rate`` and ``group``.
+Other labels are bounded: ``agent`` (records, embeddings), ``kind`` (artifact kinds), and for
+fairness statistics ``statistic``, ``stage`` (before/after repair; ``label`` for the labels'
+rates), ``stratum`` (configured strata and "all"), ``feature`` (configured features and "all"),
+``group_pair`` (pairs of configured groups and "all") and ``window`` (count, time). Record ids or
+values never become labels.
+
+Fairness statistics, one family per unit (:data:`FAIRNESS_FAMILIES`); in every one **0 is fair and
+higher is worse**, and the value is what the monitor's ``monitor.threshold`` and the alert rules
+compare:
+
+- ``fairstream_fairness_dependence``: ``dependence_e``, the dependence E between the group and the
+  features (unitless, >= 0);
+- ``fairstream_fairness_wasserstein``: ``w1``, the W1 distance between the groups' distributions of
+  a feature, in that feature's own units (>= 0);
+- ``fairstream_fairness_rate_gap``: ``dp_difference``, ``conditional_dp``, ``eopp``, ``mdp``, a
+  difference of positive rates (or of scores, for mdp) between groups (0..1);
+- ``fairstream_fairness_ratio_gap``: ``dp_ratio``, exported as 1 - lowest rate / highest rate
+  (0..1; the four-fifths rule is 0.2);
+- ``fairstream_fairness_transport_cost``: ``otf``, the OTF0 cost per record of moving the scores to
+  fair ones (score units, >= 0);
+- ``fairstream_out_of_range_ratio``: ``out_of_range_rate``, the share of records with a value outside
+  the plan's range (0..1).
+
+Verification rates of the embeddings stream (``fairstream_verification``) are labelled ``rate`` and
+``group``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import threading
@@ -22,46 +47,172 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 
-RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", ["agent"])
-RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", ["agent"])
-RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic", ["agent"])
-RECORDS_OUT_OF_RANGE = Counter("fairstream_records_out_of_range_total",
-                               "Records with a value outside the plan's range (clamped or refused by policy)", ["agent"])
-RECORDS_S_IMPUTED = Counter("fairstream_records_s_imputed_total",
-                            "Records repaired under an imputed protected attribute (left out of the fairness statistics)",
-                            ["agent"])
-BATCH_SECONDS = Histogram("fairstream_batch_duration_seconds", "Time to process one batch, decode to delivered output",
-                          ["agent"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
-RECORD_LATENCY = Histogram("fairstream_record_latency_seconds", "Time from a record's ts to its repaired output",
-                           ["agent"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
-ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use (absent: none loaded)", ["kind"])
-ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)", ["kind"])
-INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
-                   ["agent"])
-CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed", ["agent"])
+PIPELINE = "pipeline"  # the first label of every family
 
-FAIRNESS = Gauge("fairstream_fairness", "A fairness statistic over the monitor's sliding window",
-                 ["statistic", "stage", "stratum", "feature", "group_pair", "window"])
-WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", ["window"])
+
+def _labels(*names: str) -> list[str]:
+    return [PIPELINE, *names]
+
+
+WORKER_INFO = Gauge("fairstream_worker_info", "1 while a worker of this pipeline is up (alerts join it onto `up`)",
+                    _labels())
+RECORDS_IN = Counter("fairstream_records_in_total", "Messages taken from an input topic", _labels("agent"))
+RECORDS_REPAIRED = Counter("fairstream_records_repaired_total", "Records sent repaired", _labels("agent"))
+RECORDS_DEAD = Counter("fairstream_records_dead_lettered_total", "Messages sent to the dead-letter topic",
+                       _labels("agent"))
+RECORDS_OUT_OF_RANGE = Counter("fairstream_records_out_of_range_total",
+                               "Records with a value outside the plan's range (clamped or refused by policy)",
+                               _labels("agent"))
+RECORDS_GROUP_IMPUTED = Counter("fairstream_records_group_imputed_total",
+                                "Records repaired under an imputed protected attribute (left out of the fairness "
+                                "statistics)", _labels("agent"))
+BATCH_SECONDS = Histogram("fairstream_batch_duration_seconds", "Time to process one batch, decode to delivered output",
+                          _labels("agent"), buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+RECORD_LATENCY = Histogram("fairstream_record_latency_seconds",
+                           "Time from a record's ts to its repaired output (a sample of each batch's records)",
+                           _labels("agent"), buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use (absent: none loaded)",
+                         _labels("kind"))
+ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)",
+                           _labels("kind"))
+INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
+                   _labels("agent"))
+CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed",
+                     _labels("agent"))
+
+_FAIRNESS_LABELS = _labels("statistic", "stage", "stratum", "feature", "group_pair", "window")
+_OVER_WINDOW = "over the monitor's sliding window; 0 is fair, higher is worse"
+FAIRNESS_DEPENDENCE = Gauge("fairstream_fairness_dependence",
+                            f"Dependence E between group and features (unitless) {_OVER_WINDOW}", _FAIRNESS_LABELS)
+FAIRNESS_WASSERSTEIN = Gauge("fairstream_fairness_wasserstein",
+                             f"W1 distance between the groups, in the feature's own units, {_OVER_WINDOW}",
+                             _FAIRNESS_LABELS)
+FAIRNESS_RATE_GAP = Gauge("fairstream_fairness_rate_gap",
+                          f"Gap between the groups' positive rates or scores (0..1) {_OVER_WINDOW}", _FAIRNESS_LABELS)
+FAIRNESS_RATIO_GAP = Gauge("fairstream_fairness_ratio_gap",
+                           f"1 - lowest / highest positive rate of the groups (0..1; four-fifths rule: 0.2) "
+                           f"{_OVER_WINDOW}", _FAIRNESS_LABELS)
+FAIRNESS_TRANSPORT_COST = Gauge("fairstream_fairness_transport_cost",
+                                f"OTF0 cost per record of making the scores fair (score units) {_OVER_WINDOW}",
+                                _FAIRNESS_LABELS)
+OUT_OF_RANGE_RATIO = Gauge("fairstream_out_of_range_ratio",
+                           f"Share of records with a value outside the plan's range (0..1) {_OVER_WINDOW}",
+                           _FAIRNESS_LABELS)
+
+_FAIRNESS_GAUGES: dict[str, Gauge] = {
+    "dependence_e": FAIRNESS_DEPENDENCE,
+    "w1": FAIRNESS_WASSERSTEIN,
+    **dict.fromkeys(("dp_difference", "conditional_dp", "eopp", "mdp"), FAIRNESS_RATE_GAP),
+    "dp_ratio": FAIRNESS_RATIO_GAP,
+    "otf": FAIRNESS_TRANSPORT_COST,
+    "out_of_range_rate": OUT_OF_RANGE_RATIO,
+}
+FAIRNESS_FAMILIES: dict[str, str] = {statistic: gauge.describe()[0].name
+                                     for statistic, gauge in _FAIRNESS_GAUGES.items()}
+"""Statistic (the ``statistic`` label) -> the family that exports it; rules, dashboards and the demo read this."""
+_EXPORTED = {"dp_ratio": lambda ratio: 1.0 - ratio}  # a ratio is unfair when low: exported so that higher is worse
+
+
+def fairness_family(statistic: str) -> str:
+    """The name of the family that exports ``statistic`` (a KeyError names an unknown one)."""
+    return FAIRNESS_FAMILIES[statistic]
+
+
+def exported_value(statistic: str, value: float) -> float:
+    """What the family of ``statistic`` exports for the monitor's ``value`` (dp_ratio: 1 - ratio; others: itself)."""
+    return float(_EXPORTED.get(statistic, float)(value))
+
+
+WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", _labels("window"))
 DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fairness statistic (after hysteresis)",
-                       ["statistic", "detector"])
+                       _labels("statistic", "detector"))
 MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
-                      "CPU seconds the fairness monitor spent (compare with process_cpu_seconds_total)")
+                      "CPU seconds the fairness monitor spent (compare with process_cpu_seconds_total)", _labels())
 VERIFICATION = Gauge("fairstream_verification", "Verification rates of labelled embeddings over the monitor's window "
                      "at the threshold calibrated per module version at [agents.embeddings] far (far, frr per group; "
                      "fnmr, far_overall, bfar, bfrr, threshold: group all)",
-                     ["rate", "group", "window"])
+                     _labels("rate", "group", "window"))
 VERIFICATION_PAIRS = Gauge("fairstream_verification_pairs", "Labelled pairs behind the verification rates",
-                           ["kind", "window"])
+                           _labels("kind", "window"))
 REEMBED_EVENTS = Counter("fairstream_reembed_events_total",
-                         "Re-embed events sent after a live swap of the embedding module")
+                         "Re-embed events sent after a live swap of the embedding module", _labels())
 MONITOR_ERRORS = Counter("fairstream_monitor_errors_total",
                          "Delivered batches a monitor could not observe (logged; the records were delivered and "
-                         "committed, and the worker keeps consuming)", ["monitor"])
-REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests", ["kind", "reason"])
+                         "committed, and the worker keeps consuming)", _labels("monitor"))
+REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests",
+                         _labels("kind", "reason"))
 EVENT_TIME_SKEWED = Counter("fairstream_records_event_time_skewed_total",
                             "Records whose ts was further than monitor.max_event_time_skew from the worker's clock "
-                            "(the monitor's time window used their arrival time)", ["agent"])
+                            "(the monitor's time window used their arrival time)", _labels("agent"))
+
+
+class Bound:
+    """One family with ``pipeline`` filled in: :meth:`labels` takes the other labels, in order.
+
+    :meth:`clear` removes this pipeline's series only (those made through this view), never another
+    pipeline's in the same process.
+    """
+
+    def __init__(self, family, pipeline: str):
+        self.family, self.pipeline = family, pipeline
+        self._made: set[tuple[str, ...]] = set()
+        self._lock = threading.Lock()
+
+    def labels(self, *values):
+        """The child for these label values (after ``pipeline``)."""
+        key = (self.pipeline, *map(str, values))
+        with self._lock:
+            self._made.add(key)
+        return self.family.labels(*key)
+
+    def clear(self) -> None:
+        """Remove every series of this pipeline in the family (a stale value must not outlive its cause)."""
+        with self._lock:
+            made, self._made = self._made, set()
+        for key in made:
+            with contextlib.suppress(KeyError):  # another view of the same pipeline removed it
+                self.family.remove(*key)
+
+
+class PipelineMetrics:
+    """Every family seen from one pipeline (``create_app`` makes one and hands it to what counts)."""
+
+    def __init__(self, pipeline: str):
+        self.pipeline = pipeline
+        WORKER_INFO.labels(pipeline).set(1)
+        self.records_in = Bound(RECORDS_IN, pipeline)
+        self.records_repaired = Bound(RECORDS_REPAIRED, pipeline)
+        self.records_dead = Bound(RECORDS_DEAD, pipeline)
+        self.records_out_of_range = Bound(RECORDS_OUT_OF_RANGE, pipeline)
+        self.records_group_imputed = Bound(RECORDS_GROUP_IMPUTED, pipeline)
+        self.event_time_skewed = Bound(EVENT_TIME_SKEWED, pipeline)
+        self.batch_seconds = Bound(BATCH_SECONDS, pipeline)
+        self.record_latency = Bound(RECORD_LATENCY, pipeline)
+        self.artifact_version = Bound(ARTIFACT_VERSION, pipeline)
+        self.artifact_refused = Bound(ARTIFACT_REFUSED, pipeline)
+        self.input_held = Bound(INPUT_HELD, pipeline)
+        self.consumer_lag = Bound(CONSUMER_LAG, pipeline)
+        self.window_records = Bound(WINDOW_RECORDS, pipeline)
+        self.drift_events = Bound(DRIFT_EVENTS, pipeline)
+        self.verification = Bound(VERIFICATION, pipeline)
+        self.verification_pairs = Bound(VERIFICATION_PAIRS, pipeline)
+        self.monitor_errors = Bound(MONITOR_ERRORS, pipeline)
+        self.refit_requests = Bound(REFIT_REQUESTS, pipeline)
+        # Families without other labels: the child itself (exported at 0 from the start).
+        self.monitor_cpu = MONITOR_CPU.labels(pipeline)
+        self.reembed_events = REEMBED_EVENTS.labels(pipeline)
+        self._fairness = {statistic: Bound(gauge, pipeline) for statistic, gauge in _FAIRNESS_GAUGES.items()}
+
+    def set_fairness(self, statistic: str, stage: str, stratum: str, feature: str, group_pair: str, window: str,
+                     value: float) -> None:
+        """Export one monitor row in its statistic's family (dp_ratio as 1 - ratio: see :func:`exported_value`)."""
+        self._fairness[statistic].labels(statistic, stage, stratum, feature, group_pair, window).set(
+            exported_value(statistic, value))
+
+    def clear_fairness(self) -> None:
+        """Remove this pipeline's fairness statistics (a new chain version, or one that cannot be measured)."""
+        for bound in self._fairness.values():
+            bound.clear()
 
 
 class MetricsPortError(RuntimeError):

@@ -35,7 +35,6 @@ from fairstream.streams.codec import (
 )
 from fairstream.streams.config import PipelineConfig
 
-from .metrics import EVENT_TIME_SKEWED
 
 
 class MessageLike(Protocol):
@@ -209,7 +208,6 @@ class RecordRepairer:
             sent = decoded.index[ok]
             times, outcome.skewed = monitor_times(fields.ts, lambda rows: [_arrival(messages[i]) for i in sent[rows]],
                                                   self.config.monitor.max_event_time_skew, time.time())
-            EVENT_TIME_SKEWED.labels(self.agent).inc(outcome.skewed)
             # Fairness is measured on records with their true s: imputed ones are only counted.
             mine = slice(None) if imputed is None else ~imputed
             measured = ok[mine]

@@ -9,9 +9,15 @@ import re
 import subprocess
 
 import pytest
-
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.ops.alert_rules import render_threshold_rules, with_threshold_rules, write_threshold_rules
+import yaml
+
+from fairstream.streams.ops.alert_rules import (
+    render_threshold_rules,
+    runbook_url,
+    with_threshold_rules,
+    write_threshold_rules,
+)
 from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLOY, PROMETHEUS_YML, REPO, binary
 from fairstream.streams.worker import metrics
 
@@ -63,7 +69,8 @@ def test_the_threshold_rules_are_those_of_the_deployed_pipeline_config():
     assert with_threshold_rules(text, config) == text, (
         "regenerate: fairstream alerts --config deploy/pipeline.adult.toml --write deploy/prometheus/alerts.yml")
     for statistic, threshold in config.monitor.thresholds.items():
-        assert f'statistic="{statistic}"' in text and f") > {threshold:g}\n" in text
+        assert f'{metrics.fairness_family(statistic)}{{stage="after", statistic="{statistic}"' in text
+        assert f") > {threshold:g}\n" in text
 
 
 def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
@@ -73,15 +80,29 @@ def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
     rules.write_text(ALERTS_YML.read_text())
     assert write_threshold_rules(rules, stricter) and not write_threshold_rules(rules, stricter)
     changed = [(a, b) for a, b in zip(ALERTS_YML.read_text().splitlines(), rules.read_text().splitlines()) if a != b]
-    assert [b for _, b in changed] == ["          ) > 0.05", "            {{ $labels.stratum }} (feature "
-                                       "{{ $labels.feature }}), above the 0.05 threshold for 1m."]
+    assert [b for _, b in changed] == ["          ) > 0.05", "            the 0.05 threshold for 1m."]
     assert_ok(promtool("check", "rules", str(rules)))
 
 
-def test_a_ratio_threshold_pages_below_one_minus_it():
+def test_a_ratio_is_read_as_one_minus_it_so_its_rule_pages_above_the_threshold_like_every_other():
     config = PipelineConfig.from_toml(DEFAULT_CONFIG).with_monitor(statistic="dp_ratio", threshold=0.2)
     text = render_threshold_rules(config)
-    assert "min by (statistic, stratum, feature)" in text and ") < 0.8" in text and "below the 0.8 threshold" in text
+    assert 'max by (pipeline, statistic, stratum, feature) (\n            ' \
+           'fairstream_fairness_ratio_gap{stage="after", statistic="dp_ratio"' in text
+    assert ") > 0.2\n" in text and "(1 - ratio) after repair" in text and "<" not in text
+
+
+def test_every_rule_aggregates_by_pipeline_and_links_its_runbook_section():
+    rules = [rule for group in yaml.safe_load(ALERTS_YML.read_text())["groups"] for rule in group["rules"]]
+    assert len(rules) == 10
+    for rule in rules:
+        assert re.search(r"\b(max|min|sum) by \(pipeline, ", rule["expr"]), rule["alert"]
+        assert rule["annotations"]["runbook_url"] == runbook_url(rule["alert"])
+        assert rule["annotations"]["runbook_url"].endswith("docs/runbook.md#" + rule["alert"].lower())
+
+
+def test_every_fairness_family_a_rule_may_read_is_exported():
+    assert set(metrics.FAIRNESS_FAMILIES.values()) <= exported_sample_names()
 
 
 def test_the_cli_prints_and_writes_the_rules(tmp_path, capsys):
@@ -164,7 +185,7 @@ def test_rule_file_parsing_finds_every_expression():
     exprs = rule_exprs(text)
     assert len(exprs) == len(alert_names(text)) == 10
     assert all(exprs), exprs
-    assert metric_names(exprs[0]) == {"fairstream_fairness"}
+    assert metric_names(exprs[0]) == {"fairstream_fairness_dependence"}
 
 
 def test_metric_name_parser_sees_names_and_skips_promql():
@@ -175,7 +196,7 @@ def test_metric_name_parser_sees_names_and_skips_promql():
 
 def test_exported_names_come_from_the_metrics_module():
     names = exported_sample_names()
-    assert {"fairstream_records_in_total", "fairstream_fairness", "fairstream_batch_duration_seconds_bucket",
+    assert {"fairstream_records_in_total", "fairstream_fairness_dependence", "fairstream_batch_duration_seconds_bucket",
             "fairstream_drift_events_total", "fairstream_artifact_version"} <= names
     assert "fairstream_records_in" not in names  # a counter's samples carry _total
 
@@ -184,14 +205,15 @@ def test_every_metric_in_the_alert_rules_is_exported():
     """Renaming a metric in streams/worker/metrics.py without updating alerts.yml fails here."""
     exported = exported_sample_names()
     used = {name for expr in rule_exprs(ALERTS_YML.read_text()) for name in metric_names(expr)}
-    assert {"fairstream_fairness", "fairstream_drift_events_total", "fairstream_records_dead_lettered_total",
+    assert {"fairstream_fairness_dependence", "fairstream_fairness_rate_gap", "fairstream_drift_events_total",
+            "fairstream_records_dead_lettered_total", "fairstream_worker_info",
             "fairstream_records_in_total", "fairstream_input_held", "fairstream_consumer_lag_records",
             "fairstream_verification"} <= used
     unknown = sorted(used - exported - PROMETHEUS_SERIES)
     assert not unknown, f"alerts.yml uses metrics that fairstream.streams.worker.metrics does not export: {unknown}"
 
 
-@pytest.mark.parametrize("renamed", ["fairstream_drift_event_total", "fairstream_fairnes"])
+@pytest.mark.parametrize("renamed", ["fairstream_drift_event_total", "fairstream_fairness"])
 def test_a_renamed_metric_is_caught(renamed):
     """The check above can fail: a rule on a name the exporter does not have is reported."""
     exported = exported_sample_names()

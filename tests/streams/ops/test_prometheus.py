@@ -22,6 +22,7 @@ from fairstream.streams.ops.prometheus import (
     parse_time,
     rules_with_short_for,
 )
+from fairstream.streams.worker.metrics import fairness_family
 
 pytestmark = pytest.mark.integration
 
@@ -31,26 +32,26 @@ FOR = "5s"
 # It exits when its stdin closes, so it cannot outlive the test.
 EXPORTER = r"""
 import sys
-from fairstream.streams.worker import metrics as m
+from fairstream.streams.worker import metrics
 
-port, plan = int(sys.argv[1]), sys.argv[2] == "plan"
-m.serve(port)
-m.RECORDS_IN.labels("records").inc(1000)
-m.RECORDS_REPAIRED.labels("records").inc(990)
-m.RECORDS_DEAD.labels("records").inc(10)
-m.CONSUMER_LAG.labels("records").set(12)
-m.INPUT_HELD.labels("records").set(0 if plan else 1)  # the worker without a plan holds its input
+port, plan, pipeline = int(sys.argv[1]), sys.argv[2] == "plan", sys.argv[3]
+metrics.serve(port)
+m = metrics.PipelineMetrics(pipeline)  # what a worker's create_app makes
+m.records_in.labels("records").inc(1000)
+m.records_repaired.labels("records").inc(990)
+m.records_dead.labels("records").inc(10)
+m.consumer_lag.labels("records").set(12)
+m.input_held.labels("records").set(0 if plan else 1)  # the worker without a plan holds its input
 if plan:
-    m.ARTIFACT_VERSION.labels("plan").set(3)
-    after = m.FAIRNESS.labels(statistic="dependence_e", stage="after", stratum="all", feature="all", group_pair="all", window="count")
-    after.set(0.01)
-    m.FAIRNESS.labels(statistic="dependence_e", stage="before", stratum="all", feature="all", group_pair="all", window="count").set(0.3)
-    drift = m.DRIFT_EVENTS.labels(statistic="dependence_e", detector="adwin")
+    m.artifact_version.labels("plan").set(3)
+    m.set_fairness("dependence_e", "after", "all", "all", "all", "count", 0.01)
+    m.set_fairness("dependence_e", "before", "all", "all", "all", "count", 0.3)
+    drift = m.drift_events.labels("dependence_e", "adwin")
     drift.inc(0)  # the label set exists at 0 before any event
 print("ready", flush=True)
 for line in sys.stdin:
     if line.strip() == "drift":
-        after.set(0.2)
+        m.set_fairness("dependence_e", "after", "all", "all", "all", "count", 0.2)
         drift.inc()
         print("drifted", flush=True)
 """
@@ -59,11 +60,11 @@ for line in sys.stdin:
 class Exporter:
     """A subprocess serving fairstream metrics on a free loopback port; ``send`` writes a command line."""
 
-    def __init__(self, plan: bool) -> None:
+    def __init__(self, plan: bool, pipeline: str) -> None:
         for _ in range(3):  # the free port can be lost to a race before the child binds it
             self.port = free_port()
             self.process = subprocess.Popen(
-                [sys.executable, "-c", EXPORTER, str(self.port), "plan" if plan else "none"],
+                [sys.executable, "-c", EXPORTER, str(self.port), "plan" if plan else "none", pipeline],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )
             if self.process.stdout.readline().strip() == "ready":
@@ -98,7 +99,7 @@ def stack(tmp_path_factory):
     rules = rules_with_short_for(ALERTS_YML, run_dir, FOR)
     exporters = []
     try:
-        exporters = [Exporter(plan=True), Exporter(plan=False)]
+        exporters = [Exporter(plan=True, pipeline="adult"), Exporter(plan=False, pipeline="census")]
         dead = f"127.0.0.1:{free_port()}"  # nothing listens here
         targets = [exporters[0].target, exporters[1].target, dead]
         with PrometheusServer(run_dir / "server", targets, [rules]) as prom:
@@ -133,9 +134,10 @@ def test_targets_are_scraped(stack):
     # the metric contract arrives intact
     versions = prom.values("fairstream_artifact_version")
     assert versions == {frozenset({"__name__": "fairstream_artifact_version", "job": "fairstream-worker",
-                                   "instance": with_plan.target, "kind": "plan"}.items()): 3.0}
-    dead_lettered = prom.values('sum(fairstream_records_dead_lettered_total{agent="records"})')
-    assert list(dead_lettered.values()) == [20.0]
+                                   "instance": with_plan.target, "pipeline": "adult", "kind": "plan"}.items()): 3.0}
+    dead_lettered = prom.values('sum by (pipeline) (fairstream_records_dead_lettered_total{agent="records"})')
+    assert dead_lettered == {frozenset({"pipeline": "adult"}.items()): 10.0,
+                             frozenset({"pipeline": "census"}.items()): 10.0}
 
 
 def test_worker_down_and_no_plan_fire_for_the_right_targets(stack):
@@ -143,10 +145,12 @@ def test_worker_down_and_no_plan_fire_for_the_right_targets(stack):
     timeout = duration_seconds(FOR) + 30
     down = prom.wait_for_alert("FairstreamWorkerDown", "firing", timeout)
     assert down["labels"]["instance"] == dead and down["labels"]["severity"] == "critical"
+    assert "pipeline" not in down["labels"]  # never scraped: its pipeline is not known
     no_plan = prom.wait_for_alert("FairstreamNoArtifactLoaded", "firing", timeout)
-    assert no_plan["labels"]["instance"] == without_plan.target
-    assert no_plan["annotations"]["summary"] == (f"Worker {without_plan.target} holds its records input: "
+    assert no_plan["labels"]["instance"] == without_plan.target and no_plan["labels"]["pipeline"] == "census"
+    assert no_plan["annotations"]["summary"] == (f"Worker {without_plan.target} (census) holds its records input: "
                                                  "an artifact is missing")
+    assert no_plan["annotations"]["runbook_url"].endswith("/docs/runbook.md#fairstreamnoartifactloaded")
     # one alert each: neither the other live worker nor the dead target is reported
     assert [a["labels"]["instance"] for a in prom.alerts("FairstreamWorkerDown")] == [dead]
     assert [a["labels"]["instance"] for a in prom.alerts("FairstreamNoArtifactLoaded")] == [without_plan.target]
@@ -154,7 +158,7 @@ def test_worker_down_and_no_plan_fire_for_the_right_targets(stack):
 
 def test_injected_drift_fires_the_gap_and_drift_alerts(stack):
     prom, with_plan, _, _ = stack
-    gap_expr = 'fairstream_fairness{stage="after", statistic="dependence_e", window="count"}'
+    gap_expr = f'{fairness_family("dependence_e")}{{stage="after", statistic="dependence_e", window="count"}}'
     prom.wait_for(lambda: prom.values(gap_expr), 30, "the low fairness gap in Prometheus")
     assert list(prom.values(gap_expr).values()) == [0.01]
 
@@ -172,12 +176,13 @@ def test_injected_drift_fires_the_gap_and_drift_alerts(stack):
     # drift alert (for: 0m) fires on that same evaluation and stays firing for 5m.
     pending = prom.wait_for_alert("FairstreamFairnessGapHigh", "pending", timeout=30)
     drift = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=30)
-    assert {k: drift["labels"][k] for k in ("instance", "statistic", "detector", "severity")} == {
-        "instance": with_plan.target, "statistic": "dependence_e", "detector": "adwin", "severity": "warning"}
+    assert {k: drift["labels"][k] for k in ("instance", "pipeline", "statistic", "detector", "severity")} == {
+        "instance": with_plan.target, "pipeline": "adult", "statistic": "dependence_e", "detector": "adwin",
+        "severity": "warning"}
 
     firing = prom.wait_for_alert("FairstreamFairnessGapHigh", "firing", timeout=duration_seconds(FOR) + 30)
     assert pending["labels"] == firing["labels"] == {
-        "alertname": "FairstreamFairnessGapHigh", "severity": "warning",
+        "alertname": "FairstreamFairnessGapHigh", "severity": "warning", "pipeline": "adult",
         "statistic": "dependence_e", "stratum": "all", "feature": "all"}
     assert pending["activeAt"] == firing["activeAt"]  # one alert, pending then firing
     assert time.time() - parse_time(firing["activeAt"]) >= duration_seconds(FOR)

@@ -94,9 +94,11 @@ def test_an_embedding_refit_is_swapped_in_announced_and_monitored(broker, faces,
                        "from_sha256": control.history_sync()[0].sha256, "to_sha256": outcome.sha256}]
     # The window restarted at the swap: the rates are those of version 2's pairs.
     for rate in ("fnmr", "far_overall", "bfar"):
-        assert metric(samples, "fairstream_verification", rate=rate, group="all", window="count") is not None, rate
-    assert 0.0 <= metric(samples, "fairstream_verification", rate="frr", group="0", window="count") <= 1.0
-    assert metric(samples, "fairstream_reembed_events_total") == 1.0
+        assert metric(samples, "fairstream_verification", pipeline=config.name, rate=rate, group="all",
+                      window="count") is not None, rate
+    assert 0.0 <= metric(samples, "fairstream_verification", pipeline=config.name, rate="frr", group="0",
+                         window="count") <= 1.0
+    assert metric(samples, "fairstream_reembed_events_total", pipeline=config.name) == 1.0
 
 
 def test_the_verification_monitor_counts_genuine_and_impostor_pairs_per_group(faces):

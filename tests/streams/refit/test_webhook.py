@@ -58,12 +58,14 @@ ALERTMANAGER_YML = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 
 
 def drift_alert(statistic="dependence_e", status="firing", starts_at="2026-01-05T10:00:00.123456789Z",
-                fingerprint="9f2c0e1a7b3d4c55", name="FairstreamFairnessDrift", instance="10.0.0.7:9464") -> dict:
-    """One alert as Alertmanager's webhook sends it."""
+                fingerprint="9f2c0e1a7b3d4c55", name="FairstreamFairnessDrift", instance="10.0.0.7:9464",
+                pipeline: str | None = "adult") -> dict:
+    """One alert as Alertmanager's webhook sends it (``pipeline`` None: without that label)."""
     return {"status": status, "startsAt": starts_at, "endsAt": "0001-01-01T00:00:00Z", "fingerprint": fingerprint,
             "generatorURL": "http://prometheus:9090/graph?g0.expr=...",
             "labels": {"alertname": name, "statistic": statistic, "detector": "adwin", "instance": instance,
-                       "job": "fairstream-worker", "severity": "warning"},
+                       "job": "fairstream-worker", "severity": "warning",
+                       **({"pipeline": pipeline} if pipeline is not None else {})},
             "annotations": {"summary": f"Fairness drift detected ({statistic}, adwin)"}}
 
 
@@ -350,6 +352,23 @@ def test_drift_of_a_statistic_the_pipeline_does_not_monitor_is_answered_and_logg
     assert reply["skipped"][0].startswith(reason) and reason in caplog.text
 
 
+def test_only_alerts_of_its_own_pipeline_become_requests_and_the_others_are_answered_and_logged(caplog):
+    caplog.set_level(logging.INFO, logger="fairstream")
+    served = Endpoint(pipeline="adult")
+    try:
+        status, reply, _ = served.post(notification(drift_alert(pipeline="census"),
+                                                    drift_alert(pipeline=None, fingerprint="ab"),
+                                                    drift_alert(fingerprint="cd")))
+    finally:
+        served.webhook.stop()
+    assert status == 200 and [r.request_id for r in served.published] == [alert_request_id(
+        "cd", "2026-01-05T10:00:00.123456789Z")]
+    assert reply["skipped"] == [
+        "alert 0: FairstreamFairnessDrift is for pipeline 'census', not this service's 'adult'",
+        "alert 1: FairstreamFairnessDrift has no pipeline label (this service re-fits pipeline 'adult' only)"]
+    assert all(reason in caplog.text for reason in reply["skipped"])
+
+
 def test_the_command_line_webhook_re_fits_only_the_monitored_statistics(monkeypatch):
     parser = argparse.ArgumentParser()
     parser.add_argument("--serve", action="store_true")
@@ -359,6 +378,7 @@ def test_the_command_line_webhook_re_fits_only_the_monitored_statistics(monkeypa
     config = adult_config()
     with webhook_from_args(args, "127.0.0.1:1", config, "plan") as served:
         assert served.statistics == config.monitor.statistics == ("dependence_e",)
+        assert served.pipeline == config.name == "adult"
 
 
 # --------------------------------------------------------------------------- one answer per drift
@@ -560,14 +580,15 @@ def alertmanager_config_for(port: int, token_file: Path) -> dict:
 
 EXPORTER = r"""
 import sys
-from fairstream.streams.worker import metrics as m
+from fairstream.streams.worker import metrics
 
-m.serve(int(sys.argv[1]), "127.0.0.1")
+metrics.serve(int(sys.argv[1]), "127.0.0.1")
+drift_events = metrics.PipelineMetrics(sys.argv[2]).drift_events
 for statistic in ("dependence_e", "w1"):
-    m.DRIFT_EVENTS.labels(statistic, "adwin").inc(0)  # as the worker does at start
+    drift_events.labels(statistic, "adwin").inc(0)  # as the worker does at start
 print("ready", flush=True)
 for line in sys.stdin:
-    m.DRIFT_EVENTS.labels(line.strip(), "adwin").inc()
+    drift_events.labels(line.strip(), "adwin").inc()
     print("drifted", flush=True)
 """
 
@@ -575,10 +596,10 @@ for line in sys.stdin:
 class DriftExporter:
     """A stand-in worker: the real drift counter on /metrics, incremented per statistic on stdin."""
 
-    def __init__(self):
+    def __init__(self, pipeline: str):
         self.port = free_port()
-        self.process = subprocess.Popen([sys.executable, "-c", EXPORTER, str(self.port)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen([sys.executable, "-c", EXPORTER, str(self.port), pipeline],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout.readline().strip() == "ready"
 
     def drift(self, statistic: str) -> None:
@@ -605,12 +626,12 @@ def route(broker, tmp_path_factory):
     token_file = run_dir / "token"
     token_file.write_text(TOKEN)
     os.chmod(token_file, 0o600)
-    stop, exporter = threading.Event(), DriftExporter()
+    stop, exporter = threading.Event(), DriftExporter(config.name)
     thread = threading.Thread(target=refit.serve, args=(stop,), daemon=True)
     thread.start()
     publisher = RequestPublisher(broker.bootstrap, config.topics.refit_requests)
     try:
-        with AlertWebhook(publisher, load_token(token_file), host="127.0.0.1", port=0) as hook, \
+        with AlertWebhook(publisher, load_token(token_file), host="127.0.0.1", port=0, pipeline=config.name) as hook, \
                 AlertmanagerServer(run_dir / "am", alertmanager_config_for(hook.port, token_file)) as am, \
                 PrometheusWithAlertmanager(run_dir / "prom", [f"127.0.0.1:{exporter.port}"], [ALERTS_YML],
                                            alertmanager=f"127.0.0.1:{am.port}") as prom:

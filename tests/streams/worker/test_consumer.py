@@ -17,10 +17,12 @@ import time
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from prometheus_client import REGISTRY
 
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.worker import consumer as consumer_module
 from fairstream.streams.worker.consumer import NOT_LOADED, BatchConsumer, DeliveryError, InputSpec
+from fairstream.streams.worker.metrics import PipelineMetrics
 from fairstream.streams.worker.processing import BatchOutcome
 
 TP = ("in", 0)
@@ -165,19 +167,20 @@ class ScriptedProducer:
         return self.flush(timeout)
 
 
-def spec(seen, log, active=lambda: "plan"):
+def spec(seen, log, active=lambda: "plan", **counted):
     def delivered(outcome, active):
         seen.append(len(outcome.repaired))
 
     def process(messages, active):
         log.append(f"processed {messages[0].offset()}")
-        return BatchOutcome(repaired=[(m.key(), m.value().upper()) for m in messages], version=1)
+        return BatchOutcome(repaired=[(m.key(), m.value().upper()) for m in messages], version=1, **counted)
 
     return InputSpec(agent="records", topic="in", output_topic="out", batching=AgentConfig(artifact="plan"),
                      process=process, active=active, delivered=delivered)
 
 
-def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", **script):
+def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", pipeline="consumer-test", counted=None,
+         **script):
     log: list = []
     made = {}
 
@@ -189,7 +192,8 @@ def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", **s
     monkeypatch.setattr(consumer_module, "Producer", lambda config: made.setdefault(
         "producer", ScriptedProducer(failures, log)))
     monkeypatch.setattr(consumer_module, "SEND_BACKOFF_SECONDS", 0.0)
-    worker = BatchConsumer(spec(seen if seen is not None else [], log, active), "unused:9092", "g", "dlq")
+    worker = BatchConsumer(spec(seen if seen is not None else [], log, active, **(counted or {})), "unused:9092", "g",
+                           "dlq", metrics=PipelineMetrics(pipeline))
     worker._open()
     return worker, made["consumer"], made["producer"]
 
@@ -212,6 +216,21 @@ def test_outputs_are_acknowledged_before_the_offsets_are_committed(monkeypatch):
     assert scripted.commits == [{TP: 3}, {TP: 5}]  # the next offset to read, after the batch's last
     assert [value for _, _, value in producer.sent] == [b"V0", b"V1", b"V2", b"V3", b"V4"]
     assert seen == [3, 2]  # the monitor gets each batch after its commit
+
+
+def test_what_a_delivered_batch_counts_is_exported_under_its_pipelines_label(monkeypatch):
+    """Two consumers of different pipelines in one process: each counts into its own series."""
+    def count(pipeline: str, name: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"pipeline": pipeline, "agent": "records"})
+
+    for pipeline, n in (("count-a", 3), ("count-b", 2)):
+        worker, _, _ = make(monkeypatch, [batch(0, n)], pipeline=pipeline, counted={"imputed": 1, "skewed": n - 1})
+        run(worker, 2)
+    assert [count(p, "fairstream_records_in_total") for p in ("count-a", "count-b")] == [3, 2]
+    assert [count(p, "fairstream_records_repaired_total") for p in ("count-a", "count-b")] == [3, 2]
+    assert [count(p, "fairstream_records_group_imputed_total") for p in ("count-a", "count-b")] == [1, 1]
+    assert [count(p, "fairstream_records_event_time_skewed_total") for p in ("count-a", "count-b")] == [2, 1]
+    assert count("count-a", "fairstream_records_s_imputed_total") is None
 
 
 def test_the_next_batch_is_processed_while_reports_come_back_and_produced_only_after_the_batch_settled(monkeypatch):

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.repair import datasets
 from fairstream.repair.distributional import DistributionalRepair
@@ -402,8 +403,10 @@ def test_a_monitor_that_fails_on_every_batch_does_not_stop_the_worker(broker, ad
         repaired, dead = collect_outputs(broker.bootstrap, config, ids, timeout=60, alive=died(worker))
         check_one_place(ids, repaired, dead)
         status, metrics = get(probe_port(worker), "/metrics")
-        errors = re.search(r'^fairstream_monitor_errors_total\{monitor="fairness"\} (\S+)$', metrics, re.M)
-        assert status == 200 and errors and float(errors.group(1)) >= 1, metrics[:2000]
+        errors = [sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
+                  if sample.name == "fairstream_monitor_errors_total"
+                  and sample.labels == {"pipeline": config.name, "monitor": "fairness"}]
+        assert status == 200 and errors and errors[0] >= 1, metrics[:2000]
         assert worker.running and get(probe_port(worker), "/readyz")[0] == 200
         assert "FloatingPointError: injected" in worker.log_path.read_text()
     finally:

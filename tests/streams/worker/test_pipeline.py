@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import subprocess
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
 from kafka import KafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.repair import artifacts, datasets
 from fairstream.repair.distributional import DistributionalRepair
@@ -27,6 +31,7 @@ from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.ops.prometheus import binary
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import ensure_topics
@@ -116,6 +121,35 @@ def test_stream_output_equals_batch_transform_bit_for_bit(pipeline):
     expected = pipeline.plans[version].transform(part.X[ok], part.s[ok], part.u[ok], keys=[ids[i] for i in ok])
     got = features([repaired[ids[i]][0] for i in ok], pipeline.config)
     assert np.array_equal(got, expected)
+
+
+def scrape(worker: WorkerProcess) -> str:
+    """The worker's /metrics (its port is any free one, logged at start)."""
+    port = int(re.findall(r"serving Prometheus /metrics on port (\d+)", worker.log_path.read_text())[-1])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def test_a_live_scrape_after_records_flowed_passes_promtool_and_every_family_names_the_pipeline(pipeline):
+    """`promtool check metrics` lints names (units, suffixes); every fairstream_ series carries ``pipeline``."""
+    time.sleep(1.1)  # the monitor exports its gauges at most once a second: the next batch exports them
+    messages = record_messages(pipeline.archive.subset(slice(0, 100)), pipeline.config, id_prefix="scraped")
+    pipeline.send(messages)
+    pipeline.outputs({k.decode() for k, _ in messages})
+    deadline, text = time.monotonic() + 30, scrape(pipeline.worker)
+    while "fairstream_fairness_dependence{" not in text and time.monotonic() < deadline:  # observed after the commit
+        time.sleep(0.2)
+        text = scrape(pipeline.worker)
+    lint = subprocess.run([binary("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                          timeout=60)
+    assert lint.returncode == 0, f"promtool check metrics:\n{lint.stdout}{lint.stderr}"
+    samples = {family.name: family.samples for family in text_string_to_metric_families(text)
+               if family.name.startswith("fairstream_")}
+    assert {"fairstream_records_group_imputed", "fairstream_records_repaired", "fairstream_fairness_dependence",
+            "fairstream_out_of_range_ratio", "fairstream_worker_info"} <= {n for n, s in samples.items() if s}
+    unlabelled = {name for name, series in samples.items()
+                  if any(sample.labels.get("pipeline") != pipeline.config.name for sample in series)}
+    assert not unlabelled, f"families without pipeline={pipeline.config.name!r}: {sorted(unlabelled)}"
 
 
 def test_hot_swap_mid_replay_stamps_one_version_per_record_and_loses_nothing(pipeline):
