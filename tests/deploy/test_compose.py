@@ -269,8 +269,9 @@ def test_grafana_is_provisioned_with_prometheus_and_the_dashboard():
     assert (dashboards / DASHBOARD_JSON.name).resolve() == DASHBOARD_JSON.resolve()
     home = service("grafana")["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
     assert home == f"{provider['options']['path']}/{DASHBOARD_JSON.name}"
-    panels = json.loads(DASHBOARD_JSON.read_text())["panels"]
-    assert {p["datasource"]["uid"] for p in panels if p["type"] != "row"} == {datasource["uid"]}
+    # the dashboard's data source variable (no fixed uid) selects this one: a Prometheus, the default
+    (variable,) = [v for v in json.loads(DASHBOARD_JSON.read_text())["templating"]["list"] if v["type"] == "datasource"]
+    assert variable["query"] == datasource["type"] and datasource["isDefault"]
 
 
 def test_the_documented_commands_name_real_services():

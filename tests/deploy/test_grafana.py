@@ -5,6 +5,8 @@ records flow through it while a real Prometheus scrapes it. Then:
 
 - every metric a panel or annotation names appears in the worker's /metrics scrape, and every label
   a query matches on is a label that metric has there;
+- every query reads the data source and the pipeline(s) the dashboard's variables choose, and counts
+  over Grafana's ``$__rate_interval``;
 - promtool accepts every query (as a recording rule, template variables filled in);
 - every panel whose metrics the traffic produced returns at least one series from Prometheus.
 """
@@ -31,17 +33,24 @@ from fairstream.streams.demo.replay import record_messages, replay
 from fairstream.streams.ops.prometheus import PrometheusServer, binary
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
-from tests.streams.test_alert_rules import metric_names
+from fairstream.streams.worker.consumer import LATENCY_SAMPLES
+from fairstream.streams.worker.metrics import FAIRNESS_FAMILIES
+from tests.streams.test_alert_rules import exported_sample_names, metric_names
 
 from .conftest import DASHBOARD_JSON, DOCKER
 
 pytestmark = pytest.mark.integration
 
-VARIABLES = {"$statistic": "dependence_e", "$instance": ".*"}  # what the template variables resolve to
-PROMETHEUS_SERIES = {"up", "ALERTS"}  # series Prometheus makes itself
+# What the template variables (and Grafana's own) resolve to.
+VARIABLES = {"$pipeline": ".*", "$instance": ".*", "$window": "count", "$__rate_interval": "1m", "$__range": "1h"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}  # the data source variable, never a fixed uid
+PIPELINE_MATCHER = 'pipeline=~"$pipeline"'
+PROMETHEUS_SERIES = {"up", "ALERTS", "process_cpu_seconds_total"}  # series Prometheus or the client library make
 ONLY_AFTER_EVENTS = {  # registered at start, sampled only once the event happens
     "fairstream_refit_requests_total",  # a confirmed drift
     "fairstream_artifacts_refused_total",  # a refused artifact
+    "fairstream_verification",  # labelled embeddings (the test sends records only)
+    "fairstream_fairness_transport_cost",  # otf monitored with a scorer (the compose pipeline has neither)
 }
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
@@ -55,13 +64,22 @@ def panels() -> list[dict]:
     return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
 
 
-def queries() -> dict[str, str]:
-    """Every PromQL query of the dashboard, template variables filled in, by where it is."""
+def raw_queries() -> dict[str, str]:
+    """Every PromQL query of the dashboard as Grafana holds it (template variables in), by where it is."""
     found = {f"{p['title']} / {t['refId']}": t["expr"] for p in panels() for t in p["targets"]}
     found.update({f"annotation {a['name']}": a["expr"] for a in dashboard()["annotations"]["list"]})
-    for variable, value in VARIABLES.items():
-        found = {where: expr.replace(variable, value) for where, expr in found.items()}
     return found
+
+
+def resolved(expr: str) -> str:
+    for variable, value in VARIABLES.items():
+        expr = expr.replace(variable, value)
+    return expr
+
+
+def queries() -> dict[str, str]:
+    """Every PromQL query of the dashboard, template variables filled in, by where it is."""
+    return {where: resolved(expr) for where, expr in raw_queries().items()}
 
 
 def selectors(expr: str) -> list[tuple[str, set[str]]]:
@@ -110,7 +128,8 @@ def live(broker, tmp_path_factory):
             prom.wait_for(lambda: prom.query("fairstream_records_in_total"), 30, "the first wave scraped")
             assert replay(broker.bootstrap, config.topics.records_in, messages[100:], progress=False) == 1400
             prom.wait_for(lambda: prom.query('sum(fairstream_records_repaired_total{agent="records"}) >= 1500')
-                          and prom.query("fairstream_fairness"), 90, "1500 repaired records and fairness statistics")
+                          and prom.query("fairstream_fairness_dependence"), 90,
+                          "1500 repaired records and fairness statistics")
             # A series born with the traffic needs two samples before rate() and increase() see it.
             prom.wait_for(lambda: prom.query("count_over_time(fairstream_record_latency_seconds_count[1m]) >= 2"), 30,
                           "two scrapes of the latency histogram")
@@ -124,26 +143,88 @@ def live(broker, tmp_path_factory):
 # --------------------------------------------------------------------------- the file
 
 
-def test_the_dashboard_is_complete_json_on_the_provisioned_datasource():
+def test_the_dashboard_is_complete_json_on_the_datasource_variable():
     board = dashboard()
     assert board["uid"] == "fairstream" and board["title"] == "fairstream"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) == {"datasource", "pipeline", "instance", "window"}
+    assert (variables["datasource"]["type"], variables["datasource"]["query"]) == ("datasource", "prometheus")
+    # the compose stack provisions a data source of that type, whatever its uid
     datasources = yaml.safe_load((DOCKER / "grafana" / "provisioning" / "datasources" / "prometheus.yaml").read_text())
-    uid = datasources["datasources"][0]["uid"]
+    assert [d["type"] for d in datasources["datasources"]] == ["prometheus"]
     for panel in panels():
-        assert panel["datasource"]["uid"] == uid and panel["targets"], panel["title"]
-        assert all(t["datasource"]["uid"] == uid and t["expr"].strip() for t in panel["targets"]), panel["title"]
+        assert panel["datasource"] == DATASOURCE and panel["targets"], panel["title"]
+        assert all(t["datasource"] == DATASOURCE and t["expr"].strip() for t in panel["targets"]), panel["title"]
         position = panel["gridPos"]
         assert position["x"] + position["w"] <= 24, panel["title"]
-    assert {v["name"] for v in board["templating"]["list"]} == {"statistic", "instance"}
+    queried = [v for v in variables.values() if v["type"] == "query"] + board["annotations"]["list"]
+    assert all(item["datasource"] == DATASOURCE for item in queried)
+    uids = set(re.findall(r'"uid":\s*"([^"]*)"', DASHBOARD_JSON.read_text())) - {dashboard()["uid"]}
+    assert uids == {"${datasource}"}, f"fixed data source uids: {sorted(uids - {'${datasource}'})}"
     # what the issue asks the dashboard to show
     titles = " | ".join(p["title"] for p in panels()).lower()
-    for shown in ("per stratum", "drift events", "records per second", "dead-letter", "lag", "latency",
-                  "artifact version"):
+    for shown in ("dependence e", "w1", "rate gap", "ratio gap", "out-of-range", "drift events", "records per second",
+                  "dead-letter", "lag", "latency", "artifact version"):
         assert shown in titles, shown
     metrics = {name for expr in queries().values() for name in metric_names(expr)}
-    assert {"fairstream_records_in_total", "fairstream_records_repaired_total", "fairstream_records_dead_lettered_total",
+    assert {"fairstream_records_in_total", "fairstream_records_repaired_total",
+            "fairstream_records_dead_lettered_total", "fairstream_records_group_imputed_total",
             "fairstream_drift_events_total", "fairstream_artifact_version", "fairstream_consumer_lag_records",
-            "fairstream_record_latency_seconds_bucket", "fairstream_fairness"} <= metrics
+            "fairstream_record_latency_seconds_bucket", *FAIRNESS_FAMILIES.values()} <= metrics
+
+
+def test_the_pipeline_variable_filters_and_splits_every_query():
+    (pipeline,) = [v for v in dashboard()["templating"]["list"] if v["name"] == "pipeline"]
+    assert pipeline["definition"] == "label_values(fairstream_records_in_total, pipeline)"
+    assert pipeline["multi"] and pipeline["includeAll"]
+    for where, expr in raw_queries().items():
+        for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr):
+            if name.startswith("fairstream_"):
+                assert PIPELINE_MATCHER in body, f"{where}: {name} is not filtered by the pipeline variable"
+        if where.startswith("annotation") or "ALERTS" in expr:
+            continue
+        assert re.search(r"\bby \((?:[a-z_]+, )*pipeline\b", expr), f"{where}: not grouped by pipeline"
+    for panel in panels():
+        for target in panel["targets"]:
+            assert "{{pipeline}}" in target["legendFormat"], f"{panel['title']} / {target['refId']}"
+
+
+def test_every_range_is_the_rate_interval():
+    ranges = {where: re.findall(r"\[([^\]]*)\]", expr) for where, expr in raw_queries().items()}
+    assert any(ranges.values())
+    for where, found in ranges.items():
+        # $__range only where a whole time range is meant (a worker seen at all), never under rate()
+        assert set(found) <= {"$__rate_interval", "$__range"}, f"{where}: fixed range {found}"
+    for where, expr in raw_queries().items():
+        for function, window in re.findall(r"\b(rate|irate|increase|changes)\([^\[]*\[([^\]]*)\]", expr):
+            assert window == "$__rate_interval", f"{where}: {function}() over [{window}]"
+
+
+def test_every_metric_a_query_names_is_exported_by_the_worker_code():
+    exported = exported_sample_names()
+    for where, expr in queries().items():
+        unknown = metric_names(expr) - exported - PROMETHEUS_SERIES
+        assert not unknown, f"{where}: streams/worker/metrics.py exports no {sorted(unknown)}"
+
+
+def test_the_fairness_panels_say_their_unit_and_direction():
+    families = set(FAIRNESS_FAMILIES.values())  # every family a fairness statistic is exported in
+    shown = set()
+    for panel in panels():
+        names = {n for t in panel["targets"] for n in metric_names(resolved(t["expr"]))} & families
+        if names:
+            shown |= names
+            assert "higher is worse" in panel["description"], panel["title"]
+            assert panel["fieldConfig"]["defaults"]["unit"] in {"none", "percentunit"}, panel["title"]
+    assert shown == families
+
+
+def test_the_latency_panel_says_how_the_histogram_is_sampled():
+    (panel,) = [p for p in panels() if "fairstream_record_latency_seconds_bucket" in p["targets"][0]["expr"]]
+    assert "sampled" in panel["title"].lower()
+    # the rule the worker follows (streams/worker/consumer.py), with its constant
+    assert f"k = max(1, n // {LATENCY_SAMPLES})" in panel["description"]
+    assert f"fewer than {2 * LATENCY_SAMPLES} such records" in panel["description"]
 
 
 def test_promtool_accepts_every_query(tmp_path):
@@ -181,7 +262,7 @@ def test_every_label_a_query_matches_on_is_a_label_of_that_metric(live):
 
 def test_the_label_check_can_fail(live):
     _, scrape = live
-    ((name, labels),) = selectors('max(fairstream_fairness{pair="all", stage="after"})')
+    ((name, labels),) = selectors('max(fairstream_fairness_dependence{pair="all", stage="after"})')
     assert labels - scrape.labels[name] == {"pair"}
 
 
@@ -194,9 +275,7 @@ def test_every_panel_shows_data_once_records_flow(live):
         if names & ONLY_AFTER_EVENTS or "ALERTS" in names:
             continue
         for target in panel["targets"]:
-            expr = target["expr"]
-            for variable, value in VARIABLES.items():
-                expr = expr.replace(variable, value)
+            expr = resolved(target["expr"])
             if not prom.query(expr):
                 empty.append(f"{panel['title']} / {target['refId']}: {expr}")
     assert not empty, "panels without data:\n" + "\n".join(empty)
