@@ -77,6 +77,7 @@ FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if its b
 STATS_INTERVAL_MS = 1000  # librdkafka's statistics (broker round trips) for the freshness above
 COMMITTED_TIMEOUT_SECONDS = 10.0
 JOIN_SETTLE_SECONDS = 12.0  # a close in the middle of a group join first waits this long for the join to end
+STOP_SETTLE_SECONDS = 30.0  # a stop waits this long for the batch in flight (the pods' grace period allows it)
 START_JOIN_SECONDS = 60.0  # a start waits this long for the first assignment (the join takes ~5 s on Tansu)
 
 _E = KafkaError
@@ -199,9 +200,7 @@ class BatchConsumer(mode.Service):
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._stop = threading.Event()  # set by on_stop: the thread finishes its batch and leaves the group
-        self._looping = False  # the batch loop's thread started: a stop waits for its batch in flight
-        self._done: asyncio.Future | None = None  # the thread's end, on the event loop
-        self._finished = asyncio.Event()  # the thread ended (set on the event loop)
+        self._done: asyncio.Future | None = None  # the thread's end, on the event loop (a stop waits for it)
         self._up = threading.Event()  # the first assignment came (or the thread ended): the start is over
         self._early: list = []  # read while joining, before the loop: its first batch
         self._pending: _Batch | None = None  # produced, not settled yet (at most one)
@@ -248,7 +247,6 @@ class BatchConsumer(mode.Service):
                 pass
 
         threading.Thread(target=run, name=f"fairstream-{self.spec.agent}", daemon=True).start()
-        self._looping = True
 
     @mode.Service.task
     async def _consume(self) -> None:
@@ -267,20 +265,18 @@ class BatchConsumer(mode.Service):
                          "in place; the batch in flight was not committed, so a restart replays it",
                          self.spec.agent, exc_info=True)
             raise
-        finally:
-            if done.done():
-                self._finished.set()
 
     async def on_stop(self) -> None:
         """Finish the batch in flight, commit it, and leave the group (no duplicates on a clean stop)."""
         self._stop.set()
-        if not self._looping:
+        if self._done is None:
             return
-        try:
-            await asyncio.wait_for(self._finished.wait(), timeout=30)
-        except asyncio.TimeoutError:
-            log.error("%s: the batch in flight did not settle within 30 s; stopping without its commit",
-                      self.spec.agent)
+        # The thread's own future, not the _consume task: a stop that comes while the start still waits for
+        # the group join arrives before that task ever ran, and would wait out the whole timeout.
+        finished, _ = await asyncio.wait({self._done}, timeout=STOP_SETTLE_SECONDS)
+        if not finished:
+            log.error("%s: the batch in flight did not settle within %g s; stopping without its commit",
+                      self.spec.agent, STOP_SETTLE_SECONDS)
 
     # ------------------------------------------------------------------ the loop, on its thread
 

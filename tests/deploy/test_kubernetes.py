@@ -20,6 +20,7 @@ import yaml
 
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.ops.prometheus import ALERTS_YML, REPO
+from fairstream.streams.worker.consumer import STOP_SETTLE_SECONDS
 from fairstream.streams.worker.health import HEALTHZ, LOOP_ANSWER_SECONDS, READYZ
 
 from .conftest import ALERTMANAGER_YML, DOCKERFILE, K8S, kustomize, parse_cli
@@ -156,8 +157,7 @@ def test_the_worker_stops_gracefully_within_its_grace_period():
     pre_stop = worker["lifecycle"]["preStop"]["exec"]["command"]
     assert pre_stop[0] == "sleep"
     # The worker waits this long for the batch in flight before it leaves its group (consumer.py).
-    settle = int(re.search(r"wait_for\(self\._finished\.wait\(\), timeout=(\d+)\)",
-                           (REPO / "streams" / "worker" / "consumer.py").read_text()).group(1))
+    settle = STOP_SETTLE_SECONDS
     assert spec["terminationGracePeriodSeconds"] >= int(pre_stop[1]) + settle + 10
     strategy = objects("Deployment")["fairstream-worker"]["spec"]["strategy"]["rollingUpdate"]
     assert strategy["maxUnavailable"] == 0

@@ -455,3 +455,22 @@ def test_a_start_ends_once_the_group_assigned_partitions_and_what_was_read_while
 
     assert asyncio.run(start_then_stop()) == 1
     assert scripted.commits == [{TP: 2}] and [value for _, _, value in producer.sent] == [b"V0", b"V1"]
+
+
+def test_a_stop_while_the_start_still_waits_for_the_group_join_ends_with_the_thread_not_after_the_timeout(monkeypatch):
+    # SIGTERM a worker a second after it started: its consumers are still joining, the batch loop's task never ran.
+    monkeypatch.setattr(consumer_module, "JOIN_SETTLE_SECONDS", 0.2)
+    worker, scripted, _ = make(monkeypatch, [])
+    worker._open = lambda: None
+    scripted.assigned = True  # the join never ends: no assignment comes
+
+    async def stop_during_start():
+        start = asyncio.ensure_future(worker.on_start())
+        await asyncio.sleep(0.3)
+        began = time.monotonic()
+        await worker.on_stop()
+        await start
+        return time.monotonic() - began
+
+    assert asyncio.run(stop_during_start()) < 5  # was the whole 30 s settle timeout, with an ERROR line
+    assert scripted.closed
