@@ -3,6 +3,11 @@
 A user's mistake (a bad config, an unknown data set, a missing file, an unreachable broker, a
 taken port) is reported in one line on stderr with exit status 1; the traceback is shown only with
 ``--debug`` (or ``FAIRSTREAM_DEBUG=1``), and for anything else, which is a bug.
+
+The broker: ``--broker URL``, else ``$FAIRSTREAM_BROKER``, else the running embedded broker announced
+in the user's runtime directory (whatever the current directory). Only ``broker start``, ``worker``
+and ``demo`` start one when there is none; every other command then stops with a line saying how to
+get one. Config and files are checked before any broker is looked for.
 """
 
 from __future__ import annotations
@@ -39,7 +44,6 @@ def _cmd_repair(args: argparse.Namespace) -> int:
 
 
 DEFAULT_CONFIG = "deploy/pipeline.adult.toml"
-BROKER_RUN_DIR = Path("runs/broker")
 
 
 class CliError(Exception):
@@ -98,59 +102,73 @@ def _config(args: argparse.Namespace):
     return config
 
 
-@contextlib.contextmanager
-def _broker(args: argparse.Namespace):
-    """The broker a command talks to: ``--broker``, else a running ``fairstream broker``, else a new embedded one."""
-    from fairstream.streams.ops.broker import (
-        ExternalBroker,
-        broker_from_option,
-        parse_broker_url,
-    )
+NO_BROKER = "no broker: start one with 'fairstream broker start' (or pass --broker URL / set FAIRSTREAM_BROKER)"
 
-    url = args.broker or os.environ.get("FAIRSTREAM_BROKER") or _running_embedded_broker()
+
+@contextlib.contextmanager
+def _broker(args: argparse.Namespace, may_start: bool = False):
+    """The broker a command talks to: ``--broker``, else ``$FAIRSTREAM_BROKER``, else the running embedded broker.
+
+    With none of them, ``worker`` and ``demo`` (``may_start``) start an embedded broker and announce it
+    in the state file while they run; every other command stops with :data:`NO_BROKER`.
+    """
+    from fairstream.streams.ops.broker import EmbeddedBroker, ExternalBroker, parse_broker_url
+
+    url, origin = _broker_url(args)
     if url:
         try:
             address = parse_broker_url(url)
         except ValueError as exc:
-            raise CliError(f"--broker: {exc}") from None
+            raise CliError(f"{origin}: {exc}") from None
         yield ExternalBroker(address)
         return
-    with broker_from_option(None, Path(args.run_dir) / "broker") as broker:
-        print(f"started an embedded broker at {broker.bootstrap} (logs in {broker.log_path})", file=sys.stderr)
+    if not may_start:
+        raise CliError(NO_BROKER)
+    with EmbeddedBroker(Path(args.run_dir) / "broker", announce=True) as broker:
+        print(f"started an embedded broker at {broker.url} (logs in {broker.log_path}); other commands use it "
+              f"while this {args.command} runs", file=sys.stderr)
         yield broker
 
 
-def _running_embedded_broker() -> str | None:
-    """The address written by ``fairstream broker start`` if that broker is still alive."""
-    from fairstream.streams.ops.broker import read_pid_file
-    from fairstream.streams.ops.processes import is_alive
+def _broker_url(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The URL of the broker to use and where it came from (for an error naming it), or (None, "")."""
+    from fairstream.streams.ops.broker import running_broker, state_path
 
-    address = BROKER_RUN_DIR / "broker.address"
-    pid = read_pid_file(BROKER_RUN_DIR / "broker.pid")
-    return address.read_text().strip() if address.exists() and pid and is_alive(pid) else None
+    if args.broker:
+        return args.broker, "--broker"
+    if os.environ.get("FAIRSTREAM_BROKER"):
+        return os.environ["FAIRSTREAM_BROKER"], "FAIRSTREAM_BROKER"
+    state = running_broker()
+    return (state.url, str(state_path())) if state else (None, "")
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from fairstream.streams.ops.broker import EmbeddedBroker, stop_broker_from_pid_file
+    from fairstream.streams.ops.broker import EmbeddedBroker, running_broker, state_path, stop_running_broker
 
     if args.action == "stop":
-        stopped = stop_broker_from_pid_file(BROKER_RUN_DIR / "broker.pid")
-        print("stopped" if stopped else "no running embedded broker")
+        stopped = stop_running_broker()
+        print(f"stopped the embedded broker at {stopped.url} (pid {stopped.pid})" if stopped
+              else "no running embedded broker")
         return 0
+    state = running_broker()
     if args.action == "status":
-        url = _running_embedded_broker()
-        print(url or "no running embedded broker")
-        return 0 if url else 1
-    with EmbeddedBroker(BROKER_RUN_DIR, port=args.port) as broker:
-        (BROKER_RUN_DIR / "broker.address").write_text(broker.url)
+        if state is None:
+            print("no running embedded broker")
+            return 1
+        print(state.url)  # alone on stdout: --broker "$(fairstream broker status)" works
+        print(f"pid {state.pid}, logs in {state.log} (announced in {state_path()})", file=sys.stderr)
+        return 0
+    if state is not None:
+        raise CliError(f"an embedded broker already runs at {state.url} (pid {state.pid}) and every command uses it; "
+                       "'fairstream broker stop' stops it")
+    with EmbeddedBroker(Path(args.run_dir) / "broker", port=args.port, announce=True) as broker:
         print(f"embedded Kafka-compatible broker at {broker.bootstrap} ({broker.url}); logs: {broker.log_path}")
-        print("other fairstream commands use it when no --broker is given; Ctrl-C stops it")
+        print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
+              "Ctrl-C or 'fairstream broker stop' stops it", flush=True)
         try:
             broker.wait()
         except KeyboardInterrupt:
             pass
-        finally:
-            (BROKER_RUN_DIR / "broker.address").unlink(missing_ok=True)
     return 0
 
 
@@ -164,7 +182,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         config = config.with_monitor(metrics_port=args.metrics_port)
     datadir = Path(args.run_dir) / "faust-data"
     datadir.mkdir(parents=True, exist_ok=True)  # a fresh --run-dir is created, not a FileNotFoundError
-    with _broker(args) as broker:
+    with _broker(args, may_start=True) as broker:
         if args.supervise:  # the broker is resolved here, so every restarted worker talks to the same one
             from fairstream.streams.ops.supervise import Supervisor, worker_argv
 
@@ -188,6 +206,16 @@ def _port_arg(text: str) -> int | str:
     return port
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from fairstream.repair import datasets
     from fairstream.streams.demo.replay import (
@@ -195,27 +223,56 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         interleave,
         record_messages,
         replay,
+        replay_part,
     )
 
     from .topics import ensure_topics
 
     if args.limit is not None and args.bad > args.limit:
         raise CliError(f"--bad {args.bad} exceeds --limit {args.limit} (the records sent at most, the bad ones included)")
+    if args.research and args.bad:
+        raise CliError("--bad mixes invalid records into records.in; --research sends only the labelled research split")
     config = _config(args)
     data = datasets.load(args.dataset, features=config.features) if args.dataset != "simulation" else datasets.load("simulation")
-    part = data.split(args.n_research, seed=args.seed)[1] if args.n_research else data
+    id_prefix = args.id_prefix or (f"{args.dataset}-research" if args.research else args.dataset)
     try:
+        part = replay_part(data, args.n_research, args.seed, research=args.research)
         messages = record_messages(part.subset(slice(0, args.limit - args.bad)) if args.limit is not None else part, config,
-                                   id_prefix=args.id_prefix)
-    except ValueError as exc:  # the data set's features are not the pipeline's
+                                   id_prefix=id_prefix)
+    except ValueError as exc:  # the split leaves nothing to send, or the data set's features are not the pipeline's
         raise CliError(f"--dataset {args.dataset}: {exc}") from None
     if args.bad:
-        messages = interleave(messages, bad_messages(config, args.bad, id_prefix=f"{args.id_prefix}-bad"), seed=args.seed)
+        messages = interleave(messages, bad_messages(config, args.bad, id_prefix=f"{id_prefix}-bad"), seed=args.seed)
+    topic = config.topics.research if args.research else config.topics.records_in
     with _broker(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        sent = replay(broker.bootstrap, config.topics.records_in, messages, rate=args.rate, progress=not args.quiet)
-    print(f"sent {sent} of {len(messages)} records to {config.topics.records_in}")
+        sent = replay(broker.bootstrap, topic, messages, rate=args.rate, progress=not args.quiet)
+    print(f"sent {sent} of {len(messages)} records to {topic}")
     return 0 if sent == len(messages) else 1
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from fairstream.streams.demo.collect import TopicReader, last_messages
+
+    from .topics import existing_topics
+
+    config = _config(args)
+    topics = {spec.name for spec in config.topics.specs()}
+    topic = config.topics.name(args.topic) if config.topics.name(args.topic) in topics else args.topic
+    with _broker(args) as broker:
+        if topic not in existing_topics(broker.bootstrap):  # asked through the admin API: a typo creates no topic
+            suffixes = ", ".join(name.removeprefix(f"{config.topics.prefix}.") for name in sorted(topics))
+            raise CliError(f"no topic {topic!r} on {broker.url}; the pipeline's topics (under the prefix "
+                           f"{config.topics.prefix!r}): {suffixes}")
+        with TopicReader(broker.bootstrap, topic, must_exist=True) as reader:
+            messages = last_messages(reader, args.n, args.timeout)
+    for message in messages:
+        print((message.value or b"").decode("utf-8", errors="replace"))
+    if len(messages) < args.n:
+        print(f"fairstream tail: only {len(messages)} of {args.n} records on {topic} within {args.timeout:g} s",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _control(config, bootstrap: str):
@@ -308,7 +365,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
                           bad=args.bad, rate=args.rate, timeout=args.timeout, act=args.act)
     config = config.with_topics(prefix=f"{config.topics.prefix}-demo-{int(time.time())}")  # a fresh run each time
-    with _broker(args) as broker:
+    with _broker(args, may_start=True) as broker:
         try:
             report = run_demo(config, broker.bootstrap, options)
         except KeyboardInterrupt:
@@ -320,7 +377,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _add_common(parser: argparse.ArgumentParser, config: bool = True) -> None:
     parser.add_argument("--broker", help="Kafka bootstrap URL, e.g. kafka://host:9092 (default: $FAIRSTREAM_BROKER, "
-                                         "a running 'fairstream broker', else a new embedded broker)")
+                                         "else the running embedded broker, found from any directory; with none, "
+                                         "worker and demo start one, other commands stop)")
     parser.add_argument("--run-dir", default="runs", help="folder for logs and pid files (default: runs)")
     if config:
         parser.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None,
@@ -370,10 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_repair)
 
     brk = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) on a free loopback port",
-                         description="start: run the embedded broker in the foreground until Ctrl-C (other commands "
-                                     "find it); stop: stop it from its pid file; status: print its address.")
+                         description="start: run the embedded broker in the foreground until Ctrl-C; it is announced "
+                                     "in broker.json under $FAIRSTREAM_RUNTIME_DIR (else $XDG_RUNTIME_DIR/fairstream, "
+                                     "else /tmp/fairstream-<uid>), so every command without --broker or "
+                                     "$FAIRSTREAM_BROKER uses it, from any directory. status: print its URL (also of "
+                                     "the broker a worker or the demo started); stop: stop it.")
     brk.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
     brk.add_argument("--port", type=int, help="port to listen on (default: a free one)")
+    brk.add_argument("--run-dir", default="runs", help="folder for the broker's log and pid file (default: runs)")
     brk.set_defaults(func=_cmd_broker)
 
     wrk = sub.add_parser("worker", help="run the repair agents of one worker process",
@@ -393,18 +455,41 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --supervise: give up after N restarts within 10 minutes (default: 10)")
     wrk.set_defaults(func=_cmd_worker)
 
-    rpl = sub.add_parser("replay", help="send a data set to records.in as JSON records (with a progress bar)")
+    rpl = sub.add_parser("replay", help="send a data set to records.in (or its research split to research) as JSON records",
+                         description="Send the archive part of a data set (the rows outside its research split) to "
+                                     "records.in as JSON records keyed by id, with a progress bar; with --research, "
+                                     "send the labelled research split to the research topic instead, where "
+                                     "'fairstream refit' reads it.")
     _add_common(rpl)
-    rpl.add_argument("--dataset", default="adult")
+    rpl.add_argument("--dataset", default="adult", help="adult, compas, german, crime, law, health or simulation "
+                                                        "(default: adult)")
+    rpl.add_argument("--research", action="store_true",
+                     help="send the research split (with its labels) to the research topic instead of the archive")
     rpl.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
-    rpl.add_argument("--n-research", type=int, default=10_000,
-                     help="skip the research split of this size and send the archive (0: send everything)")
-    rpl.add_argument("--seed", type=int, default=0)
+    rpl.add_argument("--n-research", type=int, default=None,
+                     help="rows in the research split, which the archive leaves out (default: 10000, or half of a "
+                          "smaller data set; 0: send every row)")
+    rpl.add_argument("--seed", type=int, default=0, help="seed of the research/archive split (default: 0)")
     rpl.add_argument("--limit", type=int, help="send at most this many records, the --bad ones included")
     rpl.add_argument("--bad", type=int, default=0, help="mix in this many invalid records (they must be dead-lettered)")
-    rpl.add_argument("--id-prefix", default="adult")
-    rpl.add_argument("--quiet", action="store_true")
+    rpl.add_argument("--id-prefix", help="record ids are PREFIX-0, PREFIX-1, ... (default: the data set's name, "
+                                         "with -research for --research)")
+    rpl.add_argument("--quiet", action="store_true", help="no progress bar")
     rpl.set_defaults(func=_cmd_replay)
+
+    tail = sub.add_parser("tail", help="print the last N records of a topic (repaired records, dead letters, ...)",
+                          description="Print the last N records of a topic as they are stored (JSON, one a line, oldest "
+                                      "first, by timestamp over its partitions), without joining a consumer group. "
+                                      "While the topic holds fewer than N, wait up to --timeout seconds for more; exit 1 "
+                                      "if fewer than N arrived.")
+    _add_common(tail)
+    tail.add_argument("topic", metavar="TOPIC",
+                      help="a topic of the pipeline under its prefix (records.repaired, dlq, records.in, research, "
+                           "control, ...) or any full topic name")
+    tail.add_argument("-n", type=_positive_int, default=10, metavar="N", help="how many records (default: 10)")
+    tail.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                      help="wait this long for the topic to hold N records (default: 10)")
+    tail.set_defaults(func=_cmd_tail)
 
     art = sub.add_parser("artifacts", help="publish, list and roll back artifact versions on the control topic",
                          description="Artifacts (manifest JSON + .npz payload, sha256-checked) reach workers through "

@@ -1,5 +1,6 @@
 """Test-wide settings."""
 
+import pytest
 from hypothesis import settings
 
 # No per-example deadline: on a shared 2-core machine one example can take seconds (the first call
@@ -7,3 +8,15 @@ from hypothesis import settings
 # the property under test. Slowness is measured in benchmarks/, never asserted in tests.
 settings.register_profile("fairstream", deadline=None)
 settings.load_profile("fairstream")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_dir(tmp_path_factory):
+    """A runtime directory of the test session's own: no test finds (or stops) a developer's running broker.
+
+    Commands run in a subprocess inherit it. ``$FAIRSTREAM_BROKER`` of the developer's shell is dropped too.
+    """
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
+        patch.delenv("FAIRSTREAM_BROKER", raising=False)
+        yield

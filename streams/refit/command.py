@@ -78,7 +78,7 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     """Add ``fairstream refit`` to the CLI's subparsers.
 
     ``broker_context(args)`` is a context manager yielding an object with ``.bootstrap`` (the CLI's
-    ``_broker``), ``add_common(parser)`` adds ``--broker``/``--run-dir``/``--config`` (the CLI's
+    ``_broker``: a re-fit never starts a broker, it stops in one line when none is found), ``add_common(parser)`` adds ``--broker``/``--run-dir``/``--config`` (the CLI's
     ``_add_common``) and ``load_config(args)`` reads the pipeline (the CLI's ``_config``).
     """
     parser = subparsers.add_parser(

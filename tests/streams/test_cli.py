@@ -1,10 +1,14 @@
 """The command line as a user runs it: real subprocesses, the real embedded broker."""
 
+import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,11 +19,18 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams import cli
 from fairstream.streams.cli import build_parser, main
 from fairstream.streams.config import adult_config
-from fairstream.streams.ops.broker import EmbeddedBroker
+from fairstream.streams.ops.broker import (
+    BrokerState,
+    EmbeddedBroker,
+    is_alive,
+    running_broker,
+    state_path,
+    write_state,
+)
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 
-COMMANDS = ["repair", "broker", "worker", "replay", "artifacts", "refit", "demo", "alerts"]
+COMMANDS = ["repair", "broker", "worker", "replay", "tail", "artifacts", "refit", "demo", "alerts"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:
@@ -292,3 +303,124 @@ def test_the_kafka_clients_info_lines_are_kept_off_a_command_unless_debugging(tm
         assert not any(logging.getLogger(name).isEnabledFor(logging.INFO) for name in ("aiokafka", "kafka"))
     finally:
         root.level = level
+
+
+# --------------------------------------------------------------------------- finding the broker from anywhere
+
+NO_BROKER = ("fairstream {command}: error: no broker: start one with 'fairstream broker start' (or pass --broker URL / "
+             "set FAIRSTREAM_BROKER)\n")
+
+
+def wait_for(found, timeout: float, what: str):
+    """Poll ``found()`` until it returns something truthy; its value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = found()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout:g}s")
+
+
+@contextlib.contextmanager
+def background(*args, cwd: Path):
+    """``fairstream ARGS`` running in the background (output in cwd/out.log), stopped for good afterwards."""
+    with open(cwd / "out.log", "w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "fairstream.streams.cli", *args], cwd=cwd, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def refuse_to_start(self):
+    raise AssertionError("a command that must not start a broker started one")
+
+
+@pytest.fixture
+def own_runtime_dir(monkeypatch, tmp_path) -> Path:
+    """A runtime directory of this test's own (commands run as subprocesses inherit it)."""
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "runtime"))
+    for folder in ("here", "elsewhere"):
+        (tmp_path / folder).mkdir()
+    return tmp_path / "runtime"
+
+
+@pytest.mark.integration
+def test_a_started_broker_is_found_and_stopped_from_any_directory(own_runtime_dir, tmp_path):
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    with background("broker", "start", cwd=here) as started:
+        state = wait_for(running_broker, 60, "state file of 'fairstream broker start'")
+        assert state.log == str(here / "runs" / "broker" / "broker.log")
+        assert fairstream("broker", "status", cwd=elsewhere).stdout == f"{state.url}\n"
+        second = fairstream("broker", "start", cwd=elsewhere, check=False)
+        assert (second.returncode, second.stdout, second.stderr) == (
+            1, "", f"fairstream broker: error: an embedded broker already runs at {state.url} (pid {state.pid}) and "
+                   "every command uses it; 'fairstream broker stop' stops it\n")
+        stop = fairstream("broker", "stop", cwd=elsewhere)
+        assert stop.stdout == f"stopped the embedded broker at {state.url} (pid {state.pid})\n"
+        assert started.wait(timeout=30) == 0
+    assert not state_path().exists() and not is_alive(state.pid)
+    status = fairstream("broker", "status", cwd=elsewhere, check=False)
+    assert (status.returncode, status.stdout) == (1, "no running embedded broker\n")
+
+
+def test_a_command_without_a_broker_says_how_to_get_one_and_starts_none(own_runtime_dir, tmp_path):
+    own_runtime_dir.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    write_state(BrokerState("kafka://127.0.0.1:1", gone.pid, "broker.log"))  # stale: its broker died unannounced
+    result = fairstream("artifacts", "list", "--config", str(ADULT_TOML), "--run-dir", "run", cwd=tmp_path,
+                        check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", NO_BROKER.format(command="artifacts"))
+    assert not (tmp_path / "run").exists() and not state_path().exists()
+
+
+@pytest.mark.parametrize("command", [["artifacts", "publish", "{plan}"], ["artifacts", "rollback", "plan"],
+                                     ["replay", "--limit", "5", "--quiet"], ["refit", "--kind", "plan"]], ids=" ".join)
+def test_only_worker_demo_and_broker_start_may_start_a_broker(command, own_runtime_dir, tmp_path, monkeypatch,
+                                                              capsys):
+    monkeypatch.setattr(EmbeddedBroker, "start", refuse_to_start)
+    plan = artifacts.save(tiny_plan(["age", "hours-per-week"]).to_artifact(), tmp_path / "plan.json")
+    argv = [arg.format(plan=plan) for arg in command]
+    code, out, err = run_main([*argv, "--config", str(ADULT_TOML), "--run-dir", str(tmp_path / "run")], capsys)
+    assert (code, out, err) == (1, "", NO_BROKER.format(command=command[0]))
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.integration
+def test_a_worker_that_started_its_own_broker_is_found_by_status_and_replay(own_runtime_dir, tmp_path):
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    with background("worker", "--config", str(ADULT_TOML), "--metrics-port", "off", cwd=here) as worker:
+        state = wait_for(running_broker, 90, "state file of the worker's broker")
+        assert fairstream("broker", "status", cwd=elsewhere).stdout == f"{state.url}\n"
+        replay = fairstream("replay", "--config", str(ADULT_TOML), "--limit", "20", "--quiet", cwd=elsewhere)
+        assert replay.stdout == "sent 20 of 20 records to fairstream.records.in\n"
+        log = here / "out.log"  # stopped once up: a stop while its consumers still join waits 30 s for them
+        wait_for(lambda: all(f"{agent}: partitions assigned" in log.read_text() for agent in ("records", "embeddings")),
+                 90, "worker's consumers")
+        worker.terminate()
+        assert worker.wait(timeout=90) == 0, log.read_text()[-3000:]
+    assert not state_path().exists() and not is_alive(state.pid)  # the worker's broker went with it
+
+
+@pytest.mark.integration
+def test_the_broker_option_beats_the_environment_which_beats_the_state_file(broker, own_runtime_dir, tmp_path,
+                                                                           monkeypatch, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-found")
+    plan = artifacts.save(tiny_plan(["age", "hours-per-week"]).to_artifact(), tmp_path / "plan.json")
+    assert run_main(["artifacts", "publish", str(plan), "--broker", broker.url, "--config", str(toml)], capsys)[0] == 0
+    write_state(BrokerState(broker.url, broker.pid, str(broker.log_path)))  # as if it had been started to be shared
+    monkeypatch.setattr(EmbeddedBroker, "start", refuse_to_start)
+    listing = ["artifacts", "list", "--config", str(toml)]
+    code, out, err = run_main(listing, capsys)
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["plan", "1"], out + err  # found through the state file
+    monkeypatch.setenv("FAIRSTREAM_BROKER", "nowhere")
+    assert run_main(listing, capsys) == (1, "", "fairstream artifacts: error: FAIRSTREAM_BROKER: broker address "
+                                                "'nowhere' in 'nowhere' is not host:port\n")
+    code, out, err = run_main([*listing, "--broker", broker.url], capsys)
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["plan", "1"], out + err
+    assert run_main([*listing, "--broker", "nowhere"], capsys)[2].startswith("fairstream artifacts: error: --broker: ")

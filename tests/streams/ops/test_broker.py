@@ -25,8 +25,14 @@ from fairstream.streams.ops.broker import (
     is_kafka_ready,
     kafka_metadata,
     parse_broker_url,
+    BrokerState,
     read_pid_file,
+    running_broker,
+    runtime_dir,
+    state_path,
     stop_broker_from_pid_file,
+    stop_running_broker,
+    write_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -233,3 +239,86 @@ def test_broker_dies_with_its_owner(tmp_path, owner_signal):
         # SIGKILL leaves a stale pid file behind; it must not block the next broker.
         with EmbeddedBroker(tmp_path) as restarted:
             assert restarted.running
+
+
+# --------------------------------------------------------------------------- finding a running broker
+
+
+def test_the_runtime_dir_is_fairstreams_own_then_the_users_runtime_dir_then_tmp(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "own"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "xdg"))
+    assert runtime_dir() == tmp_path / "own" and state_path() == tmp_path / "own" / "broker.json"
+    monkeypatch.delenv("FAIRSTREAM_RUNTIME_DIR")
+    assert runtime_dir() == tmp_path / "xdg" / "fairstream"
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    assert runtime_dir() == Path(f"/tmp/fairstream-{os.getuid()}")
+
+
+def test_an_announced_broker_is_found_until_it_stops(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "runtime"))
+    with EmbeddedBroker(tmp_path / "run", announce=True) as announced:
+        assert running_broker() == BrokerState(announced.url, announced.pid, str(announced.log_path.resolve()))
+        assert (tmp_path / "runtime").stat().st_mode & 0o777 == 0o700
+    assert not state_path().exists() and running_broker() is None
+    with EmbeddedBroker(tmp_path / "quiet"):  # one started for its owner alone stays unannounced
+        assert running_broker() is None
+
+
+def test_stop_running_broker_stops_the_announced_one(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path))
+    embedded = EmbeddedBroker(tmp_path / "run", announce=True).start()
+    try:
+        stopped = stop_running_broker()
+        assert stopped is not None and stopped.pid == embedded.pid
+        assert embedded.wait(timeout=5) is not None and not state_path().exists()
+        assert stop_running_broker() is None
+    finally:
+        embedded.stop()
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    return finished.pid
+
+
+@pytest.mark.parametrize("pid", ["dead", "not a broker"])
+def test_a_stale_state_file_is_ignored_and_removed(pid, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path))
+    # Its broker died with an owner killed outright, or its pid was reused by an unrelated process.
+    with subprocess.Popen(["sleep", "60"]) as unrelated:
+        try:
+            write_state(BrokerState("kafka://127.0.0.1:1", _dead_pid() if pid == "dead" else unrelated.pid, "broker.log"))
+            assert state_path().exists()
+            assert running_broker() is None
+            assert not state_path().exists()
+            write_state(BrokerState("kafka://127.0.0.1:1", unrelated.pid, "broker.log"))
+            assert stop_running_broker() is None and unrelated.poll() is None  # not stopped: not a broker
+        finally:
+            unrelated.kill()
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"url": "kafka://127.0.0.1:1"}'])
+def test_an_unreadable_state_file_is_ignored_and_removed(text, monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path))
+    state_path().write_text(text)
+    assert running_broker() is None and not state_path().exists()
+
+
+def test_a_stopped_broker_removes_only_its_own_announcement(monkeypatch, tmp_path):
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "runtime"))
+    with EmbeddedBroker(tmp_path / "first", announce=True) as first:
+        with EmbeddedBroker(tmp_path / "second", announce=True) as second:  # the newer announcement wins
+            assert running_broker().pid == second.pid
+            first.stop()
+            assert running_broker().pid == second.pid
+
+
+def test_a_broker_that_cannot_be_announced_is_not_left_running(monkeypatch, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "a-file"))
+    embedded = EmbeddedBroker(tmp_path / "run", announce=True)
+    with pytest.raises(BrokerError, match=r"cannot announce the broker in .*a-file .*set FAIRSTREAM_RUNTIME_DIR"):
+        embedded.start()
+    assert not embedded.running and not (tmp_path / "run" / "broker.pid").exists()
