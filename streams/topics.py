@@ -13,9 +13,11 @@ from the CLI through :func:`ensure_topics`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -151,6 +153,29 @@ async def ensure_topics_async(
 ) -> dict[str, int]:
     """Async form of :func:`ensure_topics`."""
     specs = config.specs()
+    async with _admin(bootstrap, timeout) as admin:
+        existing = set(await admin.list_topics())
+        missing = [spec for spec in specs if spec.name not in existing]
+        if missing:
+            await _create(admin, missing, timeout)
+        counts = await _wait_for_partitions(admin, [spec.name for spec in specs], timeout)
+        _check_partition_counts(specs, counts)
+        await _warn_about_missing_configs(admin, specs)
+        return counts
+
+
+def existing_topics(bootstrap: str, timeout: float = 30.0) -> set[str]:
+    """The names of the topics the broker has; asking creates none (unlike a client's metadata request)."""
+    async def listing() -> set[str]:
+        async with _admin(bootstrap, timeout) as admin:
+            return set(await admin.list_topics())
+
+    return asyncio.run(listing())
+
+
+@contextlib.asynccontextmanager
+async def _admin(bootstrap: str, timeout: float) -> AsyncIterator[AIOKafkaAdminClient]:
+    """A started admin client; an unreachable broker is a :class:`TopicConfigError` naming it (and the security)."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap, client_id="fairstream-admin", request_timeout_ms=int(timeout * 1000),
         **aiokafka_options(),
@@ -163,14 +188,7 @@ async def ensure_topics_async(
         via = "" if protocol == "PLAINTEXT" else f" over {protocol} (check the [kafka] settings and credentials)"
         raise TopicConfigError(f"cannot reach a Kafka broker at {bootstrap}{via}: {exc}") from exc
     try:
-        existing = set(await admin.list_topics())
-        missing = [spec for spec in specs if spec.name not in existing]
-        if missing:
-            await _create(admin, missing, timeout)
-        counts = await _wait_for_partitions(admin, [spec.name for spec in specs], timeout)
-        _check_partition_counts(specs, counts)
-        await _warn_about_missing_configs(admin, specs)
-        return counts
+        yield admin
     finally:
         await admin.close()
 

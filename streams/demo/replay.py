@@ -3,6 +3,8 @@
 ``fairstream replay --dataset adult --rate 2000`` sends the archive part of a data set as JSON
 records keyed by id, with a kafka-python producer at a target rate and a progress bar. Bad records
 of every kind the worker must dead-letter can be mixed in, to exercise the dead-letter path.
+``--research`` sends the labelled research split to the ``research`` topic instead, where re-fits
+read it (what the labelling process does in production).
 """
 
 from __future__ import annotations
@@ -17,6 +19,25 @@ from tqdm import tqdm
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
+
+
+def replay_part(data: Dataset, n_research: int | None, seed: int, research: bool = False) -> Dataset:
+    """What ``fairstream replay`` sends: the archive (the rows outside the research split), or the research split.
+
+    ``n_research`` None is the data set's default split (:func:`default_research_rows`); 0 sends every row as
+    archive. Raises ValueError (naming ``--n-research``) for a split that leaves nothing to send.
+    """
+    from .batch_job import default_research_rows  # here: the batch job's module imports matplotlib
+
+    n_research = default_research_rows(len(data)) if n_research is None else n_research
+    if research and n_research <= 0:
+        raise ValueError(f"--research sends the research split, but --n-research is {n_research}")
+    if not 0 <= n_research < len(data):
+        raise ValueError(f"--n-research {n_research} must be at least 0 and leave an archive: "
+                         f"{data.name} has {len(data)} rows")
+    if n_research == 0:
+        return data
+    return data.split(n_research, seed=seed)[0 if research else 1]
 
 
 def record_messages(data: Dataset, config: PipelineConfig, id_prefix: str, start_ts: float | None = None,
