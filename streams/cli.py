@@ -152,8 +152,9 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         return 0
     state = running_broker()
     if args.action == "status":
+        state = state or _wait_for_broker(args.wait)
         if state is None:
-            print("no running embedded broker")
+            print("no running embedded broker" + (f" after waiting {args.wait:g} s" if args.wait else ""))
             return 1
         print(state.url)  # alone on stdout: --broker "$(fairstream broker status)" works
         print(f"pid {state.pid}, logs in {state.log} (announced in {state_path()})", file=sys.stderr)
@@ -170,6 +171,18 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _wait_for_broker(seconds: float):
+    """The running broker's state once it has announced itself (a ``broker start &`` still starting), or None."""
+    from fairstream.streams.ops.broker import running_broker
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if (state := running_broker()) is not None:
+            return state
+    return None
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -435,6 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the broker a worker or the demo started); stop: stop it.")
     brk.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
     brk.add_argument("--port", type=int, help="port to listen on (default: a free one)")
+    brk.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                     help="with status: wait up to this long for a broker that is still starting (default: 0)")
     brk.add_argument("--run-dir", default="runs", help="folder for the broker's log and pid file (default: runs)")
     brk.set_defaults(func=_cmd_broker)
 

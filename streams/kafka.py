@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-KAFKA_API_VERSION = (2, 5, 0)
+KAFKA_API_VERSION = (2, 5)
 """kafka-python's protocol version: what the embedded broker (Tansu) answers correctly with consumer
-groups (auto-detection picks one it mis-answers); Apache Kafka accepts it too."""
+groups (auto-detection picks one it mis-answers); Apache Kafka accepts it too. kafka-python 3 names it
+(2, 5): (2, 5, 0) is the same version with a warning on every client."""
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

@@ -117,6 +117,9 @@ def test_the_quick_start_runs_as_written(tmp_path, monkeypatch):
         shell.kill()
         stop_running_broker()
     everything = "".join(outputs)
+    # The commands print their results; their clients' INFO lines and version warnings stay off (--debug shows them).
+    noise = [line for line in everything.splitlines() if re.search(r" (INFO|WARNING) (kafka|aiokafka|fairstream)", line)]
+    assert not noise, "\n".join(noise)
     repaired = [json.loads(line) for line in everything.splitlines() if line.startswith('{"id"')]
     assert len(repaired) >= 3, everything
     for record in repaired:

@@ -144,7 +144,9 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
     from fairstream.streams.topics import ensure_topics
 
     if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # A service or a schedule logs what it does; a single re-fit prints its outcome, so only problems are logged.
+        level = logging.INFO if args.serve or args.every else logging.WARNING
+        logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args)
     kind = args.kind or config.refit_kind
     if args.source != "topic" or kind == "embedding":  # a file is read once before anything connects: its errors

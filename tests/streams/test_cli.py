@@ -424,3 +424,17 @@ def test_the_broker_option_beats_the_environment_which_beats_the_state_file(brok
     code, out, err = run_main([*listing, "--broker", broker.url], capsys)
     assert code == 0 and out.splitlines()[1].split()[:2] == ["plan", "1"], out + err
     assert run_main([*listing, "--broker", "nowhere"], capsys)[2].startswith("fairstream artifacts: error: --broker: ")
+
+
+def test_broker_status_waits_for_a_broker_that_is_still_starting_and_gives_up_at_its_deadline(own_runtime_dir, capsys,
+                                                                                                monkeypatch):
+    from fairstream.streams.ops import broker as broker_module
+
+    announced = broker_module.BrokerState(url="kafka://127.0.0.1:1", pid=os.getpid(), log="broker.log")
+    polls = iter([None, None, announced])  # `broker start &` announces itself on the third look
+    monkeypatch.setattr(broker_module, "running_broker", lambda: next(polls))
+    assert run_main(["broker", "status", "--wait", "5"], capsys)[:2] == (0, "kafka://127.0.0.1:1\n")
+    monkeypatch.setattr(broker_module, "running_broker", lambda: None)
+    began = time.monotonic()
+    code, out, _ = run_main(["broker", "status", "--wait", "0.5"], capsys)
+    assert (code, out) == (1, "no running embedded broker after waiting 0.5 s\n") and time.monotonic() - began >= 0.5
