@@ -121,7 +121,7 @@ class RefitJob:
     def run_once(self, source: Source) -> RefitOutcome:
         """Read the window, fit, validate, and publish if the candidate passes; never raises on a refusal."""
         started = time.monotonic()
-        window = resolve_source(source)
+        window = resolve_source(source).in_key_order()
         try:
             fit_rows, holdout_rows = self.trainer.split(window, self.holdout, self.seed)
             too_small = self.trainer.too_small(window, fit_rows, holdout_rows, self.min_cell_rows)

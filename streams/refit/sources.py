@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -57,6 +58,12 @@ class ResearchWindow:
         keys = np.arange(len(X)).astype(str) if keys is None else np.asarray(keys).astype(str)
         return cls(X=X, s=np.asarray(s), u=np.asarray(u), keys=keys, source=source,
                    y=None if y is None else np.asarray(y, dtype=np.int64))
+
+    def in_key_order(self) -> "ResearchWindow":
+        """The same records sorted by key: a re-fit then depends on which records the window holds, not on the
+        order in which a read interleaved the topic's partitions (two reads of one topic can differ)."""
+        order = np.argsort(self.keys, kind="stable")
+        return dataclasses.replace(self.subset(order), n_invalid=self.n_invalid, invalid_examples=self.invalid_examples)
 
     def subset(self, rows: np.ndarray) -> "ResearchWindow":
         """The window's rows at ``rows``."""

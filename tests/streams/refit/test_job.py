@@ -454,3 +454,18 @@ def test_a_plan_re_fit_fits_the_posterior_of_s_only_for_a_pipeline_that_imputes_
     plan = PlanTrainer(imputing).fit(window, {})
     assert plan.posterior_ is not None
     plan.check_compatible(imputing.schema())  # the imputing pipeline loads it
+
+
+def test_a_window_read_in_another_order_refits_the_same_plan(broker, config, windows):
+    # Two reads of one research topic interleave its partitions differently: the re-fit must not care.
+    data = windows["first"]
+    keys = np.array([f"research-{i}" for i in range(len(data))])
+    window = ResearchWindow.of(data.X, data.s, data.u, keys=keys)
+    job = RefitJob(config, broker.bootstrap)
+    first = job.run_once(window)
+    shuffled = window.subset(np.random.default_rng(7).permutation(len(window)))
+
+    again = job.run_once(shuffled)
+
+    assert first.published and not again.published, again.reason
+    assert again.reason.startswith("the candidate is identical to the active plan v1")
