@@ -394,8 +394,14 @@ def _add_common(parser: argparse.ArgumentParser, config: bool = True) -> None:
                                          "worker and demo start one, other commands stop)")
     parser.add_argument("--run-dir", default="runs", help="folder for logs and pid files (default: runs)")
     if config:
-        parser.add_argument("--config", default=DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None,
-                            help=f"pipeline TOML (default: {DEFAULT_CONFIG}, else the built-in Adult pipeline)")
+        parser.add_argument("--config", default=_default_config(),
+                            help=f"pipeline TOML (default: $FAIRSTREAM_CONFIG, else {DEFAULT_CONFIG} if it exists "
+                                 "here, else the built-in Adult pipeline)")
+
+
+def _default_config() -> str | None:
+    """``$FAIRSTREAM_CONFIG`` (a container's or a host's pipeline, for every command), else the checkout's Adult TOML."""
+    return os.environ.get("FAIRSTREAM_CONFIG") or (DEFAULT_CONFIG if Path(DEFAULT_CONFIG).exists() else None)
 
 
 def version_line() -> str:

@@ -438,3 +438,11 @@ def test_broker_status_waits_for_a_broker_that_is_still_starting_and_gives_up_at
     began = time.monotonic()
     code, out, _ = run_main(["broker", "status", "--wait", "0.5"], capsys)
     assert (code, out) == (1, "no running embedded broker after waiting 0.5 s\n") and time.monotonic() - began >= 0.5
+
+
+def test_fairstream_config_names_every_commands_default_pipeline(monkeypatch, tmp_path, capsys):
+    # A container sets it once (docker/compose.yaml) so that `run --rm cli refit ...` uses the stack's pipeline.
+    missing = tmp_path / "pipeline.toml"
+    monkeypatch.setenv("FAIRSTREAM_CONFIG", str(missing))
+    code, _, err = run_main(["replay", "--broker", UNREACHABLE], capsys)
+    assert code == 1 and str(missing) in err and err.count("\n") == 1, err
