@@ -78,6 +78,7 @@ STATS_INTERVAL_MS = 1000  # librdkafka's statistics (broker round trips) for the
 COMMITTED_TIMEOUT_SECONDS = 10.0
 JOIN_SETTLE_SECONDS = 12.0  # a close in the middle of a group join first waits this long for the join to end
 STOP_SETTLE_SECONDS = 30.0  # a stop waits this long for the batch in flight (the pods' grace period allows it)
+BROKER_LOST_SECONDS = 120.0  # no broker answered for this long while consuming: exit non-zero (a supervisor restarts)
 START_JOIN_SECONDS = 60.0  # a start waits this long for the first assignment (the join takes ~5 s on Tansu)
 
 _E = KafkaError
@@ -99,6 +100,10 @@ NOT_LOADED = object()
 
 class DeliveryError(RuntimeError):
     """A batch's outputs could not be delivered; its offsets were not committed."""
+
+
+class BrokerLost(RuntimeError):
+    """No Kafka broker answered for BROKER_LOST_SECONDS: the worker exits rather than stay up without consuming."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,7 @@ class BatchConsumer(mode.Service):
         self._next_offset: dict = {}  # (topic, partition) -> the next offset to process
         self._reset: set = set()  # reset to the beginning, no record read since: not reset again
         self._answered: dict = {}  # broker id -> monotonic time it last answered (librdkafka's statistics)
+        self._contact_from = time.monotonic()  # the broker-contact clock starts here (opened, or out of a hold)
         self._leaders: dict = {}  # (topic, partition) -> its leader's broker id
         self._fatal: KafkaError | None = None  # from the error callbacks: raised by the loop
         self._gave_up = False  # a revocation after a crash settles nothing
@@ -297,6 +303,7 @@ class BatchConsumer(mode.Service):
 
     def _open(self) -> None:
         """Create the consumer and producer (on this thread) and subscribe."""
+        self._contact_from = time.monotonic()
         self._consumer = Consumer({
             "bootstrap.servers": self.bootstrap, **librdkafka_options(), "group.id": self.group_id,
             "client.id": f"fairstream-{self.group_id}", "enable.auto.commit": False,
@@ -372,11 +379,15 @@ class BatchConsumer(mode.Service):
 
     def _active(self):
         """The artifact to apply; NOT_LOADED after a stop. Waits (nothing fetched: backpressure) while none is."""
+        held = False
         while (active := self.spec.active()) is NOT_LOADED:
+            held = True
             if self._pending is not None:
                 self._settle(self._pending)
             if self._stop.wait(HOLD_SECONDS):
                 return NOT_LOADED
+        if held:  # nothing was polled meanwhile, so no statistics came: the contact clock starts again
+            self._contact_from = time.monotonic()
         return active
 
     def _fetch(self) -> list:
@@ -387,6 +398,7 @@ class BatchConsumer(mode.Service):
         self._rebalanced = False
         messages = self._consumer.consume(self.spec.batching.batch_size, self.spec.batching.batch_within)
         self._raise_fatal()
+        self._check_broker_contact()
         good = [m for m in messages if m.error() is None]
         if len(good) < len(messages):
             for m in messages:
@@ -581,6 +593,19 @@ class BatchConsumer(mode.Service):
     def _raise_fatal(self) -> None:
         if self._fatal is not None:
             raise KafkaException(self._fatal)
+
+    def _check_broker_contact(self) -> None:
+        """End the loop when no broker has answered for BROKER_LOST_SECONDS of polling.
+
+        librdkafka retries a lost broker for ever, and so would the worker: up, healthy to a liveness
+        probe, consuming nothing. Exiting non-zero hands it to its supervisor (Kubernetes, compose,
+        ``--supervise``), whose restart reports the broker in one line; nothing past the batch in flight
+        was committed, so the restart replays it.
+        """
+        last = max([self._contact_from, *self._answered.values()])
+        if time.monotonic() - last > BROKER_LOST_SECONDS:
+            raise BrokerLost(f"{self.spec.agent}: no Kafka broker at {self.bootstrap} has answered for "
+                             f"{BROKER_LOST_SECONDS:g} s (last client error: {self._last_error or 'none'})")
 
     def _on_stats(self, text: str) -> None:
         """librdkafka's statistics (every STATS_INTERVAL_MS): when each broker last answered, who leads what."""

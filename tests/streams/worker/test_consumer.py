@@ -474,3 +474,27 @@ def test_a_stop_while_the_start_still_waits_for_the_group_join_ends_with_the_thr
 
     assert asyncio.run(stop_during_start()) < 5  # was the whole 30 s settle timeout, with an ERROR line
     assert scripted.closed
+
+
+def test_a_worker_whose_brokers_stay_silent_ends_its_loop_instead_of_staying_up_unconsuming(monkeypatch):
+    # The broker was killed: librdkafka retries for ever, /healthz stays 200, nothing is consumed.
+    monkeypatch.setattr(consumer_module, "BROKER_LOST_SECONDS", 0.2)
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)])
+    run(worker, 1)  # the broker answers: nothing happens
+    scripted.stats = stats(state="DOWN")
+    worker._answered.clear()
+    time.sleep(0.3)
+    with pytest.raises(consumer_module.BrokerLost, match="no Kafka broker at unused:9092 has answered for 0.2 s"):
+        run(worker, 1)
+
+
+def test_a_hold_for_a_missing_artifact_does_not_count_as_a_silent_broker(monkeypatch):
+    # While held nothing is polled, so no statistics arrive: the silence is ours, not the broker's.
+    monkeypatch.setattr(consumer_module, "BROKER_LOST_SECONDS", 0.2)
+    monkeypatch.setattr(consumer_module, "HOLD_SECONDS", 0.01)
+    loaded = []
+    worker, scripted, _ = make(monkeypatch, [batch(0, 2)], active=lambda: loaded[0] if loaded else NOT_LOADED)
+    scripted.stats = None  # no statistics until the first poll after the hold
+    threading.Timer(0.4, lambda: loaded.append("plan")).start()
+    worker._one_batch()
+    assert len(scripted.served) == 1
