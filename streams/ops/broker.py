@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from fairstream.streams.parsing import BrokerAddress, parse_broker_url
+
 log = logging.getLogger(__name__)
 
 from . import processes
@@ -42,47 +44,6 @@ _POLL_SECONDS = 0.05
 
 class BrokerError(RuntimeError):
     """The broker could not be started, reached or stopped."""
-
-
-# --------------------------------------------------------------------------- addresses
-
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    """Where clients find a broker: ``bootstrap`` for kafka-python/aiokafka, ``url`` for Faust."""
-
-    hosts: tuple[tuple[str, int], ...]
-
-    @property
-    def bootstrap(self) -> str:
-        """``host:port,...`` for Kafka clients."""
-        return ",".join(f"{host}:{port}" for host, port in self.hosts)
-
-    @property
-    def url(self) -> str:
-        # Faust separates several brokers with ';' and wants the scheme on each of them.
-        """``kafka://host:port,...`` for ``--broker``."""
-        return ";".join(f"kafka://{host}:{port}" for host, port in self.hosts)
-
-
-def parse_broker_url(url: str) -> BrokerAddress:
-    """Parse ``kafka://h1:9092;kafka://h2:9092``, ``h1:9092,h2:9092`` or a mix into an address."""
-    hosts = []
-    for part in url.replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "://" in part:
-            scheme, part = part.split("://", 1)
-            if scheme != "kafka":
-                raise ValueError(f"unsupported broker scheme {scheme!r} in {url!r}; use kafka://")
-        host, sep, port = part.rstrip("/").rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"broker address {part!r} in {url!r} is not host:port")
-        hosts.append((host, int(port)))
-    if not hosts:
-        raise ValueError(f"no broker address in {url!r}")
-    return BrokerAddress(tuple(hosts))
 
 
 # --------------------------------------------------------------------------- readiness
@@ -207,11 +168,31 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
 
 @dataclass(frozen=True)
 class BrokerState:
-    """What ``broker.json`` says of a running embedded broker: its ``--broker`` URL, its pid, its log file."""
+    """What ``broker.json`` says of a running embedded broker: its ``--broker`` URL, its pid, its log file, and
+    when that process started (so a pid the system gave to another process later is not taken for it)."""
 
     url: str
     pid: int
     log: str
+    started: str = ""  # /proc/PID/stat start time; filled in by write_state
+
+
+def _process_start(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (field 22 of /proc/PID/stat), or "" if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces: field 3 onwards
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _is_announced_process(state: BrokerState) -> bool:
+    """The announced pid is still the process that was announced (a broker), not a later one given its number."""
+    if not Path("/proc").is_dir():
+        return is_alive(state.pid)  # no /proc (macOS): trust the pid
+    return (is_alive(state.pid) and bool(state.started) and state.started == _process_start(state.pid)
+            and _looks_like_broker(state.pid))
 
 
 def runtime_dir() -> Path:
@@ -239,7 +220,8 @@ def write_state(state: BrokerState) -> Path:
         if directory.stat().st_uid != os.getuid():  # /tmp is shared: another user's file could point us elsewhere
             raise PermissionError("it belongs to another user")
         partial = directory / f".{STATE_NAME}.{os.getpid()}"
-        partial.write_text(json.dumps({"url": state.url, "pid": state.pid, "log": state.log}) + "\n")
+        started = state.started or _process_start(state.pid)
+        partial.write_text(json.dumps({"url": state.url, "pid": state.pid, "log": state.log, "started": started}) + "\n")
         partial.replace(directory / STATE_NAME)
     except OSError as exc:
         raise BrokerError(f"cannot announce the broker in {directory} ({exc.strerror or exc}); "
@@ -254,15 +236,16 @@ def running_broker() -> BrokerState | None:
         if path.parent.stat().st_uid != os.getuid():
             return None
         fields = json.loads(path.read_text())
-        state = BrokerState(str(fields["url"]), int(fields["pid"]), str(fields["log"]))
+        state = BrokerState(str(fields["url"]), int(fields["pid"]), str(fields["log"]), str(fields.get("started", "")))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError):  # half a file, an old format: no broker to be found there
         path.unlink(missing_ok=True)
         return None
-    if is_alive(state.pid) and _looks_like_broker(state.pid):
+    if _is_announced_process(state):
         return state
-    remove_state(state.pid)  # the broker died (or was killed with its owner) without removing it
+    remove_state(state.pid)  # the broker died (or was killed with its owner) without removing it, or the file was
+    # not written by a broker (no start time): a pid is only trusted with the start time it was announced with
     return None
 
 

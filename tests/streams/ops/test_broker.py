@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -24,7 +25,6 @@ from fairstream.streams.ops.broker import (
     free_port,
     is_kafka_ready,
     kafka_metadata,
-    parse_broker_url,
     BrokerState,
     read_pid_file,
     running_broker,
@@ -54,23 +54,6 @@ def _fake_binary(tmp_path: Path, script: str) -> str:
     path.write_text("#!/bin/sh\n" + script + "\n")
     path.chmod(0o755)
     return str(path)
-
-
-# --------------------------------------------------------------------------- addresses
-
-
-def test_parse_broker_url_accepts_faust_and_bootstrap_forms():
-    assert parse_broker_url("kafka://k1:9092").bootstrap == "k1:9092"
-    both = parse_broker_url("kafka://k1:9092;kafka://k2:9093")
-    assert both.bootstrap == "k1:9092,k2:9093"
-    assert both.url == "kafka://k1:9092;kafka://k2:9093"
-    assert parse_broker_url("k1:9092, k2:9093").hosts == (("k1", 9092), ("k2", 9093))
-
-
-@pytest.mark.parametrize("bad", ["", "kafka://", "k1", "k1:port", "http://k1:9092"])
-def test_parse_broker_url_rejects_malformed(bad):
-    with pytest.raises(ValueError):
-        parse_broker_url(bad)
 
 
 def test_external_option_starts_nothing(tmp_path):
@@ -257,7 +240,8 @@ def test_the_runtime_dir_is_fairstreams_own_then_the_users_runtime_dir_then_tmp(
 def test_an_announced_broker_is_found_until_it_stops(monkeypatch, tmp_path):
     monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path / "runtime"))
     with EmbeddedBroker(tmp_path / "run", announce=True) as announced:
-        assert running_broker() == BrokerState(announced.url, announced.pid, str(announced.log_path.resolve()))
+        found = running_broker()
+        assert (found.url, found.pid, found.log) == (announced.url, announced.pid, str(announced.log_path.resolve()))
         assert (tmp_path / "runtime").stat().st_mode & 0o777 == 0o700
     assert not state_path().exists() and running_broker() is None
     with EmbeddedBroker(tmp_path / "quiet"):  # one started for its owner alone stays unannounced
@@ -297,6 +281,19 @@ def test_a_stale_state_file_is_ignored_and_removed(pid, monkeypatch, tmp_path):
             assert stop_running_broker() is None and unrelated.poll() is None  # not stopped: not a broker
         finally:
             unrelated.kill()
+
+
+def test_a_pid_reused_by_another_process_named_like_a_broker_is_neither_found_nor_stopped(monkeypatch, tmp_path):
+    # The broker died unannounced and the system gave its pid to a process whose last argument is "broker" too.
+    monkeypatch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path))
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "broker"]) as lookalike:
+        try:
+            state_path().write_text(json.dumps({"url": "kafka://127.0.0.1:1", "pid": lookalike.pid, "log": "x"}))
+            assert running_broker() is None and not state_path().exists()  # written by hand: no start time
+            write_state(BrokerState("kafka://127.0.0.1:1", lookalike.pid, "x", started="1"))  # another process's
+            assert stop_running_broker() is None and lookalike.poll() is None  # not stopped
+        finally:
+            lookalike.kill()
 
 
 @pytest.mark.parametrize("text", ["{", "[]", '{"url": "kafka://127.0.0.1:1"}'])
