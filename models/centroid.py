@@ -47,14 +47,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError, as_2d, check_finite
 from fairstream.repair.estimator import Estimator
 from fairstream.repair.measure.verification import VerificationRates, l2_normalise, same_group_pair_scores
+from fairstream.repair.validation import RepairInputError, as_2d, check_finite
 
 from .centroid_targets import (
     CentroidTargets,
     IdentityStructure,
-    _reference_code,
+    reference_code,
     pretrained_centroids,
 )
 from .embedding import FairnessModule
@@ -160,7 +160,7 @@ class CentroidFairness(Estimator):
         if structure.group_labels.size < 2:
             raise RepairInputError("Centroid Fairness needs at least two groups")
         self.groups_ = structure.group_labels
-        reference = _reference_code(self.reference, self.groups_, codes)
+        reference = reference_code(self.reference, self.groups_, codes)
         self.reference_ = self.groups_[reference].item()
         mu0 = l2_normalise(pretrained_centroids(Z, structure.y, structure.n_identities))
         self.targets_ = CentroidTargets(Z, structure, mu0, reference, self.exact_limit, self.bins)

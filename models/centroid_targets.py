@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError, as_labels, normalise_labels
 from fairstream.repair.estimator import Estimator
 from fairstream.repair.measure.verification import ScoreCurve, l2_normalise
+from fairstream.repair.validation import RepairInputError, as_labels, normalise_labels
 
 __all__ = [
     "CentroidTargets",
@@ -316,19 +316,19 @@ class GroupQuantileScoreNormaliser(Estimator):
 
     def fit(self, vectors, identities, groups) -> GroupQuantileScoreNormaliser:
         """Impostor curves per group from all same-group pairs of the fit set (binned). Returns self."""
-        from fairstream.repair.measure.verification import _group_pair_blocks
+        from fairstream.repair.measure.verification import group_pair_blocks
 
         Z = l2_normalise(vectors)
         structure = IdentityStructure.of(identities, groups, Z.shape[0])
         codes = structure.group_codes()
         self.groups_ = structure.group_labels
-        self.reference_ = _reference_code(self.reference, self.groups_, codes)
+        self.reference_ = reference_code(self.reference, self.groups_, codes)
         edges = np.linspace(-1.0, 1.0, self.bins + 1)
         self.curves_ = []
         for a in range(self.groups_.size):
             rows = np.flatnonzero(codes == a)
             hist = np.zeros(self.bins, dtype=np.int64)
-            for _, imp in _group_pair_blocks(Z[rows], structure.y[rows], 1024):
+            for _, imp in group_pair_blocks(Z[rows], structure.y[rows], 1024):
                 hist += np.bincount(_bin(imp, edges), minlength=self.bins)
             self.curves_.append(ScoreCurve.from_histogram(edges, hist))
         return self
@@ -338,7 +338,7 @@ class GroupQuantileScoreNormaliser(Estimator):
         return far_matching(self.curves_[group], self.curves_[self.reference_], scores)
 
 
-def _reference_code(reference, group_labels: np.ndarray, codes: np.ndarray) -> int:
+def reference_code(reference, group_labels: np.ndarray, codes: np.ndarray) -> int:
     """Code of the reference group; by default the one with the most vectors (as in the paper)."""
     if reference is None:
         return int(np.argmax(np.bincount(codes, minlength=group_labels.size)))

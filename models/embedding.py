@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError
 from fairstream.repair.artifacts import ArrayLayout, ArraySpec, finite
 from fairstream.repair.measure.verification import l2_normalise
 from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, rowwise_matmul
+from fairstream.repair.validation import RepairInputError
 
 __all__ = ["ARTIFACT_KIND", "FairnessModule", "normalise"]
 

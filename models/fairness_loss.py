@@ -20,9 +20,9 @@ from itertools import combinations
 import numpy as np
 import torch
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
-from .score_transport import _coupling_path, _weights, sharp_sinkhorn
+from .score_transport import coupling_path, probability_weights, sharp_sinkhorn
 
 __all__ = ["DIVERGENCES", "NOTIONS", "SharpSinkhornLoss", "fairness_loss", "sharp_sinkhorn_loss", "wasserstein2_loss"]
 
@@ -63,7 +63,7 @@ def wasserstein2_loss(r0: torch.Tensor, r1: torch.Tensor, a=None, b=None) -> tor
     The monotone coupling is found on detached values; the gradient flows through the matched scores.
     """
     x, y = r0.detach().double().cpu().numpy(), r1.detach().double().cpu().numpy()
-    widths, i, j = _coupling_path(x, y, _weights(a, len(x), "a"), _weights(b, len(y), "b"))
+    widths, i, j = coupling_path(x, y, probability_weights(a, len(x), "a"), probability_weights(b, len(y), "b"))
     widths = torch.as_tensor(widths, dtype=r0.dtype, device=r0.device)
     return torch.sum(widths * (r0[torch.as_tensor(i)] - r1[torch.as_tensor(j)]) ** 2)
 

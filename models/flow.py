@@ -39,14 +39,6 @@ from typing import Sequence
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import (
-    RepairInputError,
-    as_2d,
-    as_labels,
-    column_names,
-    encode_mask,
-    normalise_labels,
-)
 from fairstream.repair.artifacts import (
     ArrayLayout,
     ArraySpec,
@@ -66,6 +58,14 @@ from fairstream.repair.protocol import (
     PipelineSchema,
     check_labels_cover,
     rowwise_matmul,
+)
+from fairstream.repair.validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    column_names,
+    encode_mask,
+    normalise_labels,
 )
 
 __all__ = ["FlowPreprocessor", "FlowValidation", "coupling_masks", "validate_flow"]

@@ -32,7 +32,9 @@ import torch
 from torch import nn
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import (
+from fairstream.repair.estimator import FrozenPartsEstimator
+from fairstream.repair.measure.metrics import as_binary
+from fairstream.repair.validation import (
     RepairInputError,
     as_2d,
     as_labels,
@@ -40,8 +42,6 @@ from fairstream.repair._validation import (
     column_names,
     normalise_labels,
 )
-from fairstream.repair.estimator import FrozenPartsEstimator
-from fairstream.repair.measure.metrics import as_binary
 
 from .fairness_loss import DIVERGENCES, NOTIONS, fairness_loss
 from .flow import NETS, FlowPreprocessor, coupling_masks

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import linalg, optimize
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
 _MAX_NEWTON_STEPS = 4
 
@@ -63,7 +63,7 @@ class SharpSinkhorn:
     dual: DualSolution
 
 
-def _weights(w, n: int, name: str) -> np.ndarray:
+def probability_weights(w, n: int, name: str) -> np.ndarray:
     """Uniform weights, or the given ones checked to be a positive probability vector."""
     if w is None:
         return np.full(n, 1.0 / n)
@@ -82,7 +82,7 @@ def _scores(r, name: str) -> np.ndarray:
     return r
 
 
-def _coupling_path(r0, r1, a, b):
+def coupling_path(r0, r1, a, b):
     """The monotone (north-west corner) coupling of sorted samples: interval widths and index pairs."""
     o0, o1 = np.argsort(r0, kind="stable"), np.argsort(r1, kind="stable")
     c0, c1 = np.cumsum(a[o0]), np.cumsum(b[o1])
@@ -101,7 +101,7 @@ def wasserstein2_1d(r0, r1, a=None, b=None) -> float:
     0.25
     """
     r0, r1 = _scores(r0, "r0"), _scores(r1, "r1")
-    widths, i, j = _coupling_path(r0, r1, _weights(a, len(r0), "a"), _weights(b, len(r1), "b"))
+    widths, i, j = coupling_path(r0, r1, probability_weights(a, len(r0), "a"), probability_weights(b, len(r1), "b"))
     return float(np.sum(widths * (r0[i] - r1[j]) ** 2))
 
 
@@ -116,7 +116,7 @@ def monotone_potentials(r0, r1, a=None, b=None) -> tuple[np.ndarray, np.ndarray]
     [0.0, 0.0]
     """
     r0, r1 = _scores(r0, "r0"), _scores(r1, "r1")
-    _, i, j = _coupling_path(r0, r1, _weights(a, len(r0), "a"), _weights(b, len(r1), "b"))
+    _, i, j = coupling_path(r0, r1, probability_weights(a, len(r0), "a"), probability_weights(b, len(r1), "b"))
     cost = (r0[i] - r1[j]) ** 2
     # A step to a new row i' from (i, j) goes through the edge (i', j): alpha_i' = M[i', j] - beta_j,
     # i.e. alpha grows by M[i', j] - M[i, j]. A step that only changes the column keeps alpha.
@@ -158,7 +158,7 @@ def solve_semidual(M, a, b, eps: float, beta0=None, tol: float = 1e-10, max_iter
     """
     M = np.asarray(M, dtype=np.float64)
     n0, n1 = M.shape
-    a, b = _weights(a, n0, "a"), _weights(b, n1, "b")
+    a, b = probability_weights(a, n0, "a"), probability_weights(b, n1, "b")
     start = np.zeros(n1) if beta0 is None else np.asarray(beta0, dtype=np.float64)
     beta = np.append(start[:-1] - start[-1], 0.0)
     if n1 == 1:  # one target point: the plan is fixed, nothing to solve
@@ -266,7 +266,7 @@ def sharp_sinkhorn(r0, r1, eps: float = 200.0, a=None, b=None, gradient: bool = 
             or not np.isfinite(eps) or eps <= 0:
         raise RepairInputError(f"eps must be a positive finite number, got {eps!r}")
     r0, r1 = _scores(r0, "r0"), _scores(r1, "r1")
-    a, b = _weights(a, len(r0), "a"), _weights(b, len(r1), "b")
+    a, b = probability_weights(a, len(r0), "a"), probability_weights(b, len(r1), "b")
     if len(r0) < len(r1):  # the linear solve is on the columns: keep the smaller sample there
         swapped = sharp_sinkhorn(r1, r0, eps, b, a, gradient, tol, max_iter, warm_start)
         dual = swapped.dual

@@ -39,22 +39,13 @@ from scipy.special import expit
 from scipy.stats import wasserstein_distance
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import (
-    RepairInputError,
-    as_2d,
-    as_labels,
-    check_finite,
-    column_names,
-    normalise_labels,
-)
 from fairstream.repair.artifacts import ArrayLayout, ArraySpec, above, at_least, at_most, finite
 from fairstream.repair.estimator import Estimator
 from fairstream.repair.group_maps import Counterparts, GroupTransportMap
 from fairstream.repair.logistic import fit_logistic
 from fairstream.repair.measure.mdp import fair_matching_cost, matched_dp
-from fairstream.repair.measure.metrics import as_binary, demographic_parity
+from fairstream.repair.measure.metrics import as_binary, auc, demographic_parity
 from fairstream.repair.measure.otf import correlation_violation, one_hot
-from fairstream.repair.posterior import _auc
 from fairstream.repair.protocol import (
     Applied,
     Batch,
@@ -62,6 +53,14 @@ from fairstream.repair.protocol import (
     PipelineSchema,
     check_labels_cover,
     rowwise_matmul,
+)
+from fairstream.repair.validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    normalise_labels,
 )
 
 __all__ = ["LogisticScorer", "Scorer", "ScorerValidation", "validate_scorer"]
@@ -522,7 +521,7 @@ def validate_scorer(scorer: Scorer, X, s, y, group_map: GroupTransportMap | None
     S, groups = one_hot(s)
     means = [score[s == g].mean() for g in groups]
     return ScorerValidation(
-        accuracy=float(np.mean(decision == y)), auc=_auc(score, y == 1), dp_gap=dp.difference,
+        accuracy=float(np.mean(decision == y)), auc=auc(score, y == 1), dp_gap=dp.difference,
         mean_dp_gap=float(max(means) - min(means)), wdp=_max_w1(score, s, groups), mdp=mdp,
         matching_cost=float(cost.max()) if cost.size else float("nan"),
         tpr_gap=float(tpr), fpr_gap=float(fpr), eo_gap=float(max(tpr, fpr)), eo_mean_gap=float((tpr + fpr) / 2),

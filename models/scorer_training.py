@@ -49,7 +49,11 @@ import torch
 from torch import nn
 
 from fairstream.repair import artifacts
-from fairstream.repair._validation import (
+from fairstream.repair.estimator import FrozenPartsEstimator
+from fairstream.repair.group_maps import GroupTransportMap, reference_index
+from fairstream.repair.measure.metrics import as_binary
+from fairstream.repair.measure.otf import NOTIONS, one_hot
+from fairstream.repair.validation import (
     RepairInputError,
     as_2d,
     as_labels,
@@ -58,10 +62,6 @@ from fairstream.repair._validation import (
     encode,
     normalise_labels,
 )
-from fairstream.repair.estimator import FrozenPartsEstimator
-from fairstream.repair.group_maps import GroupTransportMap, reference_index
-from fairstream.repair.measure.metrics import as_binary
-from fairstream.repair.measure.otf import NOTIONS, one_hot
 
 from .ftm import GapPenalty, MatchingPenalty
 from .otf_training import NormPenalty, OTFPenalty

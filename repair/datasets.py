@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ._validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
+from .validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
 
 __all__ = [
     "DATASET_NAMES",
@@ -323,7 +323,7 @@ HEALTH_FLOW_FEATURES = (
 )
 _HEALTH_YEARS = ("Y1", "Y2", "Y3")
 _YEAR_COLUMN = "YEAR_t"
-_BINARY = {0: "0", 1: "1"}  # the labels of an outcome y
+_BINARY = {0: "0", 1: "1"}  # labels of a plain 0/1 column (an outcome y)
 
 
 @dataclass(frozen=True)
@@ -367,6 +367,7 @@ def _minority_majority(table: _Table) -> np.ndarray:
 
 
 def _health_age_and_charlson_columns() -> list[str]:
+    """Every age band and Charlson column of the health file: they define s and y of ``health-age``."""
     return [c for c in _header(_FILES["health"]) if c.startswith(("age_", "Charlson"))]
 
 
@@ -480,12 +481,13 @@ def _refuse_defining_columns(features: Sequence[str], defining: Sequence[str], w
     if leaked:
         raise RepairInputError(f"features {leaked} define {what}; choose other columns")
 
+
 # --------------------------------------------------------------------------------------------
-# Real data sets
+# Real data sets: one loader per row of the table, for its signature and documentation
 # --------------------------------------------------------------------------------------------
 
 
-def load_adult(features: Sequence[str] = ("age", "hours-per-week")) -> Dataset:
+def load_adult(features: Sequence[str] = _SPECS["adult"].features) -> Dataset:
     """UCI Adult census income, train and test together (45,222 rows without missing values).
 
     As in Langbridge, Quinn and Shorten (2024), section V-B: ``s`` is sex (1 = male, 0 = female); ``u`` is college education,
@@ -500,7 +502,7 @@ def load_adult(features: Sequence[str] = ("age", "hours-per-week")) -> Dataset:
     return _load("adult", features)
 
 
-def load_compas(features: Sequence[str] = ("priors-count", "age-num")) -> Dataset:
+def load_compas(features: Sequence[str] = _SPECS["compas"].features) -> Dataset:
     """ProPublica COMPAS defendants from Broward County (6,167 rows).
 
     ``s`` is race. The bundled file has race already reduced to one 0/1 column, so African-American
@@ -512,7 +514,7 @@ def load_compas(features: Sequence[str] = ("priors-count", "age-num")) -> Datase
     return _load("compas", features)
 
 
-def load_german(features: Sequence[str] = ("month", "credit-amount")) -> Dataset:
+def load_german(features: Sequence[str] = _SPECS["german"].features) -> Dataset:
     """German credit applications (1,000 rows).
 
     ``s`` is sex (1 = male, 0 = female, as encoded in the file). ``u`` is the applicant's job
@@ -524,7 +526,7 @@ def load_german(features: Sequence[str] = ("month", "credit-amount")) -> Dataset
     return _load("german", features)
 
 
-def load_crime(features: Sequence[str] = ("medIncome", "PctUnemployed")) -> Dataset:
+def load_crime(features: Sequence[str] = _SPECS["crime"].features) -> Dataset:
     """UCI Communities and Crime, one row per US community (1,993 rows).
 
     All numeric columns are min-max scaled to [0, 1] in the source. ``s`` is the file's
@@ -537,7 +539,7 @@ def load_crime(features: Sequence[str] = ("medIncome", "PctUnemployed")) -> Data
     return _load("crime", features)
 
 
-def load_law(features: Sequence[str] = ("LSAT", "UGPA")) -> Dataset:
+def load_law(features: Sequence[str] = _SPECS["law"].features) -> Dataset:
     """LSAC law school students, as released by Kusner et al. 2017 (21,791 rows).
 
     ``s`` is race, 1 = White, 0 = any other race (the file holds eight race categories; the small
@@ -548,8 +550,7 @@ def load_law(features: Sequence[str] = ("LSAT", "UGPA")) -> Dataset:
     return _load("law", features)
 
 
-
-def load_health(features: Sequence[str] = ("no_Claims", "no_Providers"), year: str | None = None) -> Dataset:
+def load_health(features: Sequence[str] = _SPECS["health"].features, year: str | None = None) -> Dataset:
     """Heritage Health Prize claims, one row per member and year (171,067 rows, 59,997 in Y1).
 
     A member appears in up to three years, so rows are not independent; pass ``year`` ("Y1",
@@ -635,7 +636,7 @@ def load(name: str, **kwargs) -> Dataset:
 # --------------------------------------------------------------------------------------------
 
 
-def load_crime_minority(features: Sequence[str] = CRIME_FLOW_FEATURES) -> Dataset:
+def load_crime_minority(features: Sequence[str] = _SPECS["crime-minority"].features) -> Dataset:
     """Communities and Crime with the AdapFair paper's groups and label (1,993 rows).
 
     ``s`` = 1 for a minority-majority community, ``racePctWhite / 5 < racepctblack + racePctAsian
@@ -651,7 +652,7 @@ def load_crime_minority(features: Sequence[str] = CRIME_FLOW_FEATURES) -> Datase
     return _load("crime-minority", features)
 
 
-def load_health_by_age(features: Sequence[str] = HEALTH_FLOW_FEATURES, year: str | None = "Y1") -> Dataset:
+def load_health_by_age(features: Sequence[str] = _SPECS["health-age"].features, year: str | None = "Y1") -> Dataset:
     """Heritage Health with the AdapFair paper's groups and label; ``u`` is sex, the drift split.
 
     ``s`` = 1 for members aged 60 or over at their first claim (the file's bands 60-69, 70-79,

@@ -33,15 +33,6 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from . import artifacts
-from ._validation import (
-    RepairInputError,
-    as_2d,
-    as_labels,
-    check_finite,
-    column_names,
-    encode_mask,
-    normalise_labels,
-)
 from .artifacts import (
     ArrayLayout,
     ArraySpec,
@@ -61,6 +52,15 @@ from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
 from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
 from .transport import MonotonePlan, barycenter
+from .validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    check_finite,
+    column_names,
+    encode_mask,
+    normalise_labels,
+)
 
 ARTIFACT_KIND = "plan"
 OUT_OF_RANGE_POLICIES = ("clamp", "reject")

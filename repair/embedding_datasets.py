@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._validation import RepairInputError, as_2d, as_labels, check_finite, normalise_labels
+from .validation import RepairInputError, as_2d, as_labels, check_finite, normalise_labels
 
 __all__ = [
     "DEFAULT_CONCENTRATION",

@@ -18,7 +18,7 @@ unfitted copy as ``type(est)(**est.get_params(deep=False))``. What ``fit`` learn
 >>> Smoother().set_params(widht=3)
 Traceback (most recent call last):
 ...
-fairstream.repair._validation.RepairInputError: Smoother has no parameter 'widht' (did you mean 'width'?); ...
+fairstream.repair.validation.RepairInputError: Smoother has no parameter 'widht' (did you mean 'width'?); ...
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import copy
 import difflib
 import inspect
 
-from ._validation import RepairInputError
+from .validation import RepairInputError
 
 __all__ = ["Estimator", "FrozenPartsEstimator"]
 

@@ -22,7 +22,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ._validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
+from .validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
 
 
 def barycentric_projection(x_from: np.ndarray, x_to: np.ndarray) -> np.ndarray:

@@ -79,7 +79,6 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from . import artifacts
-from ._validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
 from .artifacts import (
     ArrayLayout,
     ArraySpec,
@@ -95,6 +94,7 @@ from .artifacts import (
 )
 from .estimator import Estimator
 from .measure.metrics import as_binary
+from .validation import RepairInputError, as_2d, as_labels, check_finite, column_names, normalise_labels
 
 __all__ = ["Counterparts", "GroupTransportMap", "exact_coupling", "exact_matching", "reference_index",
            "squared_distances"]

@@ -50,10 +50,11 @@ from typing import Sequence
 import numpy as np
 from scipy.special import expit
 
-from ._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from .artifacts import ArraySpec, Check, above, at_least, finite
 from .estimator import Estimator
 from .logistic import fit_logistic_stack
+from .measure.metrics import auc
+from .validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 
 __all__ = ["GroupPosterior", "distinct_rows", "missing_mask", "one_vs_rest", "one_vs_rest_stack", "polynomial_design"]
 
@@ -393,20 +394,6 @@ def calibration_metrics(proba: np.ndarray, codes: np.ndarray) -> np.ndarray:
         # Sum over bins of (bin share) * |mean predicted - observed frequency| in the bin.
         gap = np.bincount(bins[:, g], proba[:, g] - onehot[:, g], minlength=_CALIBRATION_BINS)
         ece += np.abs(gap).sum() / n / n_groups
-    auc = _auc(proba[:, 1], codes == 1) if n_groups == 2 else np.nan
+    area = auc(proba[:, 1], codes == 1) if n_groups == 2 else np.nan
     accuracy = np.mean(np.argmax(proba, axis=1) == codes)
-    return np.array([log_loss, brier, ece, auc, accuracy])
-
-
-def _auc(score: np.ndarray, positive: np.ndarray) -> float:
-    """Mann-Whitney AUC with mid-ranks for ties; NaN when one class is absent."""
-    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    order = np.argsort(score, kind="stable")
-    ranks = np.empty(len(score))
-    ranks[order] = np.arange(1, len(score) + 1)
-    # Average the ranks of tied scores.
-    uniq, inverse = np.unique(score, return_inverse=True)
-    ranks = (np.bincount(inverse, ranks) / np.bincount(inverse))[inverse]
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return np.array([log_loss, brier, ece, area, accuracy])

@@ -1,4 +1,4 @@
-"""The rooms' import rules: repair <- models <- streams, and no stream client below streams/."""
+"""The rooms' import rules: repair <- models <- streams, no stream client below streams/, and the rooms inside streams/."""
 
 from __future__ import annotations
 
@@ -17,6 +17,19 @@ FORBIDDEN = {
     "repair": ("fairstream.models", "fairstream.streams", "torch", *STREAM_CLIENTS, *TEST_ONLY),
     "models": ("fairstream.streams", *STREAM_CLIENTS, *TEST_ONLY),
     "streams": TEST_ONLY,
+}
+
+
+STREAMS_ROOMS = {
+    # a room inside streams/ -> the other rooms inside streams/ it may import. Every room may import the shared
+    # modules at the top of streams/ (config, codec, schemas, topics, kafka, parsing); only cli.py, the command
+    # line at the top, may import any room.
+    "shared": (),  # streams/*.py but cli.py
+    "control": (),
+    "worker": ("control",),
+    "refit": ("control",),
+    "ops": ("worker",),  # alert_rules renders the rules from the worker's metric families
+    "demo": ("control", "ops", "refit", "worker"),
 }
 
 
@@ -50,6 +63,45 @@ def test_imports_point_down_only(room):
         if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[room])
     ]
     assert not broken, "\n".join(broken)
+
+
+def streams_room(path: Path) -> str | None:
+    """The room inside streams/ a file of it belongs to: its folder, ``shared`` at the top, None for cli.py."""
+    parts = path.relative_to(ROOT / "streams").parts
+    if len(parts) > 1:
+        return parts[0]
+    return None if parts[0] == "cli.py" else "shared"
+
+
+def streams_room_violations(path: Path, package: str, room: str) -> list[str]:
+    """Imports of a file of ``room`` that reach a room inside streams/ it may not import."""
+    broken = []
+    for line, name in imports_of(path, package):
+        parts = (name or "").split(".")
+        if parts[:2] == ["fairstream", "streams"] and len(parts) > 2 and parts[2] in STREAMS_ROOMS \
+                and parts[2] != room and parts[2] not in STREAMS_ROOMS[room]:
+            broken.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line} imports {name}")
+    return broken
+
+
+def test_every_folder_of_streams_is_a_room_with_rules():
+    folders = {path.name for path in (ROOT / "streams").iterdir() if (path / "__init__.py").exists()}
+    assert folders == STREAMS_ROOMS.keys() - {"shared"}
+
+
+@pytest.mark.parametrize("room", sorted(STREAMS_ROOMS))
+def test_rooms_inside_streams_import_only_the_rooms_they_may(room):
+    broken = [violation for path, package in room_files("streams") if streams_room(path) == room
+              for violation in streams_room_violations(path, package, room)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_streams_rule_checker_sees_a_violation(tmp_path):
+    bad = tmp_path / "app.py"
+    bad.write_text("from fairstream.streams.ops.broker import parse_broker_url\nfrom ..control import registry\n"
+                   "from .monitor import FairnessMonitor\nfrom fairstream.streams import parsing\n")
+    assert streams_room_violations(bad, "fairstream.streams.worker", "worker") == [
+        f"{bad}:1 imports fairstream.streams.ops.broker"]
 
 
 def test_the_rule_checker_sees_a_violation(tmp_path):

@@ -27,7 +27,7 @@ from itertools import combinations
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
+from fairstream.repair.validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 
 from .metrics import (
     ALL_STRATA,
@@ -35,7 +35,6 @@ from .metrics import (
     DemographicParityResult,
     DependenceResult,
     WassersteinResult,
-    _safe_ratio,
     as_binary,
     as_edges,
     bin_index,
@@ -48,6 +47,7 @@ from .metrics import (
     histogram_counts,
     rate_counts,
     repair_displacement,
+    safe_ratio,
 )
 
 __all__ = [
@@ -124,7 +124,7 @@ def label_codes(values, classes: np.ndarray, n_rows: int, name: str, configured:
     return encode(normalise_labels(as_labels(values, n_rows, name)), classes, name)
 
 
-class _Mergeable(ABC):
+class Mergeable(ABC):
     """Shared merge/reset: the state is a few count arrays that add up across accumulators.
 
     Subclasses name their count attributes in ``_counts`` and their settings (which must match
@@ -234,7 +234,7 @@ def _same(a, b) -> bool:
     return a == b
 
 
-class PositiveRateAccumulator(_Mergeable):
+class PositiveRateAccumulator(Mergeable):
     """Positives and totals per (stratum, group) for demographic parity and conditional DP.
 
     ``value()`` gives the same :class:`DemographicParityResult` as
@@ -275,7 +275,7 @@ class PositiveRateAccumulator(_Mergeable):
         return dp_from_counts(self.positives_, self.totals_, self.groups, self.strata)
 
 
-class HistogramDependenceAccumulator(_Mergeable):
+class HistogramDependenceAccumulator(Mergeable):
     """Histogram counts per (stratum, group, feature, bin) on fixed edges, for dependence E.
 
     The edges are fixed at construction (e.g. from the research data's range with
@@ -349,7 +349,7 @@ def _per_feature_edges(edges) -> list[np.ndarray]:
     return as_edges(edges, len(edges))
 
 
-class DamageAccumulator(_Mergeable):
+class DamageAccumulator(Mergeable):
     """Sums of |x' - x| per feature and a record count, for the mean damage of a repair.
 
     >>> acc = DamageAccumulator(n_features=2)
@@ -386,12 +386,12 @@ class DamageAccumulator(_Mergeable):
 # ---------------------------------------------------------------------------------------------
 
 
-def _stratum_weights(stratum_totals: np.ndarray) -> np.ndarray:
+def stratum_weights(stratum_totals: np.ndarray) -> np.ndarray:
     """Pr[u] from the records per stratum (all 0 before any record)."""
-    return _safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
+    return safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
 
 
-class WassersteinAccumulator(_Mergeable):
+class WassersteinAccumulator(Mergeable):
     """Counts per (stratum, group, feature, fine bin) for W1 between groups from binned CDFs.
 
     Each group's values are binned on fixed edges (e.g. 200 bins over the research range; values
@@ -448,7 +448,7 @@ class WassersteinAccumulator(_Mergeable):
         per_pair = np.stack([_binned_w1(c, e, a, b) for c, e in zip(self.counts_, self.edges)], axis=-1)
         per_stratum = np.where(np.isnan(per_pair), -np.inf, per_pair).max(axis=1, initial=-np.inf)
         per_stratum = np.where(np.isfinite(per_stratum), per_stratum, 0.0)
-        weights = _stratum_weights(self.counts_[0].sum(axis=(1, 2)))
+        weights = stratum_weights(self.counts_[0].sum(axis=(1, 2)))
         return WassersteinResult(per_feature=weights @ per_stratum, per_stratum=per_stratum, per_pair=per_pair,
                                  pairs=[(self.groups[i].item(), self.groups[j].item()) for i, j in pairs],
                                  weights=weights, groups=self.groups, strata=self.strata)
@@ -457,22 +457,9 @@ class WassersteinAccumulator(_Mergeable):
 def _binned_w1(counts: np.ndarray, edges: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """W1 between groups ``a[p]`` and ``b[p]`` per stratum, shape (n_strata, n_pairs); NaN if one is empty."""
     totals = counts.sum(axis=-1, keepdims=True)
-    cdf = _safe_ratio(np.cumsum(counts, axis=-1), totals, empty=np.nan)
+    cdf = safe_ratio(np.cumsum(counts, axis=-1), totals, empty=np.nan)
     centre_gaps = np.diff((edges[:-1] + edges[1:]) / 2)
     return np.abs(cdf[:, a, :-1] - cdf[:, b, :-1]) @ centre_gaps
-
-
-def _scores(values, name: str, n_rows: int | None = None) -> np.ndarray:
-    """A 1-D finite float array (a scalar is one row); errors name the argument."""
-    arr = np.asarray(values)
-    if arr.ndim == 0:
-        arr = arr.reshape(1)
-    if arr.ndim != 1 or (n_rows is not None and arr.shape[0] != n_rows):
-        expected = "a 1-D array" if n_rows is None else f"one value per row ({n_rows})"
-        raise RepairInputError(f"{name} must be {expected}, got shape {arr.shape}")
-    column = as_2d(arr, columns=[name])
-    check_finite(column, [name])
-    return column[:, 0]
 
 
 @dataclass(frozen=True, eq=False)
@@ -487,7 +474,7 @@ class RateResult:
     strata: np.ndarray
 
 
-class RateAccumulator(_Mergeable):
+class RateAccumulator(Mergeable):
     """Flagged records and totals per stratum, e.g. the rate of records outside a plan's grid.
 
     >>> flags = np.array([[True, False], [False, False], [False, False], [True, True]]).any(axis=1)
@@ -520,7 +507,7 @@ class RateAccumulator(_Mergeable):
 
     def value(self) -> RateResult:
         """Flagged share per stratum and overall, from the counts so far."""
-        return RateResult(per_stratum=_safe_ratio(self.flagged_, self.totals_, empty=np.nan),
-                          overall=float(_safe_ratio(self.flagged_.sum(), self.totals_.sum(), empty=0.0)),
-                          weights=_stratum_weights(self.totals_), flagged=self.flagged_.copy(),
+        return RateResult(per_stratum=safe_ratio(self.flagged_, self.totals_, empty=np.nan),
+                          overall=float(safe_ratio(self.flagged_.sum(), self.totals_.sum(), empty=0.0)),
+                          weights=stratum_weights(self.totals_), flagged=self.flagged_.copy(),
                           totals=self.totals_.copy(), strata=self.strata)

@@ -45,11 +45,19 @@ from itertools import combinations
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError, as_2d, as_labels, check_finite, encode, normalise_labels
 from fairstream.repair.group_maps import reference_index
+from fairstream.repair.validation import (
+    RepairInputError,
+    as_2d,
+    as_labels,
+    as_scores,
+    check_finite,
+    encode,
+    normalise_labels,
+)
 
-from .accumulators import _Mergeable, _scores, _stratum_weights, configured_labels, label_codes
-from .metrics import ALL_STRATA, _safe_ratio, encode_observed
+from .accumulators import Mergeable, configured_labels, label_codes, stratum_weights
+from .metrics import ALL_STRATA, encode_observed, safe_ratio
 
 __all__ = ["FairMatchingCost", "MatchedDPAccumulator", "MatchedDPResult", "fair_matching", "fair_matching_cost",
            "matched_dp"]
@@ -76,7 +84,7 @@ class MatchedDPResult:
     strata: np.ndarray
 
 
-class MatchedDPAccumulator(_Mergeable):
+class MatchedDPAccumulator(Mergeable):
     """Sums of |f(x) - f(T(x))| and counts per (stratum, pair of groups): MDP over a stream, mergeable.
 
     The window protocol of :mod:`fairstream.repair.measure.accumulators` (``update`` returns self,
@@ -121,9 +129,9 @@ class MatchedDPAccumulator(_Mergeable):
 
     def update(self, scores, matched_scores, s=None, s_matched=None, u=None, weights=None) -> MatchedDPAccumulator:
         """Add f(x) (``scores``) and f(T(x)) (``matched_scores``) of matched rows, their groups, strata and weights."""
-        scores = _scores(scores, "scores")
+        scores = as_scores(scores, "scores")
         n = scores.shape[0]
-        matched = _scores(matched_scores, "matched_scores", n_rows=n)
+        matched = as_scores(matched_scores, "matched_scores", n_rows=n)
         weight = np.ones(n) if weights is None else _weights(weights, n)
         pair = self._pair_codes(s, s_matched, n)
         u_codes = label_codes(u, self.strata, n, "u", configured=self._has_strata)
@@ -137,9 +145,9 @@ class MatchedDPAccumulator(_Mergeable):
     def runs(self, scores, matched_scores, s, s_matched, u, weights, bounds) -> list[MatchedDPAccumulator]:
         """Fresh accumulators (this one's settings), the i-th fed the rows ``bounds[i]:bounds[i + 1]``: each equals
         ``self.fresh().update(...)`` of its run, validated and counted for every run at once."""
-        scores = _scores(scores, "scores")
+        scores = as_scores(scores, "scores")
         n = scores.shape[0]
-        matched = _scores(matched_scores, "matched_scores", n_rows=n)
+        matched = as_scores(matched_scores, "matched_scores", n_rows=n)
         weight = _weights(weights, n)
         cell = label_codes(u, self.strata, n, "u", configured=self._has_strata) * self.abs_sums_.shape[1] + \
             self._pair_codes(s, s_matched, n)
@@ -169,19 +177,19 @@ class MatchedDPAccumulator(_Mergeable):
 
     def value(self) -> MatchedDPResult:
         """MDP per (stratum, pair), per pair, per stratum and overall, from the sums so far."""
-        per_pair = _safe_ratio(self.abs_sums_, self.masses_, empty=np.nan)
-        pair_values = _safe_ratio(self.abs_sums_.sum(axis=0), self.masses_.sum(axis=0), empty=np.nan)
+        per_pair = safe_ratio(self.abs_sums_, self.masses_, empty=np.nan)
+        pair_values = safe_ratio(self.abs_sums_.sum(axis=0), self.masses_.sum(axis=0), empty=np.nan)
         seen = self.masses_ > 0
         per_stratum = np.where(seen.any(axis=1), np.where(seen, per_pair, -np.inf).max(axis=1), np.nan)
         overall = float(np.nanmax(pair_values)) if np.isfinite(pair_values).any() else 0.0
         return MatchedDPResult(per_pair=per_pair, pair_values=pair_values, per_stratum=per_stratum, overall=overall,
-                               n_rows=self.totals_.copy(), weights=_stratum_weights(self.masses_.sum(axis=1)),
+                               n_rows=self.totals_.copy(), weights=stratum_weights(self.masses_.sum(axis=1)),
                                pairs=list(self.pairs), strata=self.strata)
 
 
 def _weights(values, n: int) -> np.ndarray:
     """Row weights: one finite number >= 0 per row."""
-    weight = _scores(values, "weights", n_rows=n)
+    weight = as_scores(values, "weights", n_rows=n)
     if (weight < 0).any():
         row = int(np.argmax(weight < 0))
         raise RepairInputError(f"weights has a negative value {weight[row]!r} at row {row}")
@@ -204,7 +212,7 @@ def matched_dp(f_x, f_matched, s=None, s_matched=None, u=None, groups=None, weig
     """
     if groups is None and s is not None:
         groups = np.unique(normalise_labels(np.asarray([*np.asarray(s).tolist(), *np.asarray(s_matched).tolist()])))
-    n = _scores(f_x, "f_x").shape[0]
+    n = as_scores(f_x, "f_x").shape[0]
     strata = None if u is None else encode_observed(u, n, "u")[0]
     return MatchedDPAccumulator(groups, strata).update(f_x, f_matched, s, s_matched, u, weights).value()
 
@@ -223,7 +231,7 @@ def fair_matching(f_a, f_b) -> tuple[np.ndarray, np.ndarray]:
     >>> [(int(a), int(b)) for a, b in zip(i, j)]
     [(1, 0), (2, 2), (0, 1)]
     """
-    f_a, f_b = _scores(f_a, "f_a"), _scores(f_b, "f_b")
+    f_a, f_b = as_scores(f_a, "f_a"), as_scores(f_b, "f_b")
     if f_a.shape != f_b.shape:
         raise RepairInputError(f"fair matching needs equal-size samples, got {f_a.size} and {f_b.size} scores")
     return np.argsort(f_a, kind="stable"), np.argsort(f_b, kind="stable")
@@ -263,7 +271,7 @@ def fair_matching_cost(X, scores, s, groups=None, reference=None, n_batches: int
     """
     X = as_2d(X)
     check_finite(X, [f"x{k}" for k in range(X.shape[1])])
-    scores = _scores(scores, "scores", n_rows=len(X))
+    scores = as_scores(scores, "scores", n_rows=len(X))
     s = normalise_labels(as_labels(s, len(X), "s"))
     labels = np.unique(s) if groups is None else np.unique(normalise_labels(np.asarray(list(groups))))
     codes = encode(s, labels, "s")

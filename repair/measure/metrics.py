@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair._validation import (
+from fairstream.repair.validation import (
     RepairInputError,
     as_2d,
     as_labels,
@@ -49,6 +49,7 @@ __all__ = [
     "DependenceResult",
     "NoiseFloorResult",
     "WassersteinResult",
+    "auc",
     "damage",
     "demographic_parity",
     "dependence_e",
@@ -192,7 +193,8 @@ def check_alpha(alpha: float) -> None:
         raise RepairInputError(f"alpha must be a positive finite smoothing count, got {alpha!r}")
 
 
-def _safe_ratio(num: np.ndarray, den: np.ndarray, empty: float) -> np.ndarray:
+def safe_ratio(num: np.ndarray, den: np.ndarray, empty: float) -> np.ndarray:
+    """``num / den`` element-wise, ``empty`` where the denominator is 0 (an empty group or stratum)."""
     num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
     if num.shape != den.shape:  # broadcast only when needed: a gauge export reads a thousand ratios
         num, den = np.broadcast_arrays(num, den)
@@ -408,12 +410,12 @@ class DemographicParityResult:
 def _rate_spread(positives: np.ndarray, totals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rates (NaN where empty), max - min and min / max over the last axis, among present groups."""
     present = totals > 0
-    rates = _safe_ratio(positives, totals, empty=np.nan)
+    rates = safe_ratio(positives, totals, empty=np.nan)
     hi = np.where(present, rates, -np.inf).max(axis=-1)
     lo = np.where(present, rates, np.inf).min(axis=-1)
     measurable = present.sum(axis=-1) >= 2
     difference = np.where(measurable, hi - lo, 0.0)
-    ratio = np.where(measurable, _safe_ratio(lo, np.where(measurable, hi, 0.0), empty=1.0), 1.0)
+    ratio = np.where(measurable, safe_ratio(lo, np.where(measurable, hi, 0.0), empty=1.0), 1.0)
     return rates, difference, ratio
 
 
@@ -424,7 +426,7 @@ def dp_from_counts(positives, totals, groups, strata) -> DemographicParityResult
     rates, difference, ratio = _rate_spread(positives.sum(axis=0), totals.sum(axis=0))
     stratum_rates, stratum_difference, stratum_ratio = _rate_spread(positives, totals)
     stratum_totals = totals.sum(axis=1)
-    weights = _safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
+    weights = safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
     return DemographicParityResult(
         groups=np.asarray(groups), strata=np.asarray(strata), rates=rates,
         difference=float(difference), ratio=float(ratio),
@@ -491,6 +493,31 @@ def dp_ratio(y, s) -> float:
 
 
 # --------------------------------------------------------------------------------------------
+# Ranking quality of a score
+# --------------------------------------------------------------------------------------------
+
+
+def auc(score: np.ndarray, positive: np.ndarray) -> float:
+    """Area under the ROC curve of ``score`` for the ``positive`` rows (Mann-Whitney, mid-ranks for ties).
+
+    NaN when one class is absent.
+
+    >>> auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True]))
+    0.75
+    """
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(score, kind="stable")
+    ranks = np.empty(len(score))
+    ranks[order] = np.arange(1, len(score) + 1)
+    # Average the ranks of tied scores.
+    _, inverse = np.unique(score, return_inverse=True)
+    ranks = (np.bincount(inverse, ranks) / np.bincount(inverse))[inverse]
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+# --------------------------------------------------------------------------------------------
 # W1 between groups
 # --------------------------------------------------------------------------------------------
 
@@ -534,7 +561,7 @@ def wasserstein_between_groups(X, s, u=None) -> WassersteinResult:
     per_stratum = np.where(np.isnan(per_pair), -np.inf, per_pair).max(axis=1, initial=-np.inf)
     per_stratum = np.where(np.isfinite(per_stratum), per_stratum, 0.0)
     stratum_totals = np.bincount(u_codes, minlength=len(strata))
-    weights = _safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
+    weights = safe_ratio(stratum_totals, stratum_totals.sum(), empty=0.0)
     return WassersteinResult(per_feature=weights @ per_stratum, per_stratum=per_stratum, per_pair=per_pair,
                              pairs=[(groups[a].item(), groups[b].item()) for a, b in pairs], weights=weights,
                              groups=groups, strata=strata)
@@ -557,7 +584,7 @@ class DamageResult:
 def damage_from_sums(abs_sums, n_rows: int) -> DamageResult:
     """Damage from per-feature sums of |x' - x| over ``n_rows`` records (0 when there are none)."""
     abs_sums = np.asarray(abs_sums, dtype=np.float64)
-    per_feature = _safe_ratio(abs_sums, n_rows, empty=0.0)
+    per_feature = safe_ratio(abs_sums, n_rows, empty=0.0)
     overall = float(per_feature.mean()) if per_feature.size else 0.0
     return DamageResult(per_feature=per_feature, overall=overall, n_rows=int(n_rows))
 

@@ -62,10 +62,10 @@ import numpy as np
 from scipy import optimize
 from scipy.special import logsumexp, xlogy
 
-from fairstream.repair._validation import RepairInputError, as_2d, check_finite, normalise_labels
 from fairstream.repair.group_maps import squared_distances
+from fairstream.repair.validation import RepairInputError, as_2d, as_scores, check_finite, normalise_labels
 
-from .accumulators import _scores, configured_labels, label_codes
+from .accumulators import configured_labels, label_codes
 from .metrics import as_binary
 
 __all__ = ["NOTIONS", "OTF0Accumulator", "OTFResult", "constraint_matrix", "correlation_violation", "cost_matrix",
@@ -140,7 +140,7 @@ def correlation_violation(scores, S, y=None) -> float:
     >>> round(correlation_violation([0.9, 0.8, 0.2, 0.1], [[1.0], [1.0], [0.0], [0.0]]), 3)
     0.99
     """
-    h = _scores(scores, "scores")
+    h = as_scores(scores, "scores")
     S = as_2d(S)
     cells = [np.ones(h.size, dtype=bool)] if y is None else [as_binary(y, h.size) == label for label in (0, 1)]
     values = [abs(np.corrcoef(h[cell], S[cell, k])[0, 1]) for cell in cells for k in range(S.shape[1])
@@ -230,7 +230,7 @@ def otf0(scores, C, G, eps: float = 1e-3, mu0=None, nu0=None, tol: float = 1e-10
     ``eps`` is the entropic regularisation in units of ``C``; ``tol`` the largest constraint residual
     ``|G f|`` (score units) at which L-BFGS stops. See the module docstring for the method.
     """
-    h = _scores(scores, "scores")
+    h = as_scores(scores, "scores")
     n = h.size
     C, G = np.asarray(C, dtype=np.float64), np.asarray(G, dtype=np.float64).reshape(-1, n)
     if C.shape != (n, n):
@@ -384,7 +384,7 @@ class OTF0Accumulator:
 
     def update(self, scores, X, s, y=None) -> OTF0Accumulator:
         """Add a batch: scores, non-protected features ``X`` (n, d), groups ``s`` and (for ``"eo"``) labels ``y``."""
-        scores = _scores(scores, "scores")
+        scores = as_scores(scores, "scores")
         n = scores.size
         X = as_2d(X)
         if len(X) != n:

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError, as_labels, encode, normalise_labels
+from fairstream.repair.validation import RepairInputError, as_labels, encode, normalise_labels
 
-from .accumulators import _Mergeable, configured_labels, label_codes
-from .metrics import _safe_ratio, as_binary
+from .accumulators import Mergeable, configured_labels, label_codes
+from .metrics import as_binary, safe_ratio
 
 __all__ = [
     "CalibratedVerificationAccumulator",
@@ -291,13 +291,13 @@ def rates_from_counts(threshold: float, groups, false_accepts, impostor_pairs, f
     """Rates and bias ratios from per-group counts (shared by the batch function and the accumulator)."""
     fa, ni, fr, ng = (np.asarray(x, dtype=np.int64) for x in (false_accepts, impostor_pairs, false_rejects,
                                                                genuine_pairs))
-    far = _safe_ratio(fa, ni, empty=np.nan)
-    frr = _safe_ratio(fr, ng, empty=np.nan)
+    far = safe_ratio(fa, ni, empty=np.nan)
+    frr = safe_ratio(fr, ng, empty=np.nan)
     return VerificationRates(
         threshold=float(threshold), groups=np.asarray(groups), far=far, frr=frr,
         false_accepts=fa, impostor_pairs=ni, false_rejects=fr, genuine_pairs=ng,
-        far_overall=float(_safe_ratio(fa.sum(), ni.sum(), empty=np.nan)),
-        fnmr=float(_safe_ratio(fr.sum(), ng.sum(), empty=np.nan)),
+        far_overall=float(safe_ratio(fa.sum(), ni.sum(), empty=np.nan)),
+        fnmr=float(safe_ratio(fr.sum(), ng.sum(), empty=np.nan)),
         bfar=bias_ratio(far), bfrr=bias_ratio(frr))
 
 
@@ -333,7 +333,7 @@ def verification_rates(scores, genuine, s, threshold: float, groups=None) -> Ver
     return rates_from_counts(threshold, classes, *_pair_counts(scores, genuine, codes, len(classes), threshold))
 
 
-class VerificationAccumulator(_Mergeable):
+class VerificationAccumulator(Mergeable):
     """Mergeable per-group counts of false accepts/rejects at a fixed threshold, for windowed monitoring.
 
     Feed it labelled pairs sampled from the stream (their cosine scores under the active module,
@@ -376,7 +376,7 @@ class VerificationAccumulator(_Mergeable):
                                  self.false_rejects_, self.genuine_pairs_)
 
 
-class CalibratedVerificationAccumulator(_Mergeable):
+class CalibratedVerificationAccumulator(Mergeable):
     """Mergeable per-group histograms of genuine and impostor pair scores, read at the threshold of a target FAR.
 
     The threshold is set on the pairs counted, as for an evaluation set (:meth:`PairScores.rates_at_far`):
@@ -541,7 +541,7 @@ def same_group_pair_scores(vectors, identities, s, max_far: float = 1e-3,
     hist = np.zeros((len(classes), _CURVE_BINS), dtype=np.int64)
     genuine, genuine_group = [np.zeros(0)], [np.zeros(0, dtype=np.intp)]
     for g, rows in enumerate(members):
-        for gen, imp in _group_pair_blocks(Z[rows], ids[rows], chunk_rows):
+        for gen, imp in group_pair_blocks(Z[rows], ids[rows], chunk_rows):
             if score_map is not None:
                 gen, imp = score_map(gen, g), score_map(imp, g)
             genuine.append(gen)
@@ -566,7 +566,7 @@ def _bin(scores: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return np.clip(((scores - edges[0]) / (edges[-1] - edges[0]) * n_bins).astype(np.intp), 0, n_bins - 1)
 
 
-def _group_pair_blocks(Z: np.ndarray, ids: np.ndarray, chunk_rows: int):
+def group_pair_blocks(Z: np.ndarray, ids: np.ndarray, chunk_rows: int):
     """(genuine, impostor) scores of the pairs i < j of one group, one row block at a time."""
     n = Z.shape[0]
     for start in range(0, n, chunk_rows):

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
 __all__ = ["BatchWindow", "CountWindow", "TimeWindow"]
 

@@ -38,9 +38,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, TypeVar
+
+from fairstream.streams.parsing import parse_duration, parse_time
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout: deploy/ sits next to streams/ (this is streams/ops/)
 DEPLOY = REPO / "deploy" / "prometheus"
@@ -75,17 +76,7 @@ def binary(name: str) -> str:
 
 # --------------------------------------------------------------------------- rule files for tests
 
-_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?(?:(\d+)ms)?$")
 _FOR_LINE = re.compile(r"^(?P<indent>\s*)for:\s*(?P<value>[0-9a-z]+)\s*(?P<comment>#.*)?$")
-
-
-def duration_seconds(text: str) -> float:
-    """A Prometheus duration ("5m", "1h30m", "0s", "250ms") in seconds."""
-    match = _DURATION.match(text.strip())
-    if not text.strip() or match is None:
-        raise ValueError(f"not a Prometheus duration: {text!r}")
-    days, hours, minutes, seconds, millis = (int(part or 0) for part in match.groups())
-    return days * 86400 + hours * 3600 + minutes * 60 + seconds + millis / 1000
 
 
 def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike, for_: str = "5s") -> Path:
@@ -95,12 +86,12 @@ def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike,
     as ``for: 0m``, are kept), and every other line is byte-for-byte the original, which is checked
     before the copy is returned. A header comment at the top of the copy says so.
     """
-    source, cap = Path(source), duration_seconds(for_)
+    source, cap = Path(source), parse_duration(for_)
     original = source.read_text().splitlines(keepends=True)
     changed = []
     for line in original:
         match = _FOR_LINE.match(line.rstrip("\n"))
-        if match and duration_seconds(match["value"]) > cap:
+        if match and parse_duration(match["value"], positive=False) > cap:
             comment = f"  {match['comment']}" if match["comment"] else ""
             line = f"{match['indent']}for: {for_}  # test copy; {match['value']} in {source.name}{comment}\n"
         changed.append(line)
@@ -114,18 +105,6 @@ def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike,
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(header + "".join(changed))
     return dest
-
-
-# --------------------------------------------------------------------------- process handling
-
-def parse_time(text: str) -> float:
-    """Prometheus' RFC 3339 timestamps (``activeAt``, ``lastEvaluation``; nanoseconds, 'Z') as Unix seconds."""
-    match = re.match(r"^(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$", text)
-    if match is None:
-        raise ValueError(f"not an RFC 3339 time: {text!r}")
-    base, fraction, zone = match.groups()
-    stamp = datetime.fromisoformat(base + ("+00:00" if zone == "Z" else zone)).timestamp()
-    return stamp + (float("0." + fraction) if fraction else 0.0)
 
 
 # --------------------------------------------------------------------------- the server

@@ -11,8 +11,10 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from fairstream.streams.parsing import parse_duration
+
 from .job import REFIT_KINDS, RefitJob, format_outcome
-from .schedule import parse_duration, run_every
+from .schedule import run_every
 from .service import RefitService
 from .sources import research_source, resolve_source
 from .webhook import add_webhook_arguments, webhook_from_args

@@ -5,42 +5,15 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .job import RefitJob, RefitOutcome
 from .sources import Source
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
 # =============================================================================== scheduling
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``"90s"``, ``"5m"``, ``"1h"``, ``"1h30m"``, ``"2d"``, ``"500ms"`` or a bare number of seconds.
-
-    >>> parse_duration("90s"), parse_duration("5m"), parse_duration("1h30m"), parse_duration("2.5")
-    (90.0, 300.0, 5400.0, 2.5)
-    """
-    cleaned = str(text).strip().lower().replace(" ", "")
-    try:
-        seconds = float(cleaned)
-    except ValueError:
-        parts = _DURATION.findall(cleaned)
-        if not parts or "".join(number + unit for number, unit in parts) != cleaned:
-            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 5m, 1h, 1h30m, 2d)") from None
-        seconds = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"a duration must be positive, got {text!r}")
-    return seconds
 
 
 def run_every(job: RefitJob, source: Source, every_seconds: float, stop_event: threading.Event,

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from fairstream.streams.codec import RefitRequest, RefitRequestError
-from fairstream.streams.ops.prometheus import parse_time
+from fairstream.streams.parsing import parse_time
 
 from .requests import RequestPublisher
 from .service import ALERT_SOURCE_PREFIX, TRIGGERS

@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import sys
 import threading
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import faust
 import mode
@@ -44,13 +45,14 @@ from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
-from fairstream.streams.ops.broker import parse_broker_url
+from fairstream.streams.parsing import parse_broker_url
 
 from .consumer import CLIENT_LOG, NOT_LOADED, BatchConsumer, InputSpec
+from .drift import DriftEvent
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import PipelineMetrics, serve
-from .monitor import DriftEvent, FairnessMonitor
+from .monitor import FairnessMonitor
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
 
 log = logging.getLogger(__name__)
@@ -162,166 +164,214 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     """The worker app for one pipeline; several worker processes with the same id share partitions."""
     app_id = app_id or f"{config.topics.prefix}-{config.name}"
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
-    metrics = PipelineMetrics(config.name)  # every series this app exports carries its pipeline's name
-    app.fairstream_metrics = metrics
-    topics = config.topics
-    ready = asyncio.Event()
-    swaps = SwapNotices(ready)
-    registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
-                                on_change=lambda current: (_on_artifact_change(current, config.records.chain, metrics),
-                                                           swaps.seen(current)),
-                                on_refuse=lambda kind, reason: metrics.artifact_refused.labels(kind).inc())
-    app.fairstream_registry = registry  # for tests and the CLI's status line
-    monitor = FairnessMonitor(config)
-    app.fairstream_monitor = monitor
-    notices = NoticeProducer(bootstrap)
-    health = WorkerHealth()
-    app.fairstream_health = health
-    # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
-    app.fairstream_metrics_port = metrics_port = serve(config.monitor.metrics_port,
-                                                       routes={HEALTHZ: health.healthz, READYZ: health.readyz})
+    worker = WorkerHooks(config, bootstrap, app_id, refit_source=f"monitor@{app.conf.id}")
+    app.task(worker.follow_control)
+    app.task(worker.send_reembed_notices)
+    # For tests and the CLI (its status line reads the registry):
+    app.fairstream_metrics, app.fairstream_registry = worker.metrics, worker.registry
+    app.fairstream_monitor, app.fairstream_verification = worker.monitor, worker.verification
+    app.fairstream_health, app.fairstream_metrics_port = worker.health, worker.metrics_port
+    app.fairstream_consumers = worker.consumers
+    app.fairstream_services = (WorkerServices(worker.notices, worker.consumers, worker.health),)
+    return app
 
-    @app.task
-    async def control() -> None:
-        if metrics_port is None:
+
+class Throttle:
+    """``due(key)`` is True at most once per ``seconds`` for each key (the first time always)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock, self.last = seconds, clock, {}
+
+    def due(self, key=None) -> bool:
+        """Whether ``seconds`` have passed since the last time it was due for ``key`` (then it counts from now)."""
+        now = self.clock()
+        if now - self.last.get(key, -math.inf) < self.seconds:
+            return False
+        self.last[key] = now
+        return True
+
+
+class WorkerHooks:
+    """What one worker does at each hook of its services: the registry's artifact changes and refusals, the
+    consumers' artifact lookups and delivered batches, the control-topic and re-embed tasks, the health check.
+
+    Consumers call :meth:`active`, :meth:`active_chain` and the ``*_delivered`` hooks on their own threads;
+    the registry calls :meth:`artifact_changed` on its thread (its snapshots are immutable).
+    """
+
+    def __init__(self, config: PipelineConfig, bootstrap: str, app_id: str, refit_source: str):
+        self.config, self.bootstrap, self.app_id, self.topics = config, bootstrap, app_id, config.topics
+        self.metrics = PipelineMetrics(config.name)  # every series this app exports carries its pipeline's name
+        self.ready = asyncio.Event()
+        self.swaps = SwapNotices(self.ready)
+        self.registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
+                                         on_change=self.artifact_changed, on_refuse=self.artifact_refused)
+        self.monitor, self.verification = FairnessMonitor(config), EmbeddingMonitor(config)
+        self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()
+        # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
+        self.metrics_port = serve(config.monitor.metrics_port,
+                                  routes={HEALTHZ: self.health.healthz, READYZ: self.health.readyz})
+        self.refit_kind, self.refit_source = config.refit_kind, refit_source
+        self.pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
+        self.held_logs = Throttle(HELD_LOG_SECONDS)  # per kind: why its input is held, loud but not a flood
+        self.fairness_exports = Throttle(1.0)  # gauges are scraped every few seconds at most
+        self.verification_exports = Throttle(1.0)
+        # Created at 0 so that Prometheus' increase() sees the first drift event and monitor error as increases.
+        for statistic in config.monitor.statistics:
+            self.metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
+        for observer in ("fairness", "verification"):
+            self.metrics.monitor_errors.labels(observer).inc(0)
+        identity = config.embeddings.artifact == "identity"
+        self.applied = config.records.chain + (() if identity else ("embedding",))
+        records = InputSpec(agent="records", topic=self.topics.records_in, output_topic=self.topics.records_repaired,
+                            batching=config.records, process=RecordRepairer(config).process,
+                            active=self.active_chain, delivered=self.records_delivered)
+        embeddings = InputSpec(agent="embeddings", topic=self.topics.embeddings_in,
+                               output_topic=self.topics.embeddings_repaired, batching=config.embeddings,
+                               process=EmbeddingRepairer(config).process,
+                               active=self.no_artifact if identity else self.active_embedding,
+                               delivered=self.embeddings_delivered)
+        # One group per input, so a worker joining or leaving rebalances each input on its own.
+        self.consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=self.topics.dlq,
+                                        metrics=self.metrics)
+                          for spec in (records, embeddings)]
+        self.health.watch(self.consumers, self.blockers)
+
+    # ----------------------------------------------------------------------------------- the registry's hooks
+
+    def artifact_changed(self, current) -> None:
+        """After each swap (on the registry's thread): gauges and the log follow, an embedding swap is noticed."""
+        if current.kind in self.config.records.chain:
+            # The monitor starts empty windows for the new chain: the old version's statistics are
+            # removed at the swap, so Prometheus never reads them as the new version's.
+            self.metrics.clear_fairness()
+        self.metrics.artifact_version.labels(current.kind).set(current.version)
+        log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
+        self.swaps.seen(current)
+
+    def artifact_refused(self, kind: str, reason: str) -> None:
+        """An artifact the registry would not load (it logged why)."""
+        self.metrics.artifact_refused.labels(kind).inc()
+
+    # ----------------------------------------------------------------------------------- the app's tasks
+
+    async def follow_control(self) -> None:
+        """Replay then follow the control topic into the registry (``ready`` once replayed)."""
+        if self.metrics_port is None:
             log.info("no /metrics endpoint ([monitor] metrics_port = \"off\")")
         else:
-            log.info("serving Prometheus /metrics on port %d", metrics_port)
-        swaps.loop = asyncio.get_running_loop()
+            log.info("serving Prometheus /metrics on port %d", self.metrics_port)
+        self.swaps.loop = asyncio.get_running_loop()
         from fairstream.streams.control.registry import WorkerIdentity  # announces what this worker serves
 
-        await follow_control(registry, bootstrap, topics.control, ready=ready, worker=WorkerIdentity.of(app_id, config))
+        await follow_control(self.registry, self.bootstrap, self.topics.control, ready=self.ready,
+                             worker=WorkerIdentity.of(self.app_id, self.config))
 
-    @app.task
-    async def reembed_notices() -> None:
+    async def send_reembed_notices(self) -> None:
         """After a live swap of the embedding module: tell users that stored templates must be re-embedded."""
         while True:
-            previous, current = await swaps.queue.get()
-            while notices.producer is None:  # a swap right at start: the producer is still starting
+            previous, current = await self.swaps.queue.get()
+            while self.notices.producer is None:  # a swap right at start: the producer is still starting
                 await asyncio.sleep(0.1)
             key, value = reembed_event(previous, current)
-            await asyncio.get_running_loop().run_in_executor(None, notices.send, topics.control, key, value)
-            metrics.reembed_events.inc()
+            await asyncio.get_running_loop().run_in_executor(None, self.notices.send, self.topics.control, key, value)
+            self.metrics.reembed_events.inc()
             log.warning("embedding module swapped from version %s to %s: templates embedded under version %s must "
                         "be re-embedded (event %s on %s)", previous.version, current.version, previous.version,
-                        key.decode(), topics.control)
+                        key.decode(), self.topics.control)
 
-    held_said: dict[str, float] = {}  # kind -> when the worker last said why its input is held
+    # ----------------------------------------------------------------------------------- the consumers' hooks
 
-    def active(kind: str, agent: str):
+    def active(self, kind: str, agent: str):
         """The artifact to apply, or NOT_LOADED: the consumer holds its input (backpressure, nothing dead-lettered).
 
         Called on the consumer's thread (the registry's snapshots are immutable).
         """
-        if not ready.is_set():
+        if not self.ready.is_set():
             return NOT_LOADED
-        if (current := registry.current(kind)) is None:
-            metrics.input_held.labels(agent).set(1)
-            if time.monotonic() - held_said.get(kind, -HELD_LOG_SECONDS) >= HELD_LOG_SECONDS:  # loud, not a flood
-                held_said[kind] = time.monotonic()
+        if (current := self.registry.current(kind)) is None:
+            self.metrics.input_held.labels(agent).set(1)
+            if self.held_logs.due(kind):
                 # An error when the config disagrees with the published artifact, a warning when none exists.
-                log.log(*registry.explain_missing(kind))
+                log.log(*self.registry.explain_missing(kind))
             return NOT_LOADED
-        metrics.input_held.labels(agent).set(0)
+        self.metrics.input_held.labels(agent).set(0)
         return current
 
-    def active_chain():
+    def active_chain(self):
         """Every artifact of the record chain, in order, read from one registry snapshot (one version each)."""
-        if any(active(kind, "records") is NOT_LOADED for kind in config.records.chain):
+        if any(self.active(kind, "records") is NOT_LOADED for kind in self.config.records.chain):
             return NOT_LOADED
-        snapshot = registry.snapshot()  # the registry never unloads a kind: every one is still in it
-        return tuple(snapshot[kind] for kind in config.records.chain)
+        snapshot = self.registry.snapshot()  # the registry never unloads a kind: every one is still in it
+        return tuple(snapshot[kind] for kind in self.config.records.chain)
 
+    def active_embedding(self):
+        """The embedding module to apply, or NOT_LOADED."""
+        return self.active("embedding", "embeddings")
+
+    @staticmethod
     def no_artifact():
-        return None  # the identity module
+        """The identity module (``embeddings.artifact = "identity"``)."""
+        return None
 
-    # Created at 0 so that Prometheus' increase() sees the first drift event as an increase.
-    for statistic in config.monitor.statistics:
-        metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
-    last_export = [0.0]
-    for observer in ("fairness", "verification"):  # at 0 from the start, so increase() sees the first error
-        metrics.monitor_errors.labels(observer).inc(0)
-
-    pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
-
-    def monitor_delivered(outcome: BatchOutcome, chain) -> None:
-        if outcome.monitor_batch is not None:  # what was just delivered to records.repaired
+    def records_delivered(self, outcome: BatchOutcome, chain) -> None:
+        """A record batch was delivered to records.repaired: the fairness monitor observes it, drift asks a re-fit."""
+        if outcome.monitor_batch is not None:
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
-            with observing("fairness", metrics):
-                pending_refits.extend(map(refit_request, monitor.observe_batch(outcome.monitor_batch, *chain)))
-                if monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
-                    metrics.monitor_errors.labels("fairness").inc()
-                    metrics.clear_fairness()
-                elif time.monotonic() - last_export[0] >= 1.0:  # gauges are scraped every few seconds at most
-                    export_fairness(monitor, metrics)
-                    last_export[0] = time.monotonic()
-            metrics.monitor_cpu.inc(time.thread_time() - started)
-        send_refit_requests(pending_refits)
+            with observing("fairness", self.metrics):
+                events = self.monitor.observe_batch(outcome.monitor_batch, *chain)
+                self.pending_refits.extend(map(self.refit_request, events))
+                if self.monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
+                    self.metrics.monitor_errors.labels("fairness").inc()
+                    self.metrics.clear_fairness()
+                elif self.fairness_exports.due():
+                    export_fairness(self.monitor, self.metrics)
+            self.metrics.monitor_cpu.inc(time.thread_time() - started)
+        self.send_refit_requests()
 
-    verification = EmbeddingMonitor(config)
-    app.fairstream_verification = verification
-    last_verification_export = [0.0]
-
-    def verify_delivered(outcome: BatchOutcome, active) -> None:
+    def embeddings_delivered(self, outcome: BatchOutcome, active) -> None:
+        """An embedding batch was delivered: the verification monitor observes its labelled pairs."""
         if outcome.labelled is None:
             return
         started = time.thread_time()
         vectors, identities, groups, ids = outcome.labelled
-        with observing("verification", metrics):
-            verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
-            if time.monotonic() - last_verification_export[0] >= 1.0:
-                export_verification(verification, metrics)
-                last_verification_export[0] = time.monotonic()
-        metrics.monitor_cpu.inc(time.thread_time() - started)
+        with observing("verification", self.metrics):
+            self.verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
+            if self.verification_exports.due():
+                export_verification(self.verification, self.metrics)
+        self.metrics.monitor_cpu.inc(time.thread_time() - started)
 
-    refit_kind = config.refit_kind
-
-    def refit_request(event: DriftEvent) -> tuple[RefitRequest, str]:
+    def refit_request(self, event: DriftEvent) -> tuple[RefitRequest, str]:
         """One request per confirmed drift event, made once: a resend carries the same request id."""
-        metrics.drift_events.labels(event.statistic, event.detector).inc()
+        self.metrics.drift_events.labels(event.statistic, event.detector).inc()
         reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
-                  f"{config.records.chain[0]} version {event.version}")
-        return RefitRequest.new(reason, kind=refit_kind, statistic=event.statistic, value=event.value,
-                                source=f"monitor@{app.conf.id}"), reason
+                  f"{self.config.records.chain[0]} version {event.version}")
+        return RefitRequest.new(reason, kind=self.refit_kind, statistic=event.statistic, value=event.value,
+                                source=self.refit_source), reason
 
-    def send_refit_requests(pending: list[tuple[RefitRequest, str]]) -> None:
+    def send_refit_requests(self) -> None:
         """Send the pending re-fit requests; one that cannot be sent now waits for the next batch (never fatal)."""
-        while pending:
-            request, reason = pending[0]
+        while self.pending_refits:
+            request, reason = self.pending_refits[0]
             try:
-                notices.send(topics.refit_requests, refit_kind.encode(), request.to_json())
+                self.notices.send(self.topics.refit_requests, self.refit_kind.encode(), request.to_json())
             except (KafkaException, NoticeNotSent, BufferError) as exc:  # the request goes with a later batch
                 log.error("fairness drift confirmed (%s); the re-fit request %s could not be sent yet: %r", reason,
                           request.request_id, exc)
                 return
-            pending.pop(0)
-            metrics.refit_requests.labels(refit_kind, "drift").inc()
-            log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, refit_kind,
+            self.pending_refits.pop(0)
+            self.metrics.refit_requests.labels(self.refit_kind, "drift").inc()
+            log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, self.refit_kind,
                         request.request_id)
 
-    records = InputSpec(agent="records", topic=topics.records_in, output_topic=topics.records_repaired,
-                        batching=config.records, process=RecordRepairer(config).process,
-                        active=active_chain, delivered=monitor_delivered)
-    identity = config.embeddings.artifact == "identity"
-    embeddings = InputSpec(agent="embeddings", topic=topics.embeddings_in, output_topic=topics.embeddings_repaired,
-                           batching=config.embeddings, process=EmbeddingRepairer(config).process,
-                           active=no_artifact if identity else (lambda: active("embedding", "embeddings")),
-                           delivered=verify_delivered)
-    # One group per input, so a worker joining or leaving rebalances each input on its own.
-    consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=topics.dlq,
-                               metrics=metrics)
-                 for spec in (records, embeddings)]
-    applied = config.records.chain + (() if identity else ("embedding",))
+    # ----------------------------------------------------------------------------------- the health check
 
-    def blockers() -> list[str]:
-        if not ready.is_set():
-            return [f"replaying {topics.control}"]
-        return [f"no {kind} artifact loaded (input held)" for kind in applied if registry.current(kind) is None]
-
-    health.watch(consumers, blockers)
-    app.fairstream_services = (WorkerServices(notices, consumers, health),)
-    app.fairstream_consumers = consumers
-    return app
+    def blockers(self) -> list[str]:
+        """Why the worker is not ready (``/readyz``), or []."""
+        if not self.ready.is_set():
+            return [f"replaying {self.topics.control}"]
+        return [f"no {kind} artifact loaded (input held)" for kind in self.applied
+                if self.registry.current(kind) is None]
 
 
 @contextlib.contextmanager
@@ -373,15 +423,6 @@ class SwapNotices:
         if previous is not None and self.ready.is_set() and self.loop is not None \
                 and previous.sha256 != current.sha256:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (previous, current))
-
-
-def _on_artifact_change(current, chain: tuple, metrics: PipelineMetrics) -> None:
-    if current.kind in chain:
-        # The monitor starts empty windows for the new chain: the old version's statistics are
-        # removed at the swap, so Prometheus never reads them as the new version's.
-        metrics.clear_fairness()
-    metrics.artifact_version.labels(current.kind).set(current.version)
-    log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
 
 
 class _Worker(faust.Worker):

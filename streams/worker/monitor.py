@@ -1,4 +1,4 @@
-"""The fairness monitor: sliding-window statistics of the repaired stream, drift detection, gauges.
+"""The fairness monitor: sliding-window statistics of the repaired stream.
 
 It watches exactly what the record agent writes to ``records.repaired``: in a worker the agent hands
 each delivered batch over as arrays (original and output features of the same records, and the
@@ -42,26 +42,21 @@ matches MDP's waiting samples).
 The monitor never stops the worker: a batch it cannot measure (data or an artifact that makes a
 statistic raise) ends the monitoring of that chain version with one logged error, and the next
 version is monitored afresh.
-Each statistic named in ``monitor.statistic`` (after the chain) feeds its own river drift
-detector in chunks of ``window_records / 16`` records. Hysteresis turns detector hits into one
-drift event per shift: an event needs the windowed statistic above its ``monitor.threshold`` and
-its detector armed; it re-arms once the statistic is back below the threshold, or after
-``cooldown_seconds``.
+Drift detection of these statistics is :mod:`.drift`; the gauge rows of a window are read by
+:mod:`.gauge_rows`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
-from river import drift
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.measure.accumulators import (
     EncodedLabels,
     HistogramDependenceAccumulator,
@@ -71,11 +66,14 @@ from fairstream.repair.measure.accumulators import (
     configured_labels,
 )
 from fairstream.repair.measure.mdp import MatchedDPAccumulator
-from fairstream.repair.measure.metrics import ColumnBins, as_binary, equal_width_edges, features
+from fairstream.repair.measure.metrics import ColumnBins, as_binary, features
 from fairstream.repair.measure.otf import OTF0Accumulator
 from fairstream.repair.measure.windows import BatchWindow
 from fairstream.streams.codec import RepairedBatch, decode_repaired
-from fairstream.streams.config import MonitorConfig, PipelineConfig
+from fairstream.streams.config import PipelineConfig
+
+from .drift import DETECTED, Chunker, DriftEvent, DriftTracker
+from .gauge_rows import StatisticWindows
 
 log = logging.getLogger(__name__)
 
@@ -144,29 +142,6 @@ class DecisionRateAccumulator(PositiveRateAccumulator):
         positive = weight * decisions * counted[rows]
         self.positives_ = self.positives_ + np.bincount(cell[rows], positive, size).reshape(shape)
         return self
-
-
-DETECTED: dict[str, tuple[tuple[str, str], Callable]] = {
-    "dependence_e": (("dependence_e", "after"), lambda r: r.total),
-    "w1": (("w1", "after"), lambda r: float(np.mean(r.per_feature))),
-    "dp_difference": (("dp", "after"), lambda r: r.difference),
-    "dp_ratio": (("dp", "after"), lambda r: 1.0 - r.ratio),  # higher is less fair, like every other one
-    "conditional_dp": (("dp", "after"), lambda r: r.conditional_difference),
-    "eopp": (("eopp", "after"), lambda r: r.difference),
-    "mdp": (("mdp", "after"), lambda r: r.overall),
-    "otf": (("otf", "after"), lambda r: np.nan if r is None else r.value),
-}
-"""Statistic a detector can watch -> (the accumulator it reads, its scalar after the chain, all strata)."""
-
-
-@dataclass(frozen=True)
-class DriftEvent:
-    """A confirmed drift of a monitored statistic (one per shift, after hysteresis)."""
-    statistic: str
-    detector: str
-    value: float  # the windowed statistic when the event fired
-    version: int  # version of the chain's first module in use
-    ts: float
 
 
 @dataclass(frozen=True)
@@ -249,22 +224,6 @@ def finite_edges(lo: float, hi: float, bins: int) -> np.ndarray:
 def _usable(edges: np.ndarray) -> bool:
     with np.errstate(over="ignore", invalid="ignore"):
         return bool((np.abs(edges) <= _BOUND).all() and (np.diff(edges) > 0).all())
-
-
-DETECTOR_SCALE = 4.0
-"""Chunk values reach a detector scaled so that the alert threshold is this. River's ADWIN bound has a
-term that does not shrink with the variance (it assumes values in [0, 1]), so on the few dozen
-chunks a window gives it misses a jump from half the threshold to 1.5 times it at scale 1; at 4 it
-sees it within a few chunks. Hysteresis still needs the window above the threshold for an event."""
-
-
-def make_detector(name: str):
-    """A river drift detector tuned for a statistic scaled so that the alert threshold is ``DETECTOR_SCALE``."""
-    if name == "adwin":
-        return drift.ADWIN(delta=0.002, clock=4)
-    if name == "page_hinkley":
-        return drift.PageHinkley(min_instances=10, delta=0.4, threshold=12.0, mode="up")
-    return drift.KSWIN(alpha=0.001, window_size=60, stat_size=20, seed=0)
 
 
 @dataclass
@@ -634,174 +593,6 @@ class BatchStatistics:
                 new["eopp", stage] = self.prototypes["eopp", stage]._of_counts(
                     positives_=np.bincount(cells, labelled_positive(), size).reshape(shape), totals_=among)
         return new
-
-
-class StatisticWindows:
-    """Every statistic's window of one kind (count or time) for one chain version."""
-
-    def __init__(self, make_window: Callable[[], BatchWindow], statistics: BatchStatistics, features: list):
-        self.windows = {key: make_window() for key in statistics.factories}
-        self.features = features
-
-    def add(self, accumulators: dict, n_records: int, ts: float) -> None:
-        """Add one batch's accumulators."""
-        for key, accumulator in accumulators.items():
-            self.windows[key].add(accumulator, n_records, ts=ts)
-
-    @property
-    def n_records(self) -> int:
-        """Records in the window now."""
-        return self.windows["out_of_range_rate", "before"].n_records
-
-    def _values(self, statistic: str, stages) -> dict:
-        return {stage: window.value() for (name, stage), window in self.windows.items()
-                if name == statistic and window.n_records and (stages is None or stage in stages)}
-
-    def detector_value(self, statistic: str) -> float | None:
-        """``statistic`` after the chain over all strata and features (see :data:`DETECTED`), or None."""
-        key, scalar = DETECTED[statistic]
-        window = self.windows.get(key)
-        if window is None or not window.n_records:
-            return None
-        value = float(scalar(window.value()))
-        return value if np.isfinite(value) else None
-
-    def rows(self, statistic: str | None = None, stages=None) -> Iterable[tuple[str, str, str, str, str, float]]:
-        """(statistic, stage, stratum, feature, group_pair, value) for every gauge, or for one statistic."""
-        for names, rows in self._row_makers():
-            if statistic is None or statistic in names:
-                yield from (row for row in rows(stages) if statistic is None or row[0] == statistic)
-
-    def _row_makers(self):
-        return [(("dependence_e",), self._e_rows), (("w1",), self._w1_rows),
-                (("dp_difference", "dp_ratio", "conditional_dp"), self._dp_rows), (("eopp",), self._eopp_rows),
-                (("mdp",), self._mdp_rows), (("otf",), self._otf_rows), (("out_of_range_rate",), self._oor_rows)]
-
-    def _e_rows(self, stages=None):
-        for stage, r in self._values("dependence_e", stages).items():
-            yield from _per_stratum_feature("dependence_e", stage, r.strata, self.features, r.per_stratum, "all")
-            yield from (("dependence_e", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
-            yield "dependence_e", stage, "all", "all", "all", r.total
-
-    def _w1_rows(self, stages=None):
-        for stage, r in self._values("w1", stages).items():
-            for j, p, k in itertools.product(range(len(r.strata)), range(len(r.pairs)), range(len(self.features))):
-                yield "w1", stage, str(r.strata[j]), self.features[k], "-".join(map(str, r.pairs[p])), r.per_pair[j, p, k]
-            yield from (("w1", stage, "all", f, "all", v) for f, v in zip(self.features, r.per_feature))
-            yield "w1", stage, "all", "all", "all", float(np.mean(r.per_feature))
-
-    def _dp_rows(self, stages=None):
-        for stage, r in self._values("dp", stages).items():
-            yield "dp_difference", stage, "all", "all", "all", r.difference
-            yield "dp_ratio", stage, "all", "all", "all", r.ratio
-            yield "conditional_dp", stage, "all", "all", "all", r.conditional_difference
-            yield from (("dp_difference", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
-
-    def _eopp_rows(self, stages=None):
-        for stage, r in self._values("eopp", stages).items():
-            yield "eopp", stage, "all", "all", "all", r.difference
-            yield from (("eopp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.stratum_difference))
-
-    def _mdp_rows(self, stages=None):
-        for stage, r in self._values("mdp", stages).items():
-            yield from (("mdp", stage, str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
-            yield from (("mdp", stage, "all", "all", f"{a}-{b}", v) for (a, b), v in zip(r.pairs, r.pair_values))
-            yield "mdp", stage, "all", "all", "all", r.overall
-
-    def _otf_rows(self, stages=None):
-        for stage, r in self._values("otf", stages).items():
-            if r is not None:
-                yield "otf", stage, "all", "all", "all", r.value
-
-    def _oor_rows(self, stages=None):
-        for _, r in self._values("out_of_range_rate", stages).items():
-            yield from (("out_of_range_rate", "before", str(a), "all", "all", v) for a, v in zip(r.strata, r.per_stratum))
-            yield "out_of_range_rate", "before", "all", "all", "all", r.overall
-
-
-def _per_stratum_feature(statistic, stage, strata, features, values, pair):
-    for j, k in itertools.product(range(len(strata)), range(len(features))):
-        yield statistic, stage, str(strata[j]), features[k], pair, values[j, k]
-
-
-class DriftTracker:
-    """A river detector on chunk values of one statistic, with hysteresis (one event per shift)."""
-
-    def __init__(self, statistic: str, monitor: MonitorConfig, clock: Callable[[], float]):
-        self.statistic, self.monitor, self.clock = statistic, monitor, clock
-        self.threshold = monitor.thresholds[statistic]
-        self.detector = make_detector(monitor.detector)
-        self.armed, self.last_event = True, -np.inf
-        self.pending = 0  # records left during which a detector hit waits for the window to confirm it
-        self.value: float | None = None  # the windowed statistic when last read (by confirm)
-
-    def feed_chunk(self, chunk: dict) -> None:
-        """Give the detector one chunk's value of the statistic (scaled so that the threshold is DETECTOR_SCALE)."""
-        key, scalar = DETECTED[self.statistic]
-        if key not in chunk:  # e.g. a chunk of unlabelled records for eopp
-            return
-        value = float(scalar(chunk[key].value()))
-        if not np.isfinite(value):
-            return
-        self.detector.update(value / self.threshold * DETECTOR_SCALE)
-        if self.detector.drift_detected:
-            # The detector sees a shift within a few chunks; the window needs longer to cross the
-            # threshold, so the hit waits (at most one window of records) for that confirmation.
-            self.pending = self.monitor.window_records
-
-    def confirm(self, n_records: int, window_value: Callable[[], float | None]) -> bool:
-        """After a batch of ``n_records``: True when a detector hit is confirmed by the window (an event).
-
-        ``window_value()`` reads the window (a merge of its buckets): only while a hit waits for confirmation or
-        the tracker waits to re-arm; the value read is kept in ``value``.
-        """
-        self.pending = max(self.pending - n_records, 0)
-        if not self.pending and self.armed:  # no event possible, nothing to re-arm: the window need not be read
-            return False
-        self.value = window_value()
-        if self.value is None:
-            return False
-        if self.value < self.threshold:
-            self.armed = True
-        now = self.clock()
-        cooled = now - self.last_event >= self.monitor.cooldown_seconds
-        if self.pending and self.value > self.threshold and (self.armed or cooled):
-            self.armed, self.last_event, self.pending = False, now, 0
-            return True
-        return False
-
-
-class Chunker:
-    """Cuts batches into pieces at chunk boundaries and merges each chunk's accumulators.
-
-    Chunks are cut from the records, not from batches, so a detector's sensitivity does not depend
-    on the batch size: 16 chunks per window give a detector enough samples before a shift (ADWIN
-    needs a few dozen) while each chunk's statistic stays well above its own estimation noise.
-    """
-
-    def __init__(self, window_records: int):
-        self.size = max(50, window_records // 16)
-        self.filled, self.chunk = 0, None
-
-    def pieces(self, n: int) -> list[slice]:
-        """The slices of a batch of ``n`` rows, each ending at a chunk boundary or at the batch's end."""
-        out, start, filled = [], 0, self.filled
-        while start < n:
-            stop = start + min(self.size - filled, n - start)
-            out.append(slice(start, stop))
-            filled = (filled + stop - start) % self.size
-            start = stop
-        return out
-
-    def add(self, accumulators: dict, n_records: int) -> dict | None:
-        """Merge one piece; returns the chunk's accumulators when it is full."""
-        self.chunk = dict(accumulators) if self.chunk is None else {
-            key: self.chunk[key].merge(acc) if key in self.chunk else acc for key, acc in accumulators.items()}
-        self.filled += n_records
-        if self.filled < self.size:
-            return None
-        full, self.chunk, self.filled = self.chunk, None, 0
-        return full
 
 
 class FairnessMonitor:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fairstream.models import centroid, centroid_targets
 from fairstream.models.centroid import (
     CentroidFairness,
+    _sampling_probabilities,
     centroid_fairness_loss,
     fit_embedding_module,
     validate_embedding_module,
@@ -29,9 +30,9 @@ from fairstream.models.centroid_targets import (
     pseudo_score_block_rows,
 )
 from fairstream.models.embedding import FairnessModule
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.embedding_datasets import simulate_train_test
-from fairstream.repair.measure.verification import ScoreCurve, curve_distance, l2_normalise
+from fairstream.repair.measure.verification import ScoreCurve, curve_distance, l2_normalise, same_group_pair_scores
 
 torch.set_num_threads(1)
 PROPERTY = settings(max_examples=80, deadline=None)
@@ -237,3 +238,91 @@ def test_group_quantile_baseline_aligns_impostor_curves_on_its_fit_set(small_dat
         # Binned scores tie within a bin, so the bound of Proposition B.1 grows to the largest bin's share.
         largest_bin = np.diff(baseline.curves_[g].cumulative, prepend=0).max()
         assert curve_distance(mapped, ref) <= largest_bin / baseline.curves_[g].n + 1e-12
+
+
+# --------------------------------------------------------------------------------------------
+# Tests that would catch a wrong formula (each fails on a planted bug: see docs/mutation.md)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_trained_module_lowers_the_held_out_bfar_against_the_plain_encoder():
+    # Groups differ enough here (d = 32) that 10 epochs cut the held-out BFAR by about a third; "before" is the
+    # frozen encoder as is, recomputed here without the function under test.
+    train, test = simulate_train_test(train_identities=(60, 50, 120, 40), train_images=10, test_identities=(100,) * 4,
+                                      test_images=5, dimension=32, seed=1)
+    module = fit_embedding_module(train.vectors, train.identities, train.groups, epochs=10, batch_size=512,
+                                  learning_rate=3e-3, seed=0)
+    report = validate_embedding_module(module, test.vectors, test.identities, test.groups, far=1e-2)
+    plain = same_group_pair_scores(l2_normalise(test.vectors), test.identities, test.groups, max_far=1e-2)
+    assert report.before.bfar == plain.rates_at_far(1e-2).bfar and report.far == 1e-2
+    assert report.after.bfar < report.before.bfar and report.bfar_reduction > 0.2
+    assert abs(report.fnmr_change) < 0.01  # fairer without costing accuracy
+
+
+def test_balanced_sampling_gives_each_group_the_same_mass():
+    codes = np.array([0, 0, 0, 0, 1, 2, 2])
+    p = _sampling_probabilities(codes, "balanced")
+    np.testing.assert_allclose(np.bincount(codes, p), [1 / 3] * 3)  # equal per group, uniform within one
+    np.testing.assert_allclose(p[:4], 1 / 12)
+    np.testing.assert_allclose(_sampling_probabilities(codes, "uniform"), 1 / 7)
+
+
+@pytest.mark.parametrize("sampling", ["balanced", "uniform"])
+def test_training_batches_follow_the_sampling(small_data, monkeypatch, sampling):
+    train, _ = small_data
+    drawn = []
+
+    def recording(out, mu, idx, codes, targets):
+        drawn.append(codes[idx])
+        return batch_terms(out, mu, idx, codes, targets)
+
+    batch_terms = centroid._batch_terms
+    monkeypatch.setattr(centroid, "_batch_terms", recording)
+    CentroidFairness(epochs=1, batch_size=4096, sampling=sampling).fit(train.vectors, train.identities, train.groups)
+    images = np.bincount(IdentityStructure.of(train.identities, train.groups, len(train)).group_codes())
+    expected = np.full(4, 0.25) if sampling == "balanced" else images / images.sum()  # groups of 240/200/480/160
+    shares = np.bincount(np.concatenate(drawn), minlength=4) / 4096
+    assert np.abs(shares - expected).max() < 0.03  # 4 standard errors of a share of 4,096 draws
+
+
+def test_loss_terms_with_a_small_weight_sum_or_of_one_kind_only():
+    s, t = torch.tensor([0.5, 0.1]), torch.tensor([0.2, 0.3])
+    w = torch.tensor([0.25, 0.5])  # weight sums below one still count
+    expected = (0.25 * 0.09 + 0.5 * 0.04) / 0.75
+    impostors_only = centroid_fairness_loss(s, t, w, torch.tensor([False, False])).item()
+    genuine_only = centroid_fairness_loss(s, t, w, torch.tensor([True, True])).item()
+    assert impostors_only == pytest.approx(expected) and genuine_only == pytest.approx(expected)
+
+
+def test_the_history_splits_the_loss_into_its_far_and_frr_terms(small_data):
+    train, _ = small_data  # a fit of its own: mutmut selects the tests that call the training loop themselves
+    est = CentroidFairness(epochs=2, batch_size=256, learning_rate=3e-3).fit(train.vectors, train.identities,
+                                                                             train.groups)
+    assert est.module_.hidden == 2 * 16  # the default width
+    for epoch in est.history_:
+        assert epoch["far_term"] > 0 and epoch["frr_term"] > 0
+        assert epoch["far_term"] + epoch["frr_term"] == pytest.approx(epoch["loss"], rel=1e-5)
+
+
+def test_parameters_reach_the_fit_and_bad_ones_are_named(small_data):
+    train, _ = small_data
+    two = np.isin(train.groups, train.groups[:1])  # one group against the rest: two groups train too
+    est = CentroidFairness(hidden=5, epochs=1, batch_size=256, exact_limit=1, bins=2 ** 4).fit(
+        train.vectors, train.identities, np.where(two, "a", "b"))
+    assert est.module_.hidden == 5 and est.groups_.tolist() == ["a", "b"] and 0 < est.fit_seconds_ < 600
+    assert CentroidFairness(hidden=1, epochs=1).fit(train.vectors, train.identities, train.groups).module_.hidden == 1
+    t, _, genuine = est.targets_.block(1, est.targets_.images[1][:20])
+    assert np.unique(t[~genuine]).size <= 2 ** 4  # binned from the first pair on: impostor targets on 16 bins
+    for name, value in (("hidden", 0), ("hidden", True), ("hidden", 2.0), ("epochs", 0), ("batch_size", True),
+                        ("bins", 1.5), ("learning_rate", 0), ("learning_rate", np.inf), ("learning_rate", "0.1")):
+        with pytest.raises(RepairInputError, match=name):
+            CentroidFairness(**{name: value}).fit(train.vectors, train.identities, train.groups)
+
+
+def test_artifact_parameters_record_every_constructor_argument():
+    params = CentroidFairness(reference=2, hidden=8, epochs=3, batch_size=64, learning_rate=0.01, sampling="uniform",
+                              exact_limit=5, bins=16, seed=7).artifact_parameters()
+    assert params == {"reference": "2", "hidden": 8, "epochs": 3, "batch_size": 64, "learning_rate": 0.01,
+                      "sampling": "uniform", "exact_limit": 5, "bins": 16, "seed": 7}
+    assert CentroidFairness().artifact_parameters()["reference"] is None
+    json.dumps(params)

@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 from fairstream.models import embedding
 from fairstream.models.embedding import FairnessModule, normalise
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.protocol import Batch, IncompatibleArtifact, PipelineSchema
 
 

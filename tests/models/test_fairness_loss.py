@@ -10,7 +10,7 @@ import torch  # noqa: E402  (installed with the models extra)
 from fairstream.models import fairness_loss as loss_module  # noqa: E402
 from fairstream.models.fairness_loss import fairness_loss, sharp_sinkhorn_loss, wasserstein2_loss  # noqa: E402
 from fairstream.models.score_transport import sharp_sinkhorn  # noqa: E402
-from fairstream.repair._validation import RepairInputError  # noqa: E402
+from fairstream.repair.validation import RepairInputError  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -15,7 +15,7 @@ from fairstream.models import flow as flow_module
 from fairstream.models.flow import FlowPreprocessor, coupling_masks, validate_flow
 from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.protocol import Batch, IncompatibleArtifact, PipelineSchema, apply_chain
 
 COLUMNS = ("a", "b", "c")

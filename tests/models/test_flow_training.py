@@ -15,7 +15,7 @@ from fairstream.models.flow_training import (  # noqa: E402
     train_classifier,
 )
 from fairstream.models.scorer import LogisticScorer  # noqa: E402
-from fairstream.repair._validation import RepairInputError  # noqa: E402
+from fairstream.repair.validation import RepairInputError  # noqa: E402
 
 torch.set_num_threads(1)
 TINY = {"n_blocks": 2, "hidden": (8,), "batch_size": 64}
@@ -177,3 +177,30 @@ def test_equal_opportunity_flow_narrows_the_true_positive_gap(data):
     before = validate_flow(None, scorer, X, s, y)
     flow = AdapFair(scorer, notion="eopp", lam=0.2, n_steps=60, lr=5e-3, seed=3, **TINY).fit(X, s, y).flow_
     assert validate_flow(flow, scorer, X, s, y).eopp_gap < 0.6 * before.eopp_gap
+
+
+@pytest.mark.parametrize("divergence", ["exact", "sinkhorn"])
+def test_the_first_step_loss_is_the_window_weighted_bce_plus_the_ot_term_on_probabilities(divergence):
+    # One point and one label per group, so every per-row term is known by hand; the flow starts at the
+    # identity, so the first step's terms are those of the frozen scorer: logits -1 (group 0) and 2 (group 1).
+    n0, n1 = 30, 90  # unequal groups: the batch (64 rows of each) is weighted back to the window's 1:3
+    X = np.repeat([[0.0, 0.0], [1.0, 1.0]], [n0, n1], axis=0)
+    s = y = np.repeat([0, 1], [n0, n1])
+    scorer = torch.nn.Linear(2, 1, dtype=torch.float64)
+    with torch.no_grad():
+        scorer.weight.copy_(torch.tensor([[3.0, 0.0]]))
+        scorer.bias.fill_(-1.0)
+    first = AdapFair(scorer, lam=0.25, divergence=divergence, n_steps=1, **TINY).fit(X, s, y).history_[0]
+    bce = (n0 * np.log1p(np.exp(-1.0)) + n1 * np.log1p(np.exp(-2.0))) / (n0 + n1)  # y=0 at -1, y=1 at 2
+    gap = 1 / (1 + np.exp(-2.0)) - 1 / (1 + np.exp(1.0))  # the scores' gap in (0, 1), not the logits' 3
+    assert first["bce"] == pytest.approx(bce, rel=1e-9)
+    assert first["fairness"] == pytest.approx(gap ** 2, rel=1e-6)  # one coupling: every pair costs gap^2
+    assert first["loss"] == pytest.approx(0.25 * bce + 0.75 * gap ** 2, rel=1e-6)
+
+
+def test_a_fit_is_reproducible_from_its_seed(data):
+    X, s, y, scorer = data
+    fits = [AdapFair(scorer, lam=0.3, n_steps=5, lr=5e-3, seed=seed, **TINY).fit(X, s, y).flow_ for seed in (3, 3, 4)]
+    mapped = [flow.transform(X[:50], s[:50]) for flow in fits]
+    np.testing.assert_array_equal(mapped[0], mapped[1])  # the batches and the initial flow both come from the seed
+    assert not np.array_equal(mapped[0], mapped[2])

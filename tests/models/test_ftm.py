@@ -10,7 +10,7 @@ from fairstream.models import ftm, scorer_training
 from fairstream.models.ftm import GapPenalty, MatchingPenalty
 from fairstream.models.scorer import LogisticScorer, Scorer, validate_scorer
 from fairstream.models.scorer_training import FairScorerTrainer, ScorerNet, TrainingData, fit_scorer
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.group_maps import exact_matching
 from fairstream.repair.measure.mdp import matched_dp
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
 
 @pytest.fixture(scope="module")

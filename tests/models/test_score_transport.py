@@ -16,7 +16,7 @@ from fairstream.models.score_transport import (
     solve_semidual,
     wasserstein2_1d,
 )
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
 
 def scores(seed, n0=7, n1=5):

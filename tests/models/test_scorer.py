@@ -10,7 +10,7 @@ from fairstream.models import scorer
 from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.models.scorer import LogisticScorer, Scorer, validate_scorer
 from fairstream.repair import artifacts
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.protocol import Batch, IncompatibleArtifact, PipelineSchema
 

@@ -16,7 +16,7 @@ import pytest
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils import estimator_checks
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 
 # scikit-learn's own checks that need no fit (theirs call fit(X, y); ours take s, u or identities).
 SKLEARN_CHECKS = ("check_no_attributes_set_in_init", "check_get_params_invariance", "check_set_params",

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.embedding_datasets import (
     EmbeddingSet,
     load_embeddings,

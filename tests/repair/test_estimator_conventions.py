@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.estimator import Estimator, FrozenPartsEstimator
 from fairstream.repair.group_maps import GroupTransportMap

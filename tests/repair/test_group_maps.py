@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
 from fairstream.repair import artifacts, group_maps
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.group_maps import METHODS, GroupTransportMap, exact_matching, squared_distances
 from fairstream.repair.measure.mdp import matched_dp
 

@@ -6,7 +6,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy.special import expit
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.logistic import fit_logistic, fit_logistic_stack
 from fairstream.repair.posterior import (
     GroupPosterior,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.artifacts import ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.protocol import (

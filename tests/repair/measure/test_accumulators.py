@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair._validation import RepairInputError, encode
+from fairstream.repair.validation import RepairInputError, encode
 from fairstream.repair.measure import accumulators as streaming
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.measure import mdp
 from fairstream.repair.measure.mdp import MatchedDPAccumulator, fair_matching, fair_matching_cost, matched_dp
@@ -116,15 +116,37 @@ def test_a_batch_window_of_accumulators_measures_its_last_batches():
     assert window.n_records == 20 and window.value().overall == pytest.approx(np.abs(f - g).mean())
 
 
-def test_scores_of_a_frozen_map_end_to_end():
-    rng = np.random.default_rng(3)
-    X, s = rng.normal(size=(200, 2)), np.repeat([0, 1], 100)
-    gmap = GroupTransportMap().fit(X, s)
-    score = (lambda Z: 1 / (1 + np.exp(-Z[:, 0])))
-    matched = gmap.counterparts(X, s)
-    result = matched_dp(score(X)[matched.rows], score(matched.X), s[matched.rows], matched.s)
-    gaps = np.abs(score(X) - score(matched.X))
-    assert result.overall == pytest.approx(gaps.mean())
+def brute_force_mdp(a, b, score) -> float:
+    """MDP of the optimal coupling of two groups on one feature, found by trying every bijection.
+
+    Both groups' people are repeated to the same number of copies (the sizes' least common multiple), so that a
+    bijection of the copies is a coupling of the two groups, and every copy carries the same mass.
+    """
+    size = np.lcm(len(a), len(b))
+    copies_a, copies_b = np.repeat(a, size // len(a)), np.repeat(b, size // len(b))
+    best = min(permutations(range(len(copies_b))),
+               key=lambda p: sum((copies_a[i] - copies_b[j]) ** 2 for i, j in enumerate(p)))
+    return float(np.mean([abs(score(copies_a[i]) - score(copies_b[j])) for i, j in enumerate(best)]))
+
+
+@pytest.mark.parametrize("a, b, by_hand", [
+    # 0-0.5, 1-2, 3-5 (the nearest person would pair 1 with 0.5 and 3 with 2): gaps 0.05, 0.1, 0.2
+    ([0.0, 1.0, 3.0], [0.5, 2.0, 5.0], 0.35 / 3),
+    # 0 puts 2/3 of its mass on 0.5 and 1/3 on 2 (gaps 0.05, 0.2), 1 puts 1/3 on 2 and 2/3 on 5 (gaps 0.1, 0.4):
+    # group 0's MDP (0.1 + 0.3) / 2 = 0.2, group 1's (0.05 + 0.15 + 0.4) / 3 = 0.2; unweighted, group 0's is 0.1875
+    ([0.0, 1.0], [0.5, 2.0, 5.0], 0.2),
+])
+def test_mdp_of_a_frozen_map_is_that_of_the_brute_force_optimal_coupling(a, b, by_hand):
+    score = (lambda x: np.asarray(x) / 10)
+    assert brute_force_mdp(np.array(a), np.array(b), score) == pytest.approx(by_hand)
+    X, s = np.r_[a, b][:, None], np.repeat([0, 1], [len(a), len(b)])
+    matched = GroupTransportMap().fit(X, s).counterparts(X, s)
+    rows = matched.rows
+    # each group its own stratum: a coupling gives both groups the same MDP, each read alone here
+    result = matched_dp(score(X[rows, 0]), score(matched.X[:, 0]), s[rows], matched.s, u=s[rows],
+                        weights=matched.weights)
+    np.testing.assert_allclose(result.per_stratum, [by_hand, by_hand], rtol=1e-12)
+    assert result.overall == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_fair_matching_cost_is_the_mean_squared_distance_of_rank_matched_pairs():
@@ -181,3 +203,82 @@ def test_runs_refuse_what_update_refuses():
         empty.runs([0.5, 0.5], [0.1, 0.2], [0, 1], [1, 0], None, [1.0, -1.0], [0, 1, 2])
     with pytest.raises(RepairInputError, match="own group"):
         empty.runs([0.5], [0.1], [0], [0], None, [1.0], [0, 1])
+
+
+# Mutation testing (docs/mutation.md) found these behaviours untested.
+
+
+def test_per_stratum_reads_only_the_pairs_a_stratum_saw():
+    acc = MatchedDPAccumulator(groups=["a", "b", "c"], strata=[0, 1, 2])
+    acc.update([0.9, 0.5, 0.3, 0.8, 0.1], [0.7, 0.1, 0.6, 0.2, 0.4], s=["a", "b", "c", "a", "a"],
+               s_matched=["b", "a", "a", "b", "b"], u=[0, 0, 1, 1, 0], weights=[0.25, 0.5, 0.4, 1.0, 0.0])
+    result = acc.value()
+    # stratum 0 saw pair a-b only, with weights summing below one (and a row of weight 0: counted, no mass);
+    # stratum 1 saw a-c (gap 0.3) and a-b (gap 0.6); stratum 2 saw nothing
+    expected_0 = (0.25 * 0.2 + 0.5 * 0.4) / 0.75
+    np.testing.assert_allclose(result.per_stratum, [expected_0, 0.6, np.nan])
+    np.testing.assert_allclose(result.per_pair, [[expected_0, np.nan, np.nan], [0.6, 0.3, np.nan]] + [[np.nan] * 3])
+    assert result.n_rows.tolist() == [[3, 0, 0], [1, 1, 0], [0, 0, 0]] and result.strata.tolist() == [0, 1, 2]
+    assert result.pair_values.shape == (3,) and MatchedDPAccumulator().value().pair_values.shape == (1,)
+
+
+def test_runs_start_where_their_bounds_start():
+    rng = np.random.default_rng(4)
+    f, g, w = rng.random(11), rng.random(11), rng.random(11)
+    runs = MatchedDPAccumulator().runs(f, g, None, None, None, w, [3, 5, 9])  # rows 0-2 and 9-10 in none
+    for accumulator, (a, b) in zip(runs, [(3, 5), (5, 9)]):
+        assert accumulator.value().overall == pytest.approx(np.average(np.abs(f[a:b] - g[a:b]), weights=w[a:b]))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: matched_dp([0.1, 0.2, 0.3], [0.1, 0.2, 0.3], weights=[1, 0, -1]), "^weights has a negative value .* at row 2"),
+    (lambda: MatchedDPAccumulator().update([np.nan], [0.1]), "^column 'scores' has"),
+    (lambda: matched_dp([np.nan], [0.1]), "^column 'f_x' has"),
+    (lambda: MatchedDPAccumulator().update([0.1, 0.2], [0.1]), r"^matched_scores must be one value per row \(2\)"),
+    (lambda: MatchedDPAccumulator().update([0.1, 0.2], [0.1, 0.2], weights=[1.0]), "^weights must be one value"),
+    (lambda: MatchedDPAccumulator(strata=[0, 1]).update([0.1], [0.2], u=[5]), "^u has an unknown value 5"),
+    (lambda: MatchedDPAccumulator(groups=["a", "b"]).update([0.1], [0.2], ["z"], ["a"]), "^s has an unknown value"),
+    (lambda: MatchedDPAccumulator(groups=["a", "a"]), "^groups holds duplicate labels"),
+    (lambda: MatchedDPAccumulator(strata=[0, 0]), "^strata holds duplicate labels"),
+    (lambda: fair_matching([np.nan], [0.1]), "^column 'f_a' has"),
+    (lambda: fair_matching([0.1], [np.nan]), "^column 'f_b' has"),
+    (lambda: fair_matching_cost([[np.nan], [1.0]], [0.1, 0.2], [0, 1]), "^column 'x0' has"),
+    (lambda: fair_matching_cost([[0.0], [1.0]], [0.1], [0, 1]), r"^scores must be one value per row \(2\)"),
+    (lambda: fair_matching_cost([[0.0], [1.0]], [0.1, 0.2], [0]), "^s must have one value per row"),
+    (lambda: fair_matching_cost([[0.0], [1.0]], [0.1, 0.2], [0, 5], groups=[0, 1]), "^s has an unknown value 5"),
+    (lambda: MatchedDPAccumulator().runs([np.nan], [0.1], None, None, None, [1.0], [0, 1]), "^column 'scores' has"),
+    (lambda: MatchedDPAccumulator().runs([0.1], [np.nan], None, None, None, [1.0], [0, 1]), "^column 'matched_scores'"),
+    (lambda: MatchedDPAccumulator().runs([0.1, 0.2], [0.1], None, None, None, [1.0, 1.0], [0, 1]), "^matched_scores must"),
+    (lambda: MatchedDPAccumulator().runs([0.1, 0.2], [0.1, 0.2], None, None, None, [1.0], [0, 1]), "^weights must"),
+    (lambda: MatchedDPAccumulator(strata=[0, 1]).runs([0.1], [0.2], None, None, [7], [1.0], [0, 1]), "^u has an unknown"),
+])
+def test_every_error_names_its_argument(call, message):
+    with pytest.raises(RepairInputError, match=message):
+        call()
+
+
+def test_fair_matching_cost_honours_its_groups_reference_batch_size_and_seed():
+    rng = np.random.default_rng(5)
+    X, scores, s = rng.normal(size=(60, 2)), rng.random(60), np.repeat([0, 1, 2], [10, 20, 30])
+    kwargs = dict(groups=[0, 1, 2, 3], reference=1, n_batches=4, batch_size=8)  # group 3 has no row
+    result = fair_matching_cost(X, scores, s, **kwargs)
+    assert result.pairs == [(0, 1), (2, 1)] and result.batch_size.tolist() == [8, 8] and result.n_batches == 4
+    assert result.cost_sd.min() > 0  # batches of 8 of 10, 20 and 30 rows differ
+    again = fair_matching_cost(X, scores, s, **kwargs)
+    np.testing.assert_array_equal(again.cost, result.cost)  # seeded: the same batches
+    assert not np.array_equal(fair_matching_cost(X, scores, s, seed=1, **kwargs).cost, result.cost)
+    small_reference = fair_matching_cost(X, scores, s, reference=0, n_batches=2, batch_size=25)
+    assert small_reference.batch_size.tolist() == [10, 10]  # no batch larger than either group
+
+
+def test_fair_matching_pairs_tied_scores_in_row_order():
+    # Ties are broken by position (a stable sort), so the matching and its transport cost are reproducible.
+    rng = np.random.default_rng(0)
+    f_a, f_b = rng.integers(0, 3, 200) / 2, rng.integers(0, 3, 200) / 2  # 200 scores of three values
+    i, j = fair_matching(f_a, f_b)
+    in_row_order = (lambda f: [row for value in (0.0, 0.5, 1.0) for row in np.flatnonzero(f == value)])
+    assert i.tolist() == in_row_order(f_a) and j.tolist() == in_row_order(f_b)
+
+
+def test_weights_of_zero_are_accepted():
+    assert matched_dp([0.9, 0.2], [0.6, 0.4], weights=[0.0, 1.0]).overall == pytest.approx(0.2)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import entropy
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.measure import metrics
 from fairstream.repair.measure.metrics import (
     damage,
@@ -420,5 +420,5 @@ def test_e_of_stacked_histograms_is_e_feature_by_feature(seed, n_features, n_str
     one_by_one = np.stack([symmetrised_kl_from_counts(c, 0.5) for c in counts], axis=1)
     assert np.array_equal(result.per_stratum, one_by_one)
     totals = counts[0].sum(axis=(1, 2))
-    assert np.array_equal(result.weights, metrics._safe_ratio(totals, totals.sum(), empty=0.0))
+    assert np.array_equal(result.weights, metrics.safe_ratio(totals, totals.sum(), empty=0.0))
     assert np.array_equal(result.per_feature, result.weights @ one_by_one)

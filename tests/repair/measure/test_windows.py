@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fairstream.repair._validation import RepairInputError
+from fairstream.repair.validation import RepairInputError
 from fairstream.repair.measure import windows
 from fairstream.repair.measure.accumulators import (
     DamageAccumulator,

@@ -14,14 +14,8 @@ import time
 
 import pytest
 
-from fairstream.streams.ops.prometheus import (
-    ALERTS_YML,
-    PrometheusServer,
-    duration_seconds,
-    free_port,
-    parse_time,
-    rules_with_short_for,
-)
+from fairstream.streams.ops.prometheus import ALERTS_YML, PrometheusServer, free_port, rules_with_short_for
+from fairstream.streams.parsing import parse_duration, parse_time
 from fairstream.streams.worker.metrics import fairness_family
 
 pytestmark = pytest.mark.integration
@@ -117,7 +111,7 @@ def test_short_for_copy_changes_only_for_lines(tmp_path):
     assert changed and all(a.strip().startswith("for:") and b.strip().startswith(f"for: {FOR}") for a, b in changed)
     # durations at or below the cap (the drift alert's 0m) stay as they are
     assert "for: 0m" in copy.read_text()
-    assert all(duration_seconds(a.split()[1]) > duration_seconds(FOR) for a, _ in changed)
+    assert all(parse_duration(a.split()[1], positive=False) > parse_duration(FOR) for a, _ in changed)
 
 
 def test_targets_are_scraped(stack):
@@ -142,7 +136,7 @@ def test_targets_are_scraped(stack):
 
 def test_worker_down_and_no_plan_fire_for_the_right_targets(stack):
     prom, with_plan, without_plan, dead = stack
-    timeout = duration_seconds(FOR) + 30
+    timeout = parse_duration(FOR) + 30
     down = prom.wait_for_alert("FairstreamWorkerDown", "firing", timeout)
     assert down["labels"]["instance"] == dead and down["labels"]["severity"] == "critical"
     assert "pipeline" not in down["labels"]  # never scraped: its pipeline is not known
@@ -180,12 +174,12 @@ def test_injected_drift_fires_the_gap_and_drift_alerts(stack):
         "instance": with_plan.target, "pipeline": "adult", "statistic": "dependence_e", "detector": "adwin",
         "severity": "warning"}
 
-    firing = prom.wait_for_alert("FairstreamFairnessGapHigh", "firing", timeout=duration_seconds(FOR) + 30)
+    firing = prom.wait_for_alert("FairstreamFairnessGapHigh", "firing", timeout=parse_duration(FOR) + 30)
     assert pending["labels"] == firing["labels"] == {
         "alertname": "FairstreamFairnessGapHigh", "severity": "warning", "pipeline": "adult",
         "statistic": "dependence_e", "stratum": "all", "feature": "all"}
     assert pending["activeAt"] == firing["activeAt"]  # one alert, pending then firing
-    assert time.time() - parse_time(firing["activeAt"]) >= duration_seconds(FOR)
+    assert time.time() - parse_time(firing["activeAt"]) >= parse_duration(FOR)
     assert float(firing["value"]) == pytest.approx(0.2)
     assert "0.2000" in firing["annotations"]["description"]
 

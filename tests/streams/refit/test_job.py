@@ -30,7 +30,8 @@ from fairstream.streams.refit import job, requests, schedule, service, sources
 from fairstream.streams.refit.command import add_refit_parser
 from fairstream.streams.refit.job import RefitJob, stratified_split
 from fairstream.streams.refit.requests import request_refit
-from fairstream.streams.refit.schedule import parse_duration, run_every
+from fairstream.streams.parsing import parse_duration
+from fairstream.streams.refit.schedule import run_every
 from fairstream.streams.refit.service import RefitService
 from fairstream.streams.refit.sources import (
     FileSource,

@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 
 from fairstream.streams.config import STATISTICS, adult_config
 from fairstream.streams.worker import metrics
-from fairstream.streams.worker.app import _on_artifact_change, create_app
+from fairstream.streams.worker.app import create_app
 from fairstream.streams.worker.metrics import FAIRNESS_FAMILIES, PipelineMetrics
 
 
@@ -32,7 +32,7 @@ def test_two_apps_of_different_pipelines_in_one_process_export_separate_series(t
         assert value("fairstream_drift_events_total", pipeline=name, statistic="dependence_e", detector="adwin") == 0
         app.fairstream_metrics.set_fairness("dependence_e", *ROW.values(), 0.05 if name == "app-a" else 0.3)
     plan = SimpleNamespace(kind="plan", version=4, sha256="ab" * 32)
-    _on_artifact_change(plan, ("plan",), apps["app-a"].fairstream_metrics)  # a swap on app-a's chain
+    apps["app-a"].fairstream_registry.on_change(plan)  # a swap on app-a's chain
     assert value("fairstream_fairness_dependence", pipeline="app-a", statistic="dependence_e", **ROW) is None
     assert value("fairstream_fairness_dependence", pipeline="app-b", statistic="dependence_e", **ROW) == 0.3
     assert value("fairstream_artifact_version", pipeline="app-a", kind="plan") == 4
