@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import time
@@ -219,14 +220,34 @@ def _port_arg(text: str) -> int | str:
     return port
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return value
+def _whole_number(least: int):
+    """An argparse type: a whole number >= ``least``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}")
+        return value
+    return parse
+
+
+_positive_int = _whole_number(1)
+_count = _whole_number(0)
+
+
+def _seconds(positive: bool):
+    """An argparse type: a finite number of seconds, > 0 (``positive``) or >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+            raise argparse.ArgumentTypeError(f"expected a number {'>' if positive else '>='} 0, got {text!r}")
+        return value
+    return parse
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -454,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the broker a worker or the demo started); stop: stop it.")
     brk.add_argument("action", nargs="?", choices=("start", "stop", "status"), default="start")
     brk.add_argument("--port", type=int, help="port to listen on (default: a free one)")
-    brk.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+    brk.add_argument("--wait", type=_seconds(positive=False), default=0.0, metavar="SECONDS",
                      help="with status: wait up to this long for a broker that is still starting (default: 0)")
     brk.add_argument("--run-dir", default="runs", help="folder for the broker's log and pid file (default: runs)")
     brk.set_defaults(func=_cmd_broker)
@@ -486,13 +507,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "(default: adult)")
     rpl.add_argument("--research", action="store_true",
                      help="send the research split (with its labels) to the research topic instead of the archive")
-    rpl.add_argument("--rate", type=float, help="records per second (default: as fast as possible)")
+    rpl.add_argument("--rate", type=_seconds(positive=True), help="records per second (default: as fast as possible)")
     rpl.add_argument("--n-research", type=int, default=None,
                      help="rows in the research split, which the archive leaves out (default: 10000, or half of a "
                           "smaller data set; 0: send every row)")
     rpl.add_argument("--seed", type=int, default=0, help="seed of the research/archive split (default: 0)")
-    rpl.add_argument("--limit", type=int, help="send at most this many records, the --bad ones included")
-    rpl.add_argument("--bad", type=int, default=0, help="mix in this many invalid records (they must be dead-lettered)")
+    rpl.add_argument("--limit", type=_count, help="send at most this many records, the --bad ones included")
+    rpl.add_argument("--bad", type=_count, default=0, help="mix in this many invalid records (they must be dead-lettered)")
     rpl.add_argument("--id-prefix", help="record ids are PREFIX-0, PREFIX-1, ... (default: the data set's name, "
                                          "with -research for --research)")
     rpl.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -508,7 +529,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a topic of the pipeline under its prefix (records.repaired, dlq, records.in, research, "
                            "control, ...) or any full topic name")
     tail.add_argument("-n", type=_positive_int, default=10, metavar="N", help="how many records (default: 10)")
-    tail.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+    tail.add_argument("--timeout", type=_seconds(positive=False), default=10.0, metavar="SECONDS",
                       help="wait this long for the topic to hold N records (default: 10)")
     tail.set_defaults(func=_cmd_tail)
 
@@ -586,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fairstream {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `fairstream artifacts list | head -1`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141
     except Exception as exc:
         if debug or not isinstance(exc, _user_errors()):
             raise  # a bug, or asked for: the whole traceback

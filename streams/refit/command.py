@@ -17,7 +17,7 @@ from .job import REFIT_KINDS, RefitJob, format_outcome
 from .schedule import run_every
 from .service import RefitService
 from .sources import research_source, resolve_source
-from .webhook import add_webhook_arguments, webhook_from_args
+from .webhook import add_webhook_arguments, webhook_from_args, webhook_token_from_args
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
@@ -71,7 +71,9 @@ is at most (1 + tolerance) times the current flow's (or the scorer alone's) plus
 accuracy at most --max-accuracy-drop lower; an embedding module only when its BFAR at --far on
 held-out identities is at most (1 + tolerance) times the current module's (or the identity's) and
 its FNMR at most one point worse. Otherwise the reason, with both numbers, is printed.
-The exit status is 0 whether or not it was published; non-zero means the run failed.
+A single re-fit exits 0 when a candidate was trained and validated (published, or refused with its
+numbers), 1 when none could be (an empty or too small window, a chain module not yet published, no
+labels): a script or a CronJob then sees that the research data or the chain needs attention.
 """
 
 
@@ -151,6 +153,7 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args)
     kind = args.kind or config.refit_kind
+    token = webhook_token_from_args(args)  # the webhook's options and token file, before anything connects
     if args.source != "topic" or kind == "embedding":  # a file is read once before anything connects: its errors
         # (and a source an embedding re-fit cannot use) come first, in one line
         resolve_source(research_source(args.source, "", config, args.last, kind=kind))
@@ -163,13 +166,14 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
             with _stop_on_signals() as stop:
                 if args.serve:
                     service = RefitService(job, source, min_interval_seconds=args.min_interval, triggers=args.triggers)
-                    with webhook_from_args(args, broker.bootstrap, config, kind):
+                    with webhook_from_args(args, broker.bootstrap, config, kind, token):
                         service.serve(stop)
                 else:
                     run_every(job, source, args.every, stop, on_outcome=lambda o: print(format_outcome(o), flush=True))
             return 0
-        print(format_outcome(job.run_once(source)))
-    return 0
+        outcome = job.run_once(source)
+        print(format_outcome(outcome))
+    return 0 if outcome.published or outcome.candidate_value is not None else 1
 
 
 def trainer_params(kind: str, args: argparse.Namespace) -> dict:

@@ -173,12 +173,20 @@ def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWi
     by its first character.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ResearchFileError(f"--source {path}: not a UTF-8 text file (byte {exc.start}); research files are CSV "
+                                "or JSON lines") from None
     if _looks_like_csv(path, text):
         values = _csv_values(text, config, path)
     else:
         values = [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
-    return _window_from_values(values, config, f"file {path}")
+    window = _window_from_values(values, config, f"file {path}")
+    if not len(window):  # a file is chosen by hand: nothing usable in it is a mistake, not an empty window
+        examples = f", e.g. {window.invalid_examples[0]}" if window.invalid_examples else ""
+        raise ResearchFileError(f"--source {path}: no valid research record ({window.n_invalid} invalid{examples})")
+    return window
 
 
 def _looks_like_csv(path: Path, text: str) -> bool:
@@ -316,11 +324,13 @@ def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_
     if option == "topic":
         if kind == "embedding":
             raise ResearchFileError("an embedding re-fit reads labelled embeddings from a file: --source PATH "
-                             "(.npz, .npy or .parquet with vector, identity and group columns)")
+                                    "(.npz, .npy or .parquet with vector, identity and group columns)")
         return TopicSource(bootstrap, config, last_n)
     path = Path(option)
+    if path.is_dir():
+        raise ResearchFileError(f"--source {option}: a directory; give a research file (CSV or JSON lines) or 'topic'")
     if not path.is_file():
-        raise FileNotFoundError(f"--source {option!r} is neither 'topic' nor an existing file")
+        raise ResearchFileError(f"--source {option}: no such file (a research file, CSV or JSON lines, or 'topic')")
     return EmbeddingFileSource(path) if kind == "embedding" else FileSource(path, config)
 
 

@@ -91,7 +91,11 @@ def load_token(path: str | os.PathLike | None = None, environ: Mapping[str, str]
     """
     environ = os.environ if environ is None else environ
     where = f"file {path}" if path else f"${TOKEN_ENV}"
-    token = (Path(path).read_text(encoding="utf-8") if path else environ.get(TOKEN_ENV, "")).strip()
+    try:
+        token = (Path(path).read_text(encoding="utf-8") if path else environ.get(TOKEN_ENV, "")).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or "not a UTF-8 text file"
+        raise WebhookConfigError(f"--webhook-token-file {path}: {reason}") from None
     if len(token) < MIN_TOKEN_CHARS:
         raise WebhookConfigError(f"the webhook token from {where} is empty or shorter than {MIN_TOKEN_CHARS} "
                                  "characters; generate one with `openssl rand -hex 32`")
@@ -257,7 +261,11 @@ class AlertWebhook:
     def start(self) -> Self:
         """Listen and serve on a daemon thread."""
         handler = type("Handler", (_Handler,), {"webhook": self})
-        self._server = ThreadingHTTPServer((self.host, self._requested_port), handler)
+        try:
+            self._server = ThreadingHTTPServer((self.host, self._requested_port), handler)
+        except (OSError, OverflowError) as exc:  # taken port, an address not of this host, a host that does not resolve
+            raise WebhookConfigError(f"the webhook cannot listen on {self.host}:{self._requested_port}: "
+                                     f"{getattr(exc, 'strerror', None) or exc}") from None
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="alert-webhook", daemon=True)
         self._thread.start()
@@ -288,12 +296,11 @@ class AlertWebhook:
         try:
             payload = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            return HTTPStatus.BAD_REQUEST, {"error": f"not UTF-8 JSON: {str(exc)[:200]}"}
+            return self._refused(f"not UTF-8 JSON: {str(exc)[:200]}")
         try:
             requests, skipped = alert_requests(payload, self.kind, self.alertnames, self.statistics, self.pipeline)
         except WebhookPayloadError as exc:
-            log.warning("refused an Alertmanager notification: %s", exc)
-            return HTTPStatus.BAD_REQUEST, {"error": str(exc)}
+            return self._refused(str(exc))
         for reason in skipped:
             log.info("Alertmanager alert skipped: %s", reason)
         published = []
@@ -307,6 +314,12 @@ class AlertWebhook:
             published.append(request.request_id)
             log.info("re-fit requested by Alertmanager (%s, %s): %s", request.request_id, request.source, request.reason)
         return HTTPStatus.OK, {"published": published, "skipped": skipped}
+
+    @staticmethod
+    def _refused(error: str) -> tuple[HTTPStatus, dict]:
+        """A 400 for a payload Alertmanager could not have sent, logged whatever its cause."""
+        log.warning("refused an Alertmanager notification: %s", error)
+        return HTTPStatus.BAD_REQUEST, {"error": error}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -386,7 +399,7 @@ def _triggers_arg(text: str) -> tuple[str, ...]:
 
 def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--webhook-port``, ``--webhook-host``, ``--webhook-token-file`` and ``--triggers`` to ``fairstream refit``."""
-    parser.add_argument("--webhook-port", type=int, metavar="PORT",
+    parser.add_argument("--webhook-port", type=_webhook_port_arg, metavar="PORT",
                         help=f"with --serve: also accept Alertmanager webhook notifications on this port (POST "
                              f"{WEBHOOK_PATH}; {DEFAULT_PORT} in the deploy files); a firing drift alert becomes a "
                              "re-fit request. Off by default")
@@ -401,19 +414,39 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
                              "for one drift are answered once")
 
 
-@contextlib.contextmanager
-def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: PipelineConfig, kind: str
-                      ) -> Iterator[AlertWebhook | None]:
-    """The webhook ``args`` ask for, turning drift alerts into re-fits of ``kind``, serving while the block runs.
+def _webhook_port_arg(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0 = any free port), got {text!r}")
+    return int(text)
 
-    Yields None when ``--webhook-port`` is not given.
+
+def webhook_token_from_args(args: argparse.Namespace) -> str | None:
+    """The token of the webhook ``args`` ask for (None: no webhook), checked before anything connects.
+
+    The webhook options without ``--serve``, or the token options without ``--webhook-port``, are
+    refused rather than ignored: a one-shot re-fit would otherwise run and exit 0 with no webhook.
     """
     if args.webhook_port is None:
-        yield None
-        return
+        if args.webhook_token_file is not None:
+            raise WebhookConfigError("--webhook-token-file needs --webhook-port (and --serve)")
+        return None
     if not getattr(args, "serve", False):
         raise WebhookConfigError("--webhook-port needs --serve: the webhook's requests are answered by the service")
-    token = load_token(args.webhook_token_file)
+    return load_token(args.webhook_token_file)
+
+
+@contextlib.contextmanager
+def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: PipelineConfig, kind: str,
+                      token: str | None = None) -> Iterator[AlertWebhook | None]:
+    """The webhook ``args`` ask for, turning drift alerts into re-fits of ``kind``, serving while the block runs.
+
+    Yields None when ``--webhook-port`` is not given. ``token``: from :func:`webhook_token_from_args`, read
+    before connecting (else read here).
+    """
+    token = token or webhook_token_from_args(args)
+    if token is None:
+        yield None
+        return
     with RequestPublisher(bootstrap, config.topics.refit_requests) as publish, \
             AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind,
                          statistics=config.monitor.statistics, pipeline=config.name) as webhook:

@@ -281,13 +281,20 @@ def test_replay_sends_at_most_limit_records_bad_ones_included(broker, tmp_path, 
 
 @pytest.mark.parametrize("extra, message", [
     (["--source", "{csv}"], "{csv}: CSV header ['age', 's', 'u'] lacks feature column(s) ['hours-per-week']"),
-    (["--kind", "embedding", "--source", "{missing}"], "--source '{missing}' is neither 'topic' nor an existing file"),
+    (["--kind", "embedding", "--source", "{missing}"], "--source {missing}: no such file"),
     (["--kind", "embedding"], "an embedding re-fit reads labelled embeddings from a file: --source PATH"),
-], ids=["csv without a feature", "no such file", "embeddings from the topic"])
+    (["--source", "{garbled}"], "--source {garbled}: not a UTF-8 text file"),
+    (["--source", "{invalid}"], "--source {invalid}: no valid research record (1 invalid, e.g. "),
+    (["--source", "{folder}"], "--source {folder}: a directory"),
+], ids=["csv without a feature", "no such file", "embeddings from the topic", "garbled bytes", "no valid row",
+        "a directory"])
 def test_refit_refuses_its_source_in_one_line_before_connecting(extra, message, tmp_path, capsys):
     csv, missing = tmp_path / "research.csv", tmp_path / "faces.npz"
     csv.write_text("age,s,u\n30,0,1\n")
-    fill = {"csv": str(csv), "missing": str(missing)}
+    (tmp_path / "garbled.csv").write_bytes(b"age,s\n\xff\xfe\x00\x81")
+    (tmp_path / "invalid.csv").write_text("age,hours-per-week,s,u,y\n30,-5,0,1,1\n")  # hours below their range
+    fill = {"csv": str(csv), "missing": str(missing), "garbled": str(tmp_path / "garbled.csv"),
+            "invalid": str(tmp_path / "invalid.csv"), "folder": str(tmp_path)}
     code, out, err = run_main(["refit", "--config", str(ADULT_TOML), "--broker", UNREACHABLE,
                                *[arg.format(**fill) for arg in extra]], capsys)
     assert code == 1 and err.count("\n") == 1 and message.format(**fill) in err, err  # not the broker's error
@@ -446,3 +453,25 @@ def test_fairstream_config_names_every_commands_default_pipeline(monkeypatch, tm
     monkeypatch.setenv("FAIRSTREAM_CONFIG", str(missing))
     code, _, err = run_main(["replay", "--broker", UNREACHABLE], capsys)
     assert code == 1 and str(missing) in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["replay", "--bad", "-1", "--limit", "5"], "argument --bad: expected a whole number >= 0, got '-1'"),
+    (["replay", "--limit", "-5"], "argument --limit: expected a whole number >= 0, got '-5'"),
+    (["replay", "--rate", "0"], "argument --rate: expected a number > 0, got '0'"),
+    (["tail", "dlq", "--timeout", "-1"], "argument --timeout: expected a number >= 0, got '-1'"),
+    (["broker", "status", "--wait", "nan"], "argument --wait: expected a number >= 0, got 'nan'"),
+], ids=["negative bad", "negative limit", "zero rate", "negative timeout", "nan wait"])
+def test_counts_rates_and_waits_out_of_their_range_are_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_output_cut_short_by_its_reader_ends_quietly():
+    # `fairstream alerts | head -1`: the reader is gone before the command writes.
+    command = subprocess.Popen([sys.executable, "-m", "fairstream.streams.cli", "alerts", "--config", str(ADULT_TOML)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command.stdout.close()
+    assert command.wait(timeout=60) == 141 and command.stderr.read() == b""
+    command.stderr.close()

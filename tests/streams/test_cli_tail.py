@@ -96,7 +96,7 @@ def test_tail_needs_a_broker_and_a_positive_count(tmp_path, capsys):
     assert (code, out) == (1, "") and err.startswith("fairstream tail: error: ") and err.count("\n") == 1
     with pytest.raises(SystemExit):
         main(["tail", "dlq", "-n", "0"])
-    assert "expected a positive whole number, got '0'" in capsys.readouterr().err
+    assert "expected a whole number >= 1, got '0'" in capsys.readouterr().err
 
 
 @pytest.mark.integration

@@ -387,6 +387,18 @@ def test_refit_command_publishes_from_a_file(broker, config, windows, tmp_path, 
     assert [r.version for r in control_history(broker, config)] == [1]
 
 
+def test_a_refit_that_could_not_train_a_candidate_exits_non_zero_with_its_reason(broker, config, tmp_path, capsys):
+    # The quick start's `refit` before the research split reached the topic: a script must not carry on.
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(config.to_toml())
+    args = refit_cli().parse_args(["refit", "--kind", "plan", "--config", str(toml), "--broker",
+                                   f"kafka://{broker.bootstrap}"])
+
+    assert args.func(args) == 1
+
+    assert "re-fit of plan: not published" in capsys.readouterr().out and control_history(broker, config) == []
+
+
 def test_refit_command_line_checks_its_options(capsys):
     parser = refit_cli()
     args = parser.parse_args(["refit", "--serve", "--min-interval", "10m", "--tolerance", "0.2"])

@@ -92,7 +92,7 @@ def test_the_token_comes_from_the_file_else_the_environment_and_short_ones_are_r
     path.write_text("\n")
     with pytest.raises(WebhookConfigError, match=f"file {path} is empty"):
         load_token(path, environ={})
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(WebhookConfigError, match="--webhook-token-file .*missing: No such file or directory"):
         load_token(tmp_path / "missing", environ={})
 
 
@@ -215,11 +215,14 @@ MALFORMED_NOTIFICATIONS = {  # body -> the start of the one-line reason
 }
 
 
-def test_bad_bodies_paths_and_methods_are_refused_and_health_needs_no_token(endpoint):
+def test_bad_bodies_paths_and_methods_are_refused_and_health_needs_no_token(endpoint, caplog):
+    caplog.set_level(logging.WARNING, logger="fairstream")
     for case, (body, reason) in MALFORMED_NOTIFICATIONS.items():
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        caplog.clear()
         status, reply, _ = endpoint.call("POST", "/alertmanager", data)
         assert status == 400 and reply["error"].startswith(reason) and "\n" not in reply["error"], (case, reply)
+        assert f"refused an Alertmanager notification: {reason}" in caplog.text, case  # every 400 leaves a trace
     assert endpoint.post({"version": "3", "alerts": []})[:2] == (400, {"error": "unsupported webhook payload version "
                                                                                 "'3' (expected '4')"})
     assert endpoint.post(notification(drift_alert()), headers={"Content-Length": "2000000"})[0] == 413
@@ -267,6 +270,34 @@ def test_the_command_line_options_start_the_webhook_only_with_serve(monkeypatch)
         assert served.kind == "flow"
         with urllib.request.urlopen(f"http://127.0.0.1:{served.port}/healthz", timeout=10) as response:
             assert response.status == 200
+
+
+def test_the_webhook_options_are_checked_in_one_line_before_anything_connects(tmp_path, capsys):
+    from fairstream.streams.cli import main
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    refit = ["refit", "--broker", "kafka://127.0.0.1:1"]  # nothing listens there: any connection would be the error
+    cases = {
+        ("--serve", "--webhook-port", "9", "--webhook-token-file", str(tmp_path / "nope")):
+            f"--webhook-token-file {tmp_path / 'nope'}: No such file or directory",
+        ("--webhook-port", "9", "--webhook-token-file", str(token_file)): "--webhook-port needs --serve",
+        ("--serve", "--webhook-token-file", str(token_file)): "--webhook-token-file needs --webhook-port",
+    }
+    for extra, message in cases.items():
+        assert main([*refit, *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    with pytest.raises(SystemExit):
+        main([*refit, "--serve", "--webhook-port", "99999"])
+    assert "expected a port 0-65535" in capsys.readouterr().err
+
+
+def test_a_webhook_port_already_taken_is_one_line_naming_the_address(monkeypatch):
+    monkeypatch.setenv("FAIRSTREAM_WEBHOOK_TOKEN", TOKEN)
+    with AlertWebhook(lambda request: None, TOKEN, host="127.0.0.1", port=0) as first:
+        with pytest.raises(WebhookConfigError, match=f"cannot listen on 127.0.0.1:{first.port}: Address already in use"):
+            AlertWebhook(lambda request: None, TOKEN, host="127.0.0.1", port=first.port).start()
 
 
 def with_alert(**changes) -> dict:
