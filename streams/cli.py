@@ -303,8 +303,12 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     for message in messages:
         print((message.value or b"").decode("utf-8", errors="replace"))
     if len(messages) < args.n:
-        print(f"fairstream tail: only {len(messages)} of {args.n} records on {topic} within {args.timeout:g} s",
-              file=sys.stderr)
+        from fairstream.streams.ops.broker import is_kafka_ready
+
+        # A broker that went away mid-wait looks like a quiet topic: say which of the two it was.
+        gone = not any(is_kafka_ready(host, port) for host, port in broker.address.hosts)
+        print(f"fairstream tail: only {len(messages)} of {args.n} records on {topic} within {args.timeout:g} s"
+              + (f" (the broker at {broker.url} does not answer any more)" if gone else ""), file=sys.stderr)
         return 1
     return 0
 

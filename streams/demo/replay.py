@@ -10,6 +10,7 @@ read it (what the labelling process does in production).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Iterator
 
@@ -19,6 +20,8 @@ from tqdm import tqdm
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
+
+log = logging.getLogger(__name__)
 
 
 def replay_part(data: Dataset, n_research: int | None, seed: int, research: bool = False) -> Dataset:
@@ -114,6 +117,10 @@ def replay(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]], rate
                    for k, v in tqdm(paced(messages, rate), total=len(messages), desc=f"replay -> {topic}",
                                     unit="rec", disable=not progress)]
         producer.flush()
-        return sum(1 for f in futures if f.succeeded())
+        failed = [f for f in futures if not f.succeeded()]
+        if failed:  # say why, once: "sent 345 of 2000" alone reads like a short data set
+            log.warning("%d of %d records were not acknowledged by the broker at %s: %s", len(failed), len(futures),
+                        bootstrap, failed[0].exception or "no answer")
+        return len(futures) - len(failed)
     finally:
         producer.close()

@@ -77,6 +77,16 @@ def test_tail_waits_for_records_up_to_its_timeout(broker, tmp_path, capsys):
 
 
 @pytest.mark.integration
+def test_tail_says_when_the_broker_went_away_while_it_waited(broker, tmp_path, capsys, monkeypatch):
+    from fairstream.streams.ops import broker as broker_module
+
+    toml, _ = pipeline(tmp_path, "tail-gone", broker.bootstrap)
+    monkeypatch.setattr(broker_module, "is_kafka_ready", lambda host, port, timeout=1.0: False)  # killed meanwhile
+    code, _, err = run_main(["tail", "dlq", "-n", 1, "--timeout", 0.3, "--broker", broker.url, "--config", toml], capsys)
+    assert code == 1 and err.endswith(f"(the broker at {broker.url} does not answer any more)\n"), err
+
+
+@pytest.mark.integration
 def test_tail_of_an_unknown_topic_is_one_line_and_creates_nothing(broker, tmp_path, capsys):
     toml, _ = pipeline(tmp_path, "tail-unknown", broker.bootstrap)
     code, out, err = run_main(["tail", "records.repiared", "--broker", broker.url, "--config", toml], capsys)
