@@ -367,8 +367,9 @@ class Announcer:
             producer = await self._started_producer()
             await asyncio.wait_for(producer.send_and_wait(self.topic, value, key=key, partition=0), _ANNOUNCE_TIMEOUT)
         except (KafkaError, asyncio.TimeoutError, OSError) as exc:
+            # A timeout's str() is empty: name the exception, so the line always says why.
             log.warning("could not announce what %s serves on %s (retrying in %.0fs): %s", self.worker.name,
-                        self.topic, _ANNOUNCE_RETRY, exc)
+                        self.topic, _ANNOUNCE_RETRY, str(exc) or type(exc).__name__)
             return False
         log.info("announced on %s: %s %s", self.topic, self.worker.name, _describe(status))
         return True
