@@ -1,8 +1,8 @@
 """Every artifact kind the product serves, and the one function that turns an artifact into a module.
 
-The worker, the registry, re-fit jobs and the monitor look kinds up here and never special-case
-one: a new kind is one class implementing :class:`~fairstream.repair.protocol.FrozenModule`, named
-in :data:`MODULE_KINDS`. Each declares the arrays its artifact holds (``array_layout``); loading
+The worker, the registry and re-fit jobs look kinds up here: a kind is one class implementing
+:class:`~fairstream.repair.protocol.FrozenModule`, named in :data:`MODULE_KINDS` (what else a new kind
+touches today, and why, is in docs/architecture.md). Each declares the arrays its artifact holds (``array_layout``); loading
 checks every one of them and then applies the module to a few of its own ordinary inputs (its
 ``probe``), so a corrupt payload, or one whose weights overflow every output, is an
 :class:`ArtifactError` here, which the registry counts as a refusal while the previous version keeps
