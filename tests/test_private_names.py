@@ -8,12 +8,10 @@ that has become shared without anyone deciding where it lives.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-ROOMS = {"repair": "fairstream.repair", "models": "fairstream.models", "streams": "fairstream.streams"}
+from .test_layers import ROOMS, ROOT, room_files
 
 
 def is_private(name: str) -> bool:
@@ -53,12 +51,6 @@ def private_uses(source: str, package: str) -> list[tuple[int, str]]:
                 and node.value.id in fairstream_aliases):
             found.append((node.lineno, f"{node.value.id}.{node.attr}"))
     return sorted(found)
-
-
-def room_files(room: str):
-    for path in sorted((ROOT / room).rglob("*.py")):
-        parts = path.relative_to(ROOT / room).with_suffix("").parts[:-1]
-        yield path, ".".join([ROOMS[room], *parts])
 
 
 @pytest.mark.parametrize("room", sorted(ROOMS))
