@@ -132,14 +132,24 @@ def scrape(worker: WorkerProcess) -> str:
 
 def test_a_live_scrape_after_records_flowed_passes_promtool_and_every_family_names_the_pipeline(pipeline):
     """`promtool check metrics` lints names (units, suffixes); every fairstream_ series carries ``pipeline``."""
-    time.sleep(1.1)  # the monitor exports its gauges at most once a second: the next batch exports them
-    messages = record_messages(pipeline.archive.subset(slice(0, 100)), pipeline.config, id_prefix="scraped")
-    pipeline.send(messages)
-    pipeline.outputs({k.decode() for k, _ in messages})
-    deadline, text = time.monotonic() + 30, scrape(pipeline.worker)
-    while "fairstream_fairness_dependence{" not in text and time.monotonic() < deadline:  # observed after the commit
-        time.sleep(0.2)
+    # Records until the monitor's window holds enough to export its gauges (at once after this module's
+    # earlier tests; run alone, a few rounds), then a scrape once they are exported (at most once a second).
+    deadline, start = time.monotonic() + 120, 0
+    while True:
+        time.sleep(1.1)
+        messages = record_messages(pipeline.archive.subset(slice(start, start + 500)), pipeline.config,
+                                   id_prefix=f"scraped-{start}")
+        pipeline.send(messages)
+        pipeline.outputs({k.decode() for k, _ in messages})
         text = scrape(pipeline.worker)
+        for _ in range(10):  # observed after the batch's commit
+            if "fairstream_fairness_dependence{" in text:
+                break
+            time.sleep(0.2)
+            text = scrape(pipeline.worker)
+        if "fairstream_fairness_dependence{" in text or time.monotonic() > deadline:
+            break
+        start += 500
     lint = subprocess.run([binary("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
                           timeout=60)
     assert lint.returncode == 0, f"promtool check metrics:\n{lint.stdout}{lint.stderr}"
