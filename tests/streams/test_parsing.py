@@ -57,3 +57,16 @@ def test_rfc3339_times_with_zones_and_nanoseconds():
 
 def test_the_examples_in_the_docstring_hold():
     assert doctest.testmod(parsing).failed == 0
+
+
+def test_durations_in_the_units_a_schedule_is_written_in():
+    assert parse_duration("90s") == 90.0
+    assert parse_duration("5m") == 300.0
+    assert parse_duration("1h") == 3600.0
+    assert parse_duration("1h30m") == 5400.0
+    assert parse_duration("2d") == 172800.0
+    assert parse_duration("250ms") == 0.25
+    assert parse_duration(" 45 ") == 45.0
+    for bad in ("", "5x", "h", "1h 30", "-5m", "0s", "5m10", "nan", "inf"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
