@@ -204,3 +204,12 @@ def test_a_fit_is_reproducible_from_its_seed(data):
     mapped = [flow.transform(X[:50], s[:50]) for flow in fits]
     np.testing.assert_array_equal(mapped[0], mapped[1])  # the batches and the initial flow both come from the seed
     assert not np.array_equal(mapped[0], mapped[2])
+
+
+@pytest.mark.parametrize("notion", ["eopp", "eo"])
+def test_the_fairness_cells_of_three_groups_and_two_labels_never_mix(notion):
+    # With two groups a wrong cell key can still separate them; three groups make (group, label) keys collide.
+    codes, y = np.repeat([0, 1, 2], 4), np.tile([0, 1], 6)
+    cells = AdapFair(scorer=None, notion=notion)._cells(codes, y)
+    assert len(cells) == 6
+    assert all(len(set(codes[c])) == 1 and len(set(y[c])) == 1 and len(c) == 2 for c in cells)

@@ -51,3 +51,11 @@ def test_auc_is_the_share_of_positive_negative_pairs_ranked_right_ties_counting_
     expected = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs])
     assert auc(score, positive) == pytest.approx(expected, rel=1e-12)
     assert np.isnan(auc(score, np.zeros(40, dtype=bool))) and np.isnan(auc(score, np.ones(40, dtype=bool)))
+
+
+def test_auc_of_a_single_positive_or_negative_is_its_rank_among_the_other_class():
+    # The smallest classes are where a guard that starts one too early hides (a mutant survived here).
+    score = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    one_positive = np.array([False, False, False, True, False])
+    assert auc(score, one_positive) == pytest.approx(3 / 4)  # above three of the four negatives
+    assert auc(score, ~one_positive) == pytest.approx(1 / 4)  # one negative, above one of four positives
