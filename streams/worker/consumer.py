@@ -526,13 +526,16 @@ class BatchConsumer(mode.Service):
                             topic, partition, offset, highwater)
         return kept
 
-    def _highwater(self, topic: str, partition: int) -> int | None:
-        """The partition's log end as the last fetch saw it (Tansu's ListOffsets are wrong: never ask it)."""
+    def _watermarks(self, topic: str, partition: int) -> tuple[int | None, int | None]:
+        """The partition's log start and end as the last fetch saw them (Tansu's ListOffsets are wrong: never ask it)."""
         try:
-            _, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
+            low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
         except KafkaException:
-            return None
-        return high if high >= 0 else None
+            return None, None
+        return (low if low >= 0 else None), (high if high >= 0 else None)
+
+    def _highwater(self, topic: str, partition: int) -> int | None:
+        return self._watermarks(topic, partition)[1]
 
     def _rewind(self, batches: list[_Batch]) -> list:
         """Seek the partitions this worker still owns back to the batches' first offsets: at-least-once."""
@@ -670,11 +673,7 @@ class BatchConsumer(mode.Service):
         self.metrics.consumer_lag.labels(self.spec.agent).set(0)
 
     def _low(self, topic: str, partition: int) -> int | None:
-        try:
-            low, _ = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
-        except KafkaException:
-            return None
-        return low if low >= 0 else None
+        return self._watermarks(topic, partition)[0]
 
     # ------------------------------------------------------------------ metrics and health
 
