@@ -28,7 +28,7 @@ import numpy as np
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import ArrayLayout, ArraySpec, finite
 from fairstream.repair.measure.verification import l2_normalise
-from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, rowwise_matmul
+from fairstream.repair.protocol import Applied, Batch, Capabilities, IncompatibleArtifact, PipelineSchema, rowwise_matmul
 from fairstream.repair.validation import RepairInputError
 
 __all__ = ["ARTIFACT_KIND", "FairnessModule", "normalise"]
@@ -112,6 +112,8 @@ class FairnessModule:
         return cache[dtype]
 
     kind = ARTIFACT_KIND
+    capabilities = Capabilities(agent="embeddings", reads=frozenset({"vectors"}), writes=frozenset({"vectors"}),
+                                trainer="fairstream.streams.refit.trainers:EmbeddingTrainer")
     seed = ""  # no random draws
 
     def check_compatible(self, schema: PipelineSchema) -> None:

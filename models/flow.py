@@ -54,6 +54,7 @@ from fairstream.repair.measure.metrics import as_binary
 from fairstream.repair.protocol import (
     Applied,
     Batch,
+    Capabilities,
     IncompatibleArtifact,
     PipelineSchema,
     check_labels_cover,
@@ -291,6 +292,8 @@ class FlowPreprocessor:
     # ------------------------------------------------------------------ module protocol
 
     kind = ARTIFACT_KIND
+    capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
+                                place="repair", needs_s=True, needs_labels=True, trainer="fairstream.streams.refit.trainers:FlowTrainer")
     seed = ""  # no random draws
 
     def check_compatible(self, schema: PipelineSchema) -> None:

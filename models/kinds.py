@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from fairstream.repair.artifacts import Artifact, ArtifactError
 from fairstream.repair.distributional import DistributionalRepair
-from fairstream.repair.protocol import FrozenModule, PipelineSchema, check_probe
+from fairstream.repair.protocol import PLACES, Capabilities, FrozenModule, PipelineSchema, check_probe
 
 from .embedding import FairnessModule
 from .flow import FlowPreprocessor
@@ -41,6 +41,60 @@ def module_class(kind: str) -> type:
         return MODULE_KINDS[kind]
     except KeyError:
         raise ArtifactError(f"unknown artifact kind {kind!r} (known: {sorted(MODULE_KINDS)})") from None
+
+
+def capabilities(kind: str) -> Capabilities:
+    """What modules of ``kind`` read, write and need (:class:`~fairstream.repair.protocol.Capabilities`).
+
+    >>> sorted(capabilities("scorer").writes)
+    ['decision', 'score']
+    """
+    return module_class(kind).capabilities
+
+
+def kinds_for(agent: str) -> tuple[str, ...]:
+    """The kinds an agent (``"records"`` or ``"embeddings"``) can apply, in chain order then by name.
+
+    >>> kinds_for("embeddings")
+    ('embedding',)
+    """
+    mine = [kind for kind, cls in MODULE_KINDS.items() if cls.capabilities.agent == agent]
+    return tuple(sorted(mine, key=lambda kind: (PLACES.index(capabilities(kind).place or PLACES[0]), kind)))
+
+
+def chain_problem(chain: tuple[str, ...]) -> str | None:
+    """Why ``chain`` (record kinds, in order) cannot be applied, or None.
+
+    Its kinds are distinct record kinds in the order of their places (repair, score, post), and each
+    reads only what the record or an earlier module provides (a module after the scorer reads its score).
+
+    >>> chain_problem(("plan", "scorer")) is None
+    True
+    >>> chain_problem(("scorer", "plan"))
+    "'plan' (place repair) cannot come after 'scorer' (place score)"
+    """
+    if not chain:
+        return "the chain is empty"
+    if len(set(chain)) != len(chain):
+        return f"kinds repeat: {list(chain)}"
+    unknown = [kind for kind in chain if kind not in kinds_for("records")]
+    if unknown:
+        return f"{unknown[0]!r} is not a record kind (known: {list(kinds_for('records'))})"
+    provided = {"features"}
+    for before, kind in zip((None, *chain), chain):
+        mine = capabilities(kind)
+        if before is not None and PLACES.index(mine.place) < PLACES.index(capabilities(before).place):
+            return (f"{kind!r} (place {mine.place}) cannot come after {before!r} "
+                    f"(place {capabilities(before).place})")
+        if mine.reads - provided:
+            return f"{kind!r} reads the {sorted(mine.reads - provided)[0]}, which nothing before it provides"
+        provided |= mine.writes
+    return None
+
+
+def chain_writes(chain: tuple[str, ...]) -> frozenset:
+    """Everything a chain's output records carry beside their input: its modules' writes together."""
+    return frozenset().union(*(capabilities(kind).writes for kind in chain))
 
 
 def load_module(artifact: Artifact, schema: PipelineSchema) -> FrozenModule:

@@ -49,6 +49,7 @@ from fairstream.repair.measure.otf import correlation_violation, one_hot
 from fairstream.repair.protocol import (
     Applied,
     Batch,
+    Capabilities,
     IncompatibleArtifact,
     PipelineSchema,
     check_labels_cover,
@@ -85,6 +86,9 @@ class Scorer:
     """
 
     kind = ARTIFACT_KIND
+    capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"score", "decision"}),
+                                place="score", needs_labels=True, needs_group_map=True, trainer="fairstream.streams.refit.trainers:ScorerTrainer",
+                                counterparts=True)
     seed = ""  # no random draws
 
     @classmethod

@@ -50,7 +50,7 @@ from .density import bin_position, group_pmfs_stack
 from .estimator import Estimator
 from .hashing import keys_to_uint64, uniforms
 from .posterior import GroupPosterior, missing_mask
-from .protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, check_labels_cover
+from .protocol import Applied, Batch, Capabilities, IncompatibleArtifact, PipelineSchema, check_labels_cover
 from .transport import MonotonePlan, barycenter
 from .validation import (
     RepairInputError,
@@ -403,6 +403,12 @@ class DistributionalRepair(Estimator):
     # ------------------------------------------------------------------ apply (Algorithm 2)
 
     kind = ARTIFACT_KIND
+    capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
+                                place="repair", needs_s=True, trainer="fairstream.streams.refit.trainers:PlanTrainer", fitted_range=True)
+
+    def fitted_range(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(strata, lowest, highest): the range of each feature the plan's grids cover, per stratum."""
+        return self.strata_, self.grid_start_, self.grid_stop_
 
     @property
     def seed(self) -> str:

@@ -50,7 +50,7 @@ import numpy as np
 
 from .artifacts import ArrayLayout, Artifact, ArtifactError
 
-__all__ = ["MODULE_ERRORS", "Applied", "Batch", "FrozenModule", "IncompatibleArtifact", "PipelineSchema",
+__all__ = ["MODULE_ERRORS", "Applied", "Batch", "Capabilities", "FrozenModule", "IncompatibleArtifact", "PipelineSchema",
            "apply_chain", "check_labels_cover", "check_probe", "rowwise_matmul"]
 
 log = logging.getLogger(__name__)
@@ -84,6 +84,64 @@ class PipelineSchema:
     impute_s: bool = False
 
 
+PLACES = ("repair", "score", "post")
+"""Where a record module may sit, in chain order: it changes the features, it scores them, it acts on the score."""
+
+COLUMNS = ("features", "vectors", "score", "decision")
+"""What a module may read or write: a record's features, an embedding vector, a score in [0, 1], a decision 0/1."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a kind of module does, declared once on its class (``capabilities``), as scikit-learn's estimator tags.
+
+    Everything outside the kind's own module asks these instead of its name: config validation and the chain
+    check (:func:`fairstream.models.kinds.chain_problem`), the monitor, the worker's output and the re-fit
+    command.
+
+    - ``agent``: which input it is applied to, ``"records"`` (tabular records) or ``"embeddings"`` (vectors);
+    - ``reads`` / ``writes``: of :data:`COLUMNS`; ``"features"`` or ``"vectors"`` written replace the input, a
+      ``"score"`` or ``"decision"`` written is a per-row column of :class:`Applied` that every output record
+      carries (a later module's replaces an earlier one's);
+    - ``place``: of :data:`PLACES`, a record chain's modules in that order (a ``"post"`` module reads a score);
+    - ``needs_s``: ``apply`` reads the protected attribute; ``needs_labels``: training needs y;
+      ``needs_group_map``: training fits a transport map between the groups (it carries one frozen);
+    - ``trainer``: ``"module:Class"`` of the re-fit trainer, imported only by a re-fit (None: not re-fittable);
+    - ``fitted_range``: instances answer ``fitted_range()`` -> (strata, lowest, highest) of the features they
+      were fitted on, per stratum (the monitor's bins and out-of-range count);
+    - ``counterparts``: instances carry ``group_map_`` (None when the artifact holds no map) and answer
+      ``matched_counterparts(X, s)`` and ``predict_proba(X)`` (matched DP).
+
+    >>> caps = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
+    ...                     place="repair")
+    >>> caps.adds
+    frozenset()
+    """
+
+    agent: str
+    reads: frozenset
+    writes: frozenset
+    place: str | None = None
+    needs_s: bool = False
+    needs_labels: bool = False
+    needs_group_map: bool = False
+    trainer: str | None = None
+    fitted_range: bool = False
+    counterparts: bool = False
+
+    def __post_init__(self) -> None:
+        unknown = (self.reads | self.writes) - set(COLUMNS)
+        if unknown or self.agent not in ("records", "embeddings") or (self.place is not None and
+                                                                       self.place not in PLACES):
+            raise ValueError(f"capabilities: unknown column {sorted(unknown)}, agent {self.agent!r} or place "
+                             f"{self.place!r} (columns: {COLUMNS}, places: {PLACES})")
+
+    @property
+    def adds(self) -> frozenset:
+        """The per-row columns it adds to an output record (a score, a decision), beside the features."""
+        return self.writes - {"features", "vectors"}
+
+
 @dataclass
 class Batch:
     """A decoded batch: rows of ``X`` (record features or embedding vectors), their keys and labels.
@@ -92,7 +150,8 @@ class Batch:
     A missing ``s`` entry is ``None`` or NaN; ``impute_s`` says whether the batch's input has such
     rows repaired under an imputed s (True) or refused, to be dead-lettered (False, the default).
     ``columns`` names the columns of ``X`` (the pipeline's features) in the reasons rows are refused
-    with; None: they are named by position.
+    with; None: they are named by position. ``added`` holds the per-row columns earlier modules of a
+    chain added (a scorer's ``score`` for a module placed after it).
     """
 
     X: np.ndarray
@@ -102,6 +161,7 @@ class Batch:
     y: np.ndarray | None = None
     impute_s: bool = False
     columns: tuple[str, ...] | None = None
+    added: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.X)
@@ -110,7 +170,8 @@ class Batch:
         """The sub-batch of ``rows`` (indices, a boolean mask or a slice)."""
         pick = (lambda a: None if a is None else a[rows])
         return Batch(X=self.X[rows], keys=self.keys[rows], s=pick(self.s), u=pick(self.u), y=pick(self.y),
-                     impute_s=self.impute_s, columns=self.columns)
+                     impute_s=self.impute_s, columns=self.columns,
+                     added={name: values[rows] for name, values in self.added.items()})
 
     def column_name(self, k: int) -> str:
         """How a reason names column ``k``: ``feature 'age'``, or ``column 3`` when the batch has no names."""
@@ -149,6 +210,7 @@ class FrozenModule(Protocol):
     """The contract every artifact kind implements (see the module docstring)."""
 
     kind: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
     @classmethod
     def array_layout(cls, parameters: dict) -> ArrayLayout:
@@ -190,7 +252,7 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
                      out_of_range=np.zeros(n, dtype=bool))
     for module in modules:
         rows = np.flatnonzero(result.ok)
-        current = _with_x(batch, result.X)
+        current = _with_x(batch, result.X, result.columns)
         current = current.take(rows) if len(rows) < n else current
         step = refuse_non_finite(module.kind, current, apply_isolating(module, current))
         result.X[rows[step.ok]] = step.X[step.ok]  # a refused row keeps the values it came in with
@@ -335,9 +397,9 @@ def check_probe(module: FrozenModule) -> None:
                             f"{len(probe)}: {outcome.reasons[i]}); refusing to load")
 
 
-def _with_x(batch: Batch, X: np.ndarray) -> Batch:
+def _with_x(batch: Batch, X: np.ndarray, added: dict) -> Batch:
     return Batch(X=X.copy(), keys=batch.keys, s=batch.s, u=batch.u, y=batch.y, impute_s=batch.impute_s,
-                 columns=batch.columns)
+                 columns=batch.columns, added={**batch.added, **added})
 
 
 def _empty_column(values: np.ndarray, n: int) -> np.ndarray:
