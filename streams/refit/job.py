@@ -25,17 +25,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
+from fairstream.models.kinds import capabilities
+
 from .sources import ResearchWindow, Source, hashable_labels, resolve_source, stratified_split  # noqa: F401
-from .trainers import TRAINERS, TrainerError, Validation, format_value, labelled, make_trainer
+from .trainers import REFIT_KINDS, TrainerError, Validation, format_value, labelled, make_trainer  # noqa: F401
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
     from fairstream.streams.control.store import ArtifactStore
 
 log = logging.getLogger(__name__)
-
-REFIT_KINDS = tuple(TRAINERS)
-"""Artifact kinds a re-fit job can fit (one trainer each)."""
 
 MIN_CELL_ROWS = 20
 # =============================================================================== the job
@@ -79,7 +78,7 @@ class RefitJob:
     store:
         Where published artifacts are stored (default: ``ArtifactStore(config.artifact_dir)``).
     kind:
-        The artifact kind to re-fit (``plan``, ``flow``; see :data:`REFIT_KINDS`).
+        The artifact kind to re-fit (one of :data:`REFIT_KINDS`; default: the config's ``refit_kind``).
     holdout:
         Fraction of every (u, s) cell held out for validation.
     tolerance:
@@ -94,7 +93,7 @@ class RefitJob:
     """
 
     def __init__(self, config: "PipelineConfig", bootstrap: str, store: "ArtifactStore | None" = None,
-                 kind: str = "plan", holdout: float = 0.2, tolerance: float = 0.1, seed: int = 0,
+                 kind: str | None = None, holdout: float = 0.2, tolerance: float = 0.1, seed: int = 0,
                  min_cell_rows: int = MIN_CELL_ROWS, **trainer_params):
         from fairstream.streams.control.client import ControlClient
         from fairstream.streams.control.store import ArtifactStore
@@ -107,7 +106,7 @@ class RefitJob:
             raise ValueError(f"min_cell_rows must be >= 2, got {min_cell_rows!r}")
         self.config = config
         self.bootstrap = bootstrap
-        self.kind = kind
+        self.kind = kind = kind or config.refit_kind
         self.trainer = make_trainer(kind, config, tolerance=tolerance, seed=seed, **trainer_params)
         self.store = store if store is not None else ArtifactStore(config.artifact_dir)
         self.control = ControlClient(bootstrap, config.topics, self.store)
@@ -137,7 +136,7 @@ class RefitJob:
         current = actives.get(self.kind)
         base["current_version"] = None if current is None else current.version
         try:
-            if self.trainer.needs_labels:
+            if capabilities(self.kind).needs_labels:
                 labelled(window, self.kind)
             candidate = self.trainer.fit(fit, actives)
             score = self.trainer.validate(candidate, held, actives)

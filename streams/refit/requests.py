@@ -61,7 +61,7 @@ class RequestPublisher:
             return self._producer
 
 
-def request_refit(bootstrap: str, config: PipelineConfig, reason: str, kind: str = "plan",
+def request_refit(bootstrap: str, config: PipelineConfig, reason: str, kind: str | None = None,
                   statistic: str | None = None, value: float | None = None, source: str | None = None,
                   request_id: str | None = None, timeout: float = 30.0) -> RefitRequest:
     """Ask for a re-fit (the monitor calls this on confirmed drift); returns the request once acknowledged.
@@ -69,6 +69,7 @@ def request_refit(bootstrap: str, config: PipelineConfig, reason: str, kind: str
     From inside an event loop (a Faust agent), send ``RefitRequest.new(...).to_json()`` with the
     app's producer instead: this function blocks until the broker acknowledges.
     """
+    kind = kind or config.refit_kind  # the kind the monitor asks for
     request = RefitRequest.new(reason, kind=kind, statistic=statistic, value=value, source=source, request_id=request_id)
     with RequestPublisher(bootstrap, config.topics.refit_requests, timeout) as publish:
         publish(request)

@@ -319,10 +319,16 @@ Source = Union[Callable[[], ResearchWindow], ResearchWindow, tuple]
 
 
 def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_n: int | None,
-                    kind: str = "plan") -> TopicSource | FileSource | EmbeddingFileSource:
-    """``--source``: ``topic`` for the research topic, anything else is a file path (embeddings: a file only)."""
+                    kind: str | None = None) -> TopicSource | FileSource | EmbeddingFileSource:
+    """``--source``: ``topic`` for the research topic, anything else is a file path (embeddings: a file only).
+
+    ``kind`` (default: the config's ``refit_kind``) is the kind re-fitted: one applied to embeddings reads a file.
+    """
+    from fairstream.models.kinds import capabilities
+
+    embeddings = capabilities(kind or config.refit_kind).agent == "embeddings"
     if option == "topic":
-        if kind == "embedding":
+        if embeddings:
             raise ResearchFileError("an embedding re-fit reads labelled embeddings from a file: --source PATH "
                                     "(.npz, .npy or .parquet with vector, identity and group columns)")
         return TopicSource(bootstrap, config, last_n)
@@ -331,7 +337,7 @@ def research_source(option: str, bootstrap: str, config: "PipelineConfig", last_
         raise ResearchFileError(f"--source {option}: a directory; give a research file (CSV or JSON lines) or 'topic'")
     if not path.is_file():
         raise ResearchFileError(f"--source {option}: no such file (a research file, CSV or JSON lines, or 'topic')")
-    return EmbeddingFileSource(path) if kind == "embedding" else FileSource(path, config)
+    return EmbeddingFileSource(path) if embeddings else FileSource(path, config)
 
 
 def resolve_source(source: Source) -> ResearchWindow:
