@@ -29,9 +29,10 @@ from fairstream.repair.protocol import PLACES, Capabilities, FrozenModule, Pipel
 from .embedding import FairnessModule
 from .flow import FlowPreprocessor
 from .scorer import Scorer
+from .thresholds import GroupThresholds
 
 MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, Scorer, FairnessModule,
-                                                           FlowPreprocessor)}
+                                                           FlowPreprocessor, GroupThresholds)}
 """Artifact kind -> the class that loads, checks and applies it."""
 
 

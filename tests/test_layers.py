@@ -12,7 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 ROOMS = {"repair": "fairstream.repair", "models": "fairstream.models", "streams": "fairstream.streams"}
 STREAM_CLIENTS = ("faust", "kafka", "aiokafka", "mode", "river", "prometheus_client")
-TEST_ONLY = ("sklearn",)  # the estimator-convention tests use scikit-learn; the product never imports it
+# The estimator-convention tests use scikit-learn and `make reproduce` compares with Fairlearn (which brings
+# pandas): the product never imports them.
+TEST_ONLY = ("sklearn", "fairlearn", "pandas")
 FORBIDDEN = {
     "repair": ("fairstream.models", "fairstream.streams", "torch", *STREAM_CLIENTS, *TEST_ONLY),
     "models": ("fairstream.streams", *STREAM_CLIENTS, *TEST_ONLY),

@@ -1,0 +1,115 @@
+"""Group thresholds after the scorer: ``fairstream refit --kind thresholds`` fits them on scores of the published chain.
+
+On the embedded broker a pipeline ``scorer -> thresholds`` has a scorer published; the re-fit (the command line,
+``--constraint dp``) scores a labelled research file with it, fits thresholds, validates them against the scorer's
+own decisions and publishes them. (Which modules score the window, the chain up to the scorer, is
+``published_before``'s, tested with a plan in front in ``test_trainer_table``.) A worker's registry loads them with the pipeline's
+schema, and on Adult rows neither fit nor held out their decisions have a smaller DP gap than the scorer's alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from fairstream.models.scorer import LogisticScorer
+from fairstream.repair import datasets
+from fairstream.repair.measure.metrics import dp_difference
+from fairstream.repair.protocol import Batch, apply_chain
+from fairstream.streams.config import AgentConfig, adult_config
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.refit.job import RefitJob
+from fairstream.streams.refit.trainers import ThresholdsTrainer, TrainerError, Validation, trainer_class
+from fairstream.streams.topics import ensure_topics
+from tests.streams.test_cli import run_main
+
+
+@pytest.fixture(scope="module")
+def adult():
+    research, rest = datasets.load("adult").split(4000, seed=3)
+    fresh, _ = rest.split(3000, seed=4)
+    return research, fresh
+
+
+def balanced_scorer(data) -> LogisticScorer:
+    """A scorer fitted on as many positives as negatives: its decisions at 0.5 differ by sex (a DP gap to close)."""
+    rng = np.random.default_rng(0)
+    pos, neg = np.flatnonzero(data.y == 1), np.flatnonzero(data.y == 0)
+    rows = np.concatenate([pos, rng.choice(neg, len(pos), replace=False)])
+    return LogisticScorer().fit(data.X[rows], data.y[rows], columns=["age", "hours-per-week"])
+
+
+def research_csv(path, data) -> str:
+    rows = np.column_stack([data.X, data.s, data.u, data.y])
+    np.savetxt(path, rows, delimiter=",", fmt="%g", header="age,hours-per-week,s,u,y", comments="")
+    return str(path)
+
+
+@pytest.mark.integration
+def test_thresholds_are_refitted_behind_the_published_chain_and_close_the_dp_gap(broker, adult, tmp_path, capsys):
+    research, fresh = adult
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts"),
+                          records=AgentConfig(artifact=("scorer", "thresholds")),
+                          ).with_topics(prefix=f"thr-{uuid.uuid4().hex[:8]}")
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(config.to_toml())
+    ensure_topics(broker.bootstrap, config.topics)
+    control = ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    control.publish_sync(balanced_scorer(research).to_artifact())
+
+    code, out, err = run_main(["refit", "--broker", broker.url, "--config", str(toml), "--kind", "thresholds",
+                               "--constraint", "dp", "--source", research_csv(tmp_path / "research.csv", research)],
+                              capsys)
+
+    assert code == 0 and "re-fit of thresholds: published thresholds v1" in out, out + err
+    serving = RefitJob(config, broker.bootstrap, kind="thresholds").serving()  # a worker's registry, replayed
+    thresholds = serving["thresholds"]
+    assert thresholds.version == 1 and thresholds.module.constraint == "dp"
+    manifest = control.store.get(thresholds.sha256).manifest.metrics
+    assert manifest["holdout_statistic"] == "DP gap" and manifest["holdout_value"] < manifest["current_holdout_value"]
+
+    chain = [serving["scorer"].module]
+    batch = Batch(X=fresh.X, keys=np.array([f"fresh-{i}" for i in range(len(fresh.X))], dtype=object), s=fresh.s,
+                  u=fresh.u)
+    alone, after = apply_chain(chain, batch), apply_chain(chain + [thresholds.module], batch)
+    assert alone.ok.all() and after.ok.all()
+    gap_alone = dp_difference(alone.columns["decision"], fresh.s)
+    gap_after = dp_difference(after.columns["decision"], fresh.s)
+    assert gap_alone > 0.05 and gap_after < gap_alone / 2, (gap_alone, gap_after)
+
+
+# --------------------------------------------------------------------------- the trainer alone
+
+
+def test_the_thresholds_trainer_is_the_kinds_capability():
+    assert trainer_class("thresholds") is ThresholdsTrainer
+
+
+def test_thresholds_need_a_score_from_the_chain_before_them():
+    config = SimpleNamespace(records=SimpleNamespace(chain=("plan", "thresholds")))
+    plan = SimpleNamespace(module=SimpleNamespace(kind="plan"))
+    with pytest.raises(TrainerError, match=r"the chain before the thresholds \(\['plan'\]\) writes no score"):
+        ThresholdsTrainer(config).fit(None, {"plan": plan})
+
+
+def test_an_unknown_constraint_is_refused_naming_the_known_ones():
+    with pytest.raises(TrainerError, match=r"constraint must be one of \['dp', 'eopp', 'eo'\], got 'parity'"):
+        ThresholdsTrainer(adult_config(), constraint="parity")
+
+
+@pytest.mark.parametrize("candidate, current, refused", [
+    ((0.02, 0.70), (0.15, 0.70), None),
+    ((0.12, 0.70), (0.10, 0.70), None),  # within 10 % + 0.01
+    ((0.13, 0.70), (0.10, 0.70), "candidate DP gap 0.13 > current 0.1 x 1.10 + 0.01"),
+    ((0.01, 0.725), (0.15, 0.75), None),  # the price of parity: 2.5 points, within the default 0.03
+    ((0.01, 0.715), (0.15, 0.75), "candidate accuracy 0.715 is 0.035 below the current 0.750"),
+])
+def test_thresholds_are_refused_for_a_wider_gap_or_more_than_the_price_of_the_constraint(candidate, current, refused):
+    trainer = ThresholdsTrainer(adult_config(), tolerance=0.1)
+    as_validation = lambda gap, acc: Validation("DP gap", gap, "", metrics={"accuracy": acc})  # noqa: E731
+    reason = trainer.refusal(as_validation(*candidate), as_validation(*current))
+    assert reason == refused if refused is None else reason.startswith(refused)
