@@ -189,11 +189,16 @@ class Scorer:
     # ------------------------------------------------------------------ module protocol
 
     def check_compatible(self, schema: PipelineSchema) -> None:
-        """Refuse a scorer fitted on another number of features, or whose group map lacks a pipeline group."""
+        """Refuse a scorer fitted on other features (count, names), or whose group map lacks a pipeline group."""
         self._check_fitted()
         if schema.features and self.n_features_in_ != len(schema.features):
             raise IncompatibleArtifact(f"the scorer takes {self.n_features_in_} features, "
                                        f"the pipeline has {len(schema.features)} {list(schema.features)}")
+        # A scorer fitted without column names (x0, x1, ...) is matched by position only.
+        named = list(self.columns_) != column_names(self.n_features_in_, None)
+        if schema.features and named and tuple(self.columns_) != tuple(schema.features):
+            raise IncompatibleArtifact(f"the scorer was fitted on features {list(self.columns_)}, "
+                                       f"the pipeline names {list(schema.features)}")
         if self.group_map_ is not None:
             check_labels_cover("scorer's group map", "groups", self.group_map_.groups_.tolist(), schema.groups)
 
