@@ -75,8 +75,9 @@ class GroupThresholds(Estimator):
     constraint:
         ``"dp"`` (equal positive rates), ``"eopp"`` (equal true-positive rates) or ``"eo"`` (equal
         true- and false-positive rates), within each stratum.
-    seed:
-        Keys the per-record draw that picks a cell's rule (with the record key).
+    random_state:
+        Keys the per-record draw that picks a cell's rule (with the record key); the module's ``seed``
+        (provenance) is its text.
 
     Learned state: ``groups_``, ``strata_`` (labels; one stratum ``0`` when fitted without u),
     ``stratified_``, ``fitted_`` (cells that had fit rows), ``threshold_``, ``inclusive_`` and ``weight_``
@@ -88,9 +89,14 @@ class GroupThresholds(Estimator):
                                 place="post", needs_s=True, needs_labels=True,
                                 trainer="fairstream.streams.refit.trainers:ThresholdsTrainer")
 
-    def __init__(self, constraint: str = "dp", seed: int = 0):
+    def __init__(self, constraint: str = "dp", random_state: int = 0):
         self.constraint = constraint
-        self.seed = seed
+        self.random_state = random_state
+
+    @property
+    def seed(self) -> str:
+        """What the draws are keyed by (with the record key), as every kind's provenance states it: text."""
+        return str(int(self.random_state))
 
     # ------------------------------------------------------------------ fit
 
@@ -152,8 +158,9 @@ class GroupThresholds(Estimator):
     def _check_parameters(self) -> None:
         if self.constraint not in CONSTRAINTS:
             raise RepairInputError(f"constraint must be one of {CONSTRAINTS}, got {self.constraint!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not 0 <= self.seed < 2**64:
-            raise RepairInputError(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        seed = self.random_state
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
+            raise RepairInputError(f"random_state must be an integer in [0, 2**64), got {seed!r}")
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "weight_"):
@@ -217,7 +224,7 @@ class GroupThresholds(Estimator):
         decision = np.full(n, -1, dtype=np.int64)
         rows = np.flatnonzero(ok)
         if rows.size:
-            draws = uniforms(int(self.seed), keys_to_uint64(as_labels(keys, n, "keys"))[rows], 1)[:, 0]
+            draws = uniforms(int(self.random_state), keys_to_uint64(as_labels(keys, n, "keys"))[rows], 1)[:, 0]
             decision[rows] = self._decide(np.where(usable, score, 0.0)[rows], u_codes[rows], s_codes[rows], draws)
         reasons = [None] * n
         if not ok.all():
@@ -276,7 +283,7 @@ class GroupThresholds(Estimator):
 
     def artifact_parameters(self) -> dict:
         """The constructor parameters and whether the thresholds are per stratum, JSON-ready."""
-        return {"constraint": self.constraint, "seed": int(self.seed), "stratified": bool(self.stratified_)}
+        return {"constraint": self.constraint, "seed": int(self.random_state), "stratified": bool(self.stratified_)}
 
     def to_artifact(self, version: int = 1, metrics: dict | None = None,
                     data_fingerprint: str | None = None) -> artifacts.Artifact:
@@ -332,7 +339,7 @@ class GroupThresholds(Estimator):
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         artifacts.check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "thresholds artifact")
         params = artifact.parameters
-        module = cls(constraint=params["constraint"], seed=params["seed"])
+        module = cls(constraint=params["constraint"], random_state=params["seed"])
         try:
             module._check_parameters()
         except RepairInputError as err:
@@ -353,7 +360,7 @@ def fit_thresholds(score, s, y, u=None, constraint: str = "dp", groups: Sequence
     >>> post.decide([0.8, 0.6], ["a", "b"], keys=[1, 2]).tolist()
     [1, 1]
     """
-    return GroupThresholds(constraint=constraint, seed=seed).fit(score, s, y, u, groups=groups, strata=strata)
+    return GroupThresholds(constraint=constraint, random_state=seed).fit(score, s, y, u, groups=groups, strata=strata)
 
 
 # ---------------------------------------------------------------------------------------------

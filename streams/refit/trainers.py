@@ -402,9 +402,15 @@ class ThresholdsTrainer(RecordTrainer):
         """Thresholds fitted on the scores the published chain gives the window."""
         from fairstream.models.thresholds import GroupThresholds
 
+        from fairstream.repair.validation import RepairInputError
+
         score = through_chain(self._chain(actives), window).columns["score"]
-        return GroupThresholds(constraint=self.constraint, seed=self.seed, **self.params).fit(
-            score, window.s, window.y, window.u, groups=list(self.config.groups), strata=list(self.config.strata))
+        try:
+            return GroupThresholds(constraint=self.constraint, random_state=self.seed, **self.params).fit(
+                score, window.s, window.y, window.u, groups=list(self.config.groups),
+                strata=list(self.config.strata))
+        except RepairInputError as exc:  # a cell of the window without the labels the constraint needs
+            raise TrainerError(f"the research window cannot fit {self.constraint} thresholds: {exc}") from None
 
     def validate(self, thresholds, held: "ResearchWindow", actives: Mapping) -> Validation:
         """The constraint's gap and the accuracy of the chain's decisions on the holdout (``None``: no thresholds)."""

@@ -133,7 +133,7 @@ def scored_records():
 @kind_example("thresholds-dp")
 def dp_thresholds_example() -> Example:
     X, s, _, y, score = scored_records()
-    module = GroupThresholds(constraint="dp", seed=0).fit(score, s, y)
+    module = GroupThresholds(constraint="dp", random_state=0).fit(score, s, y)
     return Example(module, PipelineSchema(features=COLUMNS, groups=(0, 1)),
                    Batch(X=X, keys=record_keys(len(X)), s=s, added={"score": score}))
 
@@ -142,7 +142,7 @@ def dp_thresholds_example() -> Example:
 def eo_thresholds_example() -> Example:
     # Equalized odds: a randomised pair of thresholds per group and stratum, drawn by record key.
     X, s, u, y, score = scored_records()
-    module = GroupThresholds(constraint="eo", seed=0).fit(score, s, y, u=u)
+    module = GroupThresholds(constraint="eo", random_state=0).fit(score, s, y, u=u)
     return Example(module, PipelineSchema(features=COLUMNS, groups=(0, 1), strata=(0, 1)),
                    Batch(X=X, keys=record_keys(len(X)), s=s, u=u, added={"score": score}))
 

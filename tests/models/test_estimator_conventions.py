@@ -15,6 +15,7 @@ from fairstream.models.flow import FlowPreprocessor
 from fairstream.models.flow_training import AdapFair
 from fairstream.models.scorer import LogisticScorer
 from fairstream.models.scorer_training import FairScorerTrainer
+from fairstream.models.thresholds import GroupThresholds
 from fairstream.repair.embedding_datasets import simulate_train_test
 from tests.repair.estimator_checks import CHECKS, Case
 
@@ -51,6 +52,9 @@ CASES = [
          output=lambda est: est.transform(FACES.vectors), exact=False),
     Case(make=GroupQuantileScoreNormaliser, changed={"bins": 64}, fit=_fit_faces,
          output=lambda est: est.transform_scores(PAIR_SCORES, 1), exact=False),
+    Case(make=GroupThresholds, changed={"constraint": "eo", "random_state": 3},
+         fit=lambda est: est.fit(FROZEN_SCORER.predict_proba(X), S, Y),
+         output=lambda est: est.decide(FROZEN_SCORER.predict_proba(X), S, keys=np.arange(len(X))), exact=True),
 ]
 
 

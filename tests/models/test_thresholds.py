@@ -412,4 +412,4 @@ def test_dp_serves_a_group_with_one_label_only():
 def test_the_capabilities_place_it_after_the_scorer():
     caps = GroupThresholds.capabilities
     assert caps.reads == {"score"} and caps.adds == {"decision"} and caps.place == "post" and caps.needs_s
-    assert GroupThresholds(constraint="eo", seed=3).get_params() == {"constraint": "eo", "seed": 3}
+    assert GroupThresholds(constraint="eo", random_state=3).get_params() == {"constraint": "eo", "random_state": 3}

@@ -23,6 +23,7 @@ from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.refit.job import RefitJob
+from fairstream.streams.refit.sources import ResearchWindow
 from fairstream.streams.refit.trainers import ThresholdsTrainer, TrainerError, Validation, trainer_class
 from fairstream.streams.topics import ensure_topics
 from tests.streams.test_cli import run_main
@@ -94,6 +95,17 @@ def test_thresholds_need_a_score_from_the_chain_before_them():
     plan = SimpleNamespace(module=SimpleNamespace(kind="plan"))
     with pytest.raises(TrainerError, match=r"the chain before the thresholds \(\['plan'\]\) writes no score"):
         ThresholdsTrainer(config).fit(None, {"plan": plan})
+
+
+def test_a_window_without_the_labels_the_constraint_needs_is_a_refusal_not_a_crash(adult):
+    """Equalized odds needs both labels in every group: a window whose group 1 has no y = 0 is a TrainerError."""
+    research, _ = adult
+    keep = (research.s == 0) | (research.y == 1)
+    window = ResearchWindow.of(research.X[keep], research.s[keep], research.u[keep], y=research.y[keep])
+    config = SimpleNamespace(records=SimpleNamespace(chain=("scorer", "thresholds")), groups=(0, 1), strata=(0, 1))
+    scorer = SimpleNamespace(module=balanced_scorer(research))
+    with pytest.raises(TrainerError, match=r"cannot fit eo thresholds: .*y = 0"):
+        ThresholdsTrainer(config, constraint="eo").fit(window, {"scorer": scorer})
 
 
 def test_an_unknown_constraint_is_refused_naming_the_known_ones():
