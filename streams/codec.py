@@ -36,7 +36,7 @@ import msgspec
 import numpy as np
 from msgspec.structs import astuple
 
-from fairstream.repair.protocol import Batch
+from fairstream.repair.protocol import COLUMNS, Batch
 from fairstream.streams.config import PipelineConfig, is_unicode
 
 from .schemas import DeadLetter, EmbeddingRecord, InputRecord
@@ -676,7 +676,7 @@ _S_IMPUTED = [b',"s_imputed":false', b',"s_imputed":true']
 
 
 def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, config: PipelineConfig,
-                    prov: dict, imputed: np.ndarray | None = None, scored: dict | None = None) -> list[bytes]:
+                    prov: dict, imputed: np.ndarray | None = None, added: dict | None = None) -> list[bytes]:
     """Repaired records as JSON bytes: one template for the batch, filled with every column's JSON text.
 
     Each column is written in one C call (:func:`_json_tokens`, :func:`_float_tokens`; floats in their
@@ -684,11 +684,15 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     parts (field names, the provenance) are the template's bytes: the only Python per record is
     filling it. On an input that imputes a missing s, every record says whether its s was imputed
     (``s_imputed``); ``s`` itself stays as it arrived (null when missing). Every record carries the
-    ``input_digest`` of the message it came from (see :func:`input_digest`). A chain ending in a
-    scorer passes ``scored`` = {"score": floats, "decision": 0/1}: each record gets both fields. Every
-    float written must be finite (:func:`non_finite_rows` finds the rows that are not).
+    ``input_digest`` of the message it came from (see :func:`input_digest`). ``added`` holds the
+    per-row columns the chain's modules add (:attr:`~fairstream.repair.protocol.Capabilities.adds`,
+    e.g. {"score": floats, "decision": 0/1}): each record gets one field per column, named by it, in
+    the order of :data:`~fairstream.repair.protocol.COLUMNS`. Every float written must be finite
+    (:func:`non_finite_rows` finds the rows that are not).
     """
-    written = (repaired, *((X,) if config.include_original else ()), *(() if scored is None else (scored["score"],)))
+    added = _added_columns(added)
+    written = (repaired, *((X,) if config.include_original else ()),
+               *(values for values in added.values() if values.dtype.kind == "f"))
     _require_finite(*written)
     if not len(fields):
         return []
@@ -701,15 +705,24 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     if config.imputes_s:
         marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
         columns.append([_S_IMPUTED[flag] for flag in marks.tolist()])
-    if scored is not None:
-        columns += [_float_tokens(scored["score"]), _json_tokens(scored["decision"].tolist())]
-    template = _record_template(config, prov, scored is not None)
+    columns += [_float_tokens(values) if values.dtype.kind == "f" else _json_tokens(values.tolist())
+                for values in added.values()]
+    template = _record_template(config, prov, tuple(added))
     return [template % row for row in zip(_json_tokens(fields.ids), _json_tokens(fields.ts), _json_tokens(fields.s),
                                           _json_tokens(fields.u), _json_tokens(fields.y), *columns,
                                           _json_tokens(fields.digests))]
 
 
-def _record_template(config: PipelineConfig, prov: dict, scored: bool) -> bytes:
+def _added_columns(added: dict | None) -> dict[str, np.ndarray]:
+    """The added columns as arrays, in the order of COLUMNS; a name that is not a column raises."""
+    added = added or {}
+    unknown = sorted(set(added) - set(COLUMNS))
+    if unknown:
+        raise ValueError(f"added columns must be of {COLUMNS}, got {unknown}")
+    return {name: np.asarray(added[name]) for name in COLUMNS if name in added}
+
+
+def _record_template(config: PipelineConfig, prov: dict, added: tuple[str, ...]) -> bytes:
     """The bytes of a repaired record with a ``%s`` for every field that varies (field order of the schema)."""
     features = ",".join(f"{_literal(json.dumps(name))}:%s" for name in config.features)
     template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
@@ -717,8 +730,7 @@ def _record_template(config: PipelineConfig, prov: dict, scored: bool) -> bytes:
         template += ',"original":{' + features + "}"
     if config.imputes_s:
         template += "%s"  # the s_imputed flag
-    if scored:
-        template += ',"score":%s,"decision":%s'
+    template += "".join(f",{json.dumps(name)}:%s" for name in added)  # the added columns (score, decision)
     template += ',"input_digest":%s,"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
     return template.encode()  # json.dumps writes ASCII
 
@@ -756,9 +768,9 @@ class RepairedBatch:
     ts: np.ndarray
     versions: np.ndarray | None = None  # provenance version of each record (when decoded from the topic)
     out_of_range: np.ndarray | None = None  # rows with a value outside the plan's range (known in the worker)
-    decision: np.ndarray | None = None  # the scorer's decision of each record (a chain ending in a scorer)
+    decision: np.ndarray | None = None  # the chain's final decision of each record (a chain that decides)
     unreadable: int = 0  # values of the topic left out as unreadable (when decoded from the topic)
-    score: np.ndarray | None = None  # the scorer's score of each record, as computed once by the chain (None: recompute)
+    score: np.ndarray | None = None  # the chain's score of each record, as computed once by it (None: unknown)
 
     def __len__(self) -> int:
         return len(self.s)
@@ -803,8 +815,8 @@ def repaired_arrays(records: Sequence, config: PipelineConfig, unreadable: int =
         except Exception:  # Invalid, or any other way a record is not what this codec writes
             unreadable += 1
     d = len(config.features)
-    before, after, s, u, y, keys, ts, versions, decisions = (list(c) for c in zip(*rows)) if rows else (
-        [] for _ in range(9))
+    before, after, s, u, y, keys, ts, versions, decisions, scores = (list(c) for c in zip(*rows)) if rows else (
+        [] for _ in range(10))
     return RepairedBatch(
         before=np.array(before, dtype=np.float64).reshape(-1, d),
         after=np.array(after, dtype=np.float64).reshape(-1, d),
@@ -814,11 +826,13 @@ def repaired_arrays(records: Sequence, config: PipelineConfig, unreadable: int =
         versions=np.array(versions, dtype=np.int64),
         decision=np.array(decisions, dtype=np.int64) if decisions and None not in decisions else None,
         unreadable=unreadable,
+        score=np.array(scores, dtype=np.float64) if scores and None not in scores else None,
     )
 
 
 def _repaired_row(record: dict, config: PipelineConfig, groups: frozenset, strata: frozenset, now: float) -> tuple:
-    """(original, features, s, u, y, key, ts, version, decision) of one repaired record; raises if it has none."""
+    """(original, features, s, u, y, key, ts, version, decision, score) of one repaired record; raises if it has
+    none (decision and score are None in a record without them)."""
     original, features = record["original"], record["features"]
     if not isinstance(original, dict) or not isinstance(features, dict):
         raise Invalid("original and features must be JSON objects")
@@ -833,9 +847,9 @@ def _repaired_row(record: dict, config: PipelineConfig, groups: frozenset, strat
     for name, value in (("y", y), ("decision", decision)):
         if value is not None and (isinstance(value, bool) or value not in (0, 1)):
             raise Invalid(f"{name} must be 0 or 1, got {_describe(value)}")
-    ts = record.get("ts")
+    ts, score = record.get("ts"), record.get("score")
     return (before, after, record["s"], record["u"], y, str(_key(record)), now if ts is None else _number(ts, "ts"),
-            version, decision)
+            version, decision, None if score is None else _number(score, "score"))
 
 
 # --------------------------------------------------------------------------- the output budget

@@ -52,6 +52,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta
 
+from fairstream.models.kinds import capabilities, chain_problem, chain_writes, kinds_for
 from fairstream.repair.protocol import PipelineSchema
 
 from .kafka import MECHANISMS, PROTOCOLS
@@ -76,14 +77,23 @@ Labels = Annotated[tuple[Label, ...], Meta(
 Ranges = Annotated[dict[str, tuple[float, float]], Meta(
     extra={"expected": "a table of feature = [min, max] (numbers, min <= max; inf for no bound)",
            "type": "table", "range": "keys: configured features"})]
-RECORD_KINDS = ("flow", "plan", "scorer")  # artifact kinds a record agent can apply (MODULE_KINDS minus embedding)
-RecordChain = Annotated[Union[Literal[RECORD_KINDS], tuple[Literal[RECORD_KINDS], ...]], Meta(extra={
-    "expected": f"an artifact kind ({', '.join(map(repr, RECORD_KINDS))}) or a non-empty list of distinct kinds "
-                "with 'scorer' only last",
+RecordChain = Annotated[Union[Annotated[str, Meta(min_length=1)], tuple[Annotated[str, Meta(min_length=1)], ...]],
+                        Meta(extra={
+    "expected": f"an artifact kind ({', '.join(map(repr, kinds_for('records')))}) or a non-empty list of distinct "
+                "kinds in chain order (repair, then score, then post), each reading only what the record or an "
+                "earlier kind provides",
     "type": "string or list of strings"})]
+"""The record chain: its kinds are checked against the registry (:func:`fairstream.models.kinds.chain_problem`)."""
+IDENTITY = "identity"
+"""``agents.embeddings.artifact`` of no module: vectors are L2-normalised only."""
 STATISTICS = ("dependence_e", "w1", "dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp", "otf")
 """Statistics the drift detector can watch (after the chain); each has an after/all/all/all gauge row."""
-SCORED_STATISTICS = ("dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp", "otf")  # need a scorer
+STATISTIC_NEEDS = {"dp_difference": {"decision"}, "dp_ratio": {"decision"}, "conditional_dp": {"decision"},
+                   "eopp": {"decision"}, "mdp": {"score", "counterparts"}, "otf": {"score"}}
+"""What a statistic needs of the record chain (its capabilities): the columns it writes
+(:func:`fairstream.models.kinds.chain_writes`): DP and EOpp measure its decisions, OTF its scores; MDP,
+f(x) - f(T(x)), scores counterparts too, so its score module must match them (``counterparts``). The others
+(dependence_e, w1) measure the features."""
 Statistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
     "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a non-empty list of distinct ones",
     "type": "string or list of strings"})]
@@ -119,8 +129,9 @@ class AgentConfig(_Section):
 
     section: ClassVar[str] = "agents.records"
     artifact: RecordChain = field(metadata=_doc(
-        "artifact kind the agent applies, or a chain applied in order (e.g. [\"flow\", \"scorer\"]); a scorer "
-        "at the end adds a score and a decision to every output record"))
+        "artifact kind the agent applies, or a chain applied in order (e.g. [\"flow\", \"scorer\"]); the columns "
+        "its modules add are fields of every output record: a scorer's score and decision (a module after it, "
+        "e.g. group thresholds, replaces the decision)"))
     batch_size: Annotated[int, Meta(ge=1, le=100_000)] = field(
         default=1000, metadata=_doc("most messages taken per batch"))
     batch_within: Annotated[float, Meta(gt=0, le=60)] = field(
@@ -143,8 +154,8 @@ class EmbeddingConfig(AgentConfig):
     """The embedding agent: the module it applies (or the identity) and the vector length."""
 
     section: ClassVar[str] = "agents.embeddings"
-    artifact: Literal["identity", "embedding"] = field(
-        default="identity", metadata=_doc("the identity (L2 normalisation) or the published embedding module"))
+    artifact: Literal[(IDENTITY, *kinds_for("embeddings"))] = field(
+        default=IDENTITY, metadata=_doc("the identity (L2 normalisation) or the published embedding module"))
     dimension: Annotated[int, Meta(ge=1, le=65_536)] = field(default=8, metadata=_doc("length of every vector"))
     far: Annotated[float, Meta(gt=0, lt=1)] = field(default=1e-3, metadata=_doc(
         "false accept rate at which the verification monitor sets each embedding module version's threshold, "
@@ -156,6 +167,11 @@ class EmbeddingConfig(AgentConfig):
 
     def __post_init__(self) -> None:
         _Section.__post_init__(self)  # one module, checked by its Literal: no chain to check
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The artifact kinds applied to every vector: none for the identity, else the configured module."""
+        return () if self.artifact == IDENTITY else (self.artifact,)
 
 
 @dataclass(frozen=True)
@@ -174,8 +190,9 @@ class MonitorConfig(_Section):
         default=10, metadata=_doc("windows slide by 1/buckets of their length; at most window_records"))
     statistic: Statistics = field(default="dependence_e", metadata=_doc(
         "the statistic(s) after the chain fed to drift detectors, one detector each; decision statistics "
-        "(dp_*, conditional_dp, eopp, mdp, otf) need a scorer at the end of the chain (mdp: one that carries a "
-        "group map), eopp needs labels"))
+        "(dp_*, conditional_dp, eopp) need a chain that writes a decision (its last module's: a scorer's, or group "
+        "thresholds after it), mdp and otf one that writes a score (mdp: by a scorer that carries a group map), "
+        "eopp needs labels"))
     detector: Literal["adwin", "page_hinkley", "kswin"] = field(default="adwin", metadata=_doc("river drift detector"))
     threshold: Thresholds = field(default=0.1, metadata=_doc(
         "fairness gap above which a statistic counts as unfair (dp_ratio: 1 - ratio); the alert rules are "
@@ -310,9 +327,10 @@ class PipelineConfig(_Section):
         for key, (hint, _) in TOPIC_KEYS.items():
             check_value(getattr(self.topics, key), hint, f"topics.{key}")
         for name in self.monitor.statistics:
-            if name in SCORED_STATISTICS and self.records.chain[-1] != "scorer":
-                raise ConfigError(f"monitor.statistic {name!r} measures decisions: it needs a scorer at the end of "
-                                  f"agents.records.artifact, got {list(self.records.chain)}")
+            missing = _chain_lacks(self.records.chain, STATISTIC_NEEDS.get(name, set()))
+            if missing:
+                raise ConfigError(f"monitor.statistic {name!r} needs a record chain that {missing}, got "
+                                  f"agents.records.artifact = {list(self.records.chain)}")
             if name == "eopp" and not self.label:
                 raise ConfigError("monitor.statistic 'eopp' needs labelled records: set pipeline.label = true")
 
@@ -323,8 +341,10 @@ class PipelineConfig(_Section):
 
     @property
     def refit_kind(self) -> str:
-        """The kind the monitor's drift trigger asks to re-fit: the chain's repair stage (its first kind)."""
-        return self.records.chain[0]
+        """The kind the monitor's drift trigger asks to re-fit: the chain's repair stage (its first kind placed
+        "repair"), else its first kind."""
+        chain = self.records.chain
+        return next((kind for kind in chain if capabilities(kind).place == "repair"), chain[0])
 
     @property
     def imputes_s(self) -> bool:
@@ -417,11 +437,28 @@ def check_value(value, hint, key: str):
 
 
 def _check_chain(artifact, key: str) -> str | tuple[str, ...]:
-    """The record chain: distinct kinds with a scorer, if any, last (one kind stays a string, as written)."""
+    """The record chain, as :func:`~fairstream.models.kinds.chain_problem` accepts it (one kind stays a string)."""
     chain = artifact if isinstance(artifact, tuple) else (artifact,)
-    if not chain or len(set(chain)) != len(chain) or "scorer" in chain[:-1]:
-        raise ConfigError(f"{key} must be {_expected(_hints(AgentConfig)['artifact'])}, got {_found(artifact)}")
+    problem = chain_problem(chain)
+    if problem is not None:
+        raise ConfigError(f"{key} must be {_expected(_hints(AgentConfig)['artifact'])} ({problem}), "
+                          f"got {_found(artifact)}")
     return chain if len(chain) > 1 else chain[0]
+
+
+def _chain_lacks(chain: tuple[str, ...], needs: set) -> str | None:
+    """What of ``needs`` (columns, or ``"counterparts"``) the record ``chain`` lacks, in words, or None.
+
+    >>> _chain_lacks(("plan",), {"decision"})
+    'writes a decision (it writes: features)'
+    """
+    writes = chain_writes(chain)
+    missing = sorted(needs - writes - {"counterparts"})
+    if missing:
+        return f"writes a {' and a '.join(missing)} (it writes: {', '.join(sorted(writes))})"
+    if "counterparts" in needs and not any(capabilities(kind).counterparts for kind in chain):
+        return "has a score module that matches counterparts (a group map)"
+    return None
 
 
 def _check_labels(labels: tuple, key: str) -> None:

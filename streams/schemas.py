@@ -38,8 +38,10 @@ class RepairedRecord(_Schema):
     """A record on ``records.repaired``: repaired features plus the artifacts that produced them.
 
     ``provenance`` names the first module of the record chain (``kind``, ``version``, ``sha256``,
-    ``seed``) and lists every module applied (``chain``); a chain ending in a scorer adds the
-    record's ``score`` (Pr[y = 1]) and ``decision`` (0 or 1).
+    ``seed``) and lists every module applied (``chain``). The per-row columns its modules declare they add
+    (``Capabilities.adds``, of :data:`~fairstream.repair.protocol.COLUMNS`) are fields of their own: a
+    ``score`` (Pr[y = 1], a scorer's) and a ``decision`` (0 or 1: the chain's last, a module placed after
+    the scorer, e.g. group thresholds, replacing the scorer's).
 
     ``input_digest`` identifies the input message (the first 128 bits of its sha256, hex): outputs
     with the same ``(id, input_digest)`` come from one message (a replay); the same ``id`` with
@@ -56,8 +58,8 @@ class RepairedRecord(_Schema):
     y: Optional[int] = None
     original: Optional[dict] = None
     s_imputed: Optional[bool] = None  # only from inputs that impute a missing s: was this record's s drawn?
-    score: Optional[float] = None  # only from a chain ending in a scorer
-    decision: Optional[int] = None
+    score: Optional[float] = None  # only from a chain that writes a score
+    decision: Optional[int] = None  # only from a chain that writes a decision: its last module's
 
 
 class EmbeddingRecord(_Schema):

@@ -313,8 +313,7 @@ class WorkerIdentity:
     @classmethod
     def of(cls, app_id: str, config) -> "WorkerIdentity":
         """A worker of ``config``'s pipeline: it applies the record chain, and the embedding module if configured."""
-        embedding = ("embedding",) if config.embeddings.artifact == "embedding" else ()
-        return cls(app_id, (*config.records.chain, *embedding))
+        return cls(app_id, (*config.records.chain, *config.embeddings.chain))
 
     @property
     def name(self) -> str:

@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from fairstream.models.kinds import capabilities
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
@@ -151,16 +152,19 @@ def balanced_scorer(data: Dataset, columns: list[str], seed: int = 0) -> Logisti
 def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, job: RefitJob) -> None:
     """Version 1 of the re-fitted kind comes from the research topic, like every later one; plus a scorer.
 
-    A flow is trained in front of the scorer, so the scorer goes first; a plan's scorer only serves the monitor.
+    A kind trained on labels (a flow) is trained in front of the scorer, so the scorer goes first; a plan's
+    scorer only serves the monitor.
     """
     control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
-    if job.kind == "flow":
+    trained = capabilities(job.kind)
+    scorer_first = trained.needs_labels and "score" not in trained.writes  # trained through the scorer's scores
+    if scorer_first:
         control.publish_sync(balanced_scorer(research, list(config.features)).to_artifact())
     replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
     outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
     if not outcome.published:
         raise RuntimeError(f"the initial {job.kind} was not published: {outcome.reason}")
-    if job.kind != "flow":
+    if not scorer_first:
         control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact())
 
 

@@ -57,12 +57,34 @@ FLOW_ACT = dict(n_steps=60, n_blocks=3, hidden=(16,), lam=0.5)
 """The flow act's re-fit settings: a smaller flow than the paper's, so each re-fit takes seconds on 2 cores."""
 
 
+@dataclass(frozen=True)
+class Act:
+    """One act of the demo: the record chain and statistic it runs (None: as configured), whose hours shift, and
+    the re-fit settings."""
+
+    chain: tuple[str, ...] | None
+    statistic: str | None
+    shifted_group: int
+    shifted_stratum: int | None
+    refit_params: dict | None = None
+
+
+ACTS = {
+    # women's hours in the college stratum rise; the plan is re-fitted
+    "plan": Act(chain=None, statistic=None, shifted_group=0, shifted_stratum=1),
+    # men's hours rise everywhere; a flow in front of a frozen classifier is re-fitted, watched on the DP gap
+    "flow": Act(chain=("flow", "scorer"), statistic="dp_difference", shifted_group=1, shifted_stratum=None,
+                refit_params=FLOW_ACT),
+}
+"""The acts ``fairstream demo --act`` runs, by name."""
+
+
 def act_config(config: PipelineConfig, act: str) -> PipelineConfig:
     """The pipeline of an act: the plan as configured, or the chain flow -> scorer monitored on the decisions' DP gap."""
-    if act == "plan":
-        return config
-    return replace(config, records=replace(config.records, artifact=("flow", "scorer"))).with_monitor(
-        statistic="dp_difference", threshold=0.1)
+    chosen = ACTS[act]
+    if chosen.chain is not None:
+        config = replace(config, records=replace(config.records, artifact=chosen.chain))
+    return config if chosen.statistic is None else config.with_monitor(statistic=chosen.statistic, threshold=0.1)
 
 
 def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=print) -> dict:
@@ -73,10 +95,9 @@ def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=p
     data = datasets.load(config.name, features=config.features)
     research, archive = data.split(options.n_research, seed=options.seed)
     hours = list(config.features).index("hours-per-week")
-    # The plan act: women's hours in the college stratum rise; the flow act: men's, everywhere.
-    group, stratum = (0, 1) if options.act == "plan" else (1, None)
-    shifted = shift_group(archive.subset(slice(options.n_stable, None)), feature=hours, group=group, stratum=stratum,
-                          amount=options.shift, lo=1, hi=99)
+    act = ACTS[options.act]
+    shifted = shift_group(archive.subset(slice(options.n_stable, None)), feature=hours, group=act.shifted_group,
+                          stratum=act.shifted_stratum, amount=options.shift, lo=1, hi=99)
     prometheus = shutil.which("prometheus") is not None
     if not prometheus:
         say("(no prometheus binary: the alerting step is skipped; `make setup` installs it)")
@@ -85,7 +106,7 @@ def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=p
         shifted.subset(slice(options.n_drifted_research, None)), shifted.subset(slice(0, options.n_drifted_research)),
         rate=options.rate, recovery_timeout=options.timeout, prometheus=prometheus,
         extra=bad_messages(config, options.bad, id_prefix="bad", seed=options.seed), live=True, say=say,
-        refit_params=FLOW_ACT if options.act == "flow" else None)
+        refit_params=act.refit_params)
     outputs = _collect(bootstrap, config, loop.sent, options.timeout)
     report = _report(config, archive, loop, outputs, run_dir)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))

@@ -39,6 +39,7 @@ import mode
 from confluent_kafka import KafkaException, Producer
 from faust.app.base import BootStrategy
 
+from fairstream.models.kinds import capabilities
 from fairstream.streams.codec import RefitRequest
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.records import reembed_event
@@ -221,8 +222,8 @@ class WorkerHooks:
             self.metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
         for observer in ("fairness", "verification"):
             self.metrics.monitor_errors.labels(observer).inc(0)
-        identity = config.embeddings.artifact == "identity"
-        self.applied = config.records.chain + (() if identity else ("embedding",))
+        identity = not config.embeddings.chain
+        self.applied = config.records.chain + config.embeddings.chain
         records = InputSpec(agent="records", topic=self.topics.records_in, output_topic=self.topics.records_repaired,
                             batching=config.records, process=RecordRepairer(config).process,
                             active=self.active_chain, delivered=self.records_delivered)
@@ -307,7 +308,7 @@ class WorkerHooks:
 
     def active_embedding(self):
         """The embedding module to apply, or NOT_LOADED."""
-        return self.active("embedding", "embeddings")
+        return self.active(self.config.embeddings.chain[0], "embeddings")
 
     @staticmethod
     def no_artifact():
@@ -417,7 +418,7 @@ class SwapNotices:
 
     def seen(self, current) -> None:
         """Called by the registry (in a thread) after each swap."""
-        if current.kind != "embedding":
+        if capabilities(current.kind).agent != "embeddings":
             return
         previous, self.last = self.last, current
         if previous is not None and self.ready.is_set() and self.loop is not None \

@@ -7,8 +7,10 @@ vectorised calls per batch, no second pass of the messages and no second scoring
 output; a standalone reader of the topic can feed it raw values instead
 (:meth:`FairnessMonitor.observe`), and then the monitor scores them itself. The record chain is whatever the config names (``plan``;
 ``flow`` then ``scorer``; ...): the first module is the *repair stage* (stage ``before`` is its
-input, ``after`` its output), a ``scorer`` at the end makes the decisions. For the chain's versions
-in use and per stratum, over a count window and a time window, it keeps:
+input, ``after`` its output), a ``scorer`` scores them, and the last module that writes a decision (the
+scorer, or group thresholds placed after it) makes the decisions the records carry: the monitor finds
+each by its kind's capabilities (:class:`Chain`). For the chain's versions in use and per stratum, over
+a count window and a time window, it keeps:
 
 - ``dependence_e`` and ``w1`` between groups, per feature, before and after the repair stage
   (fixed bins per version: the plan's grid range, or the first batch's range for other modules,
@@ -144,9 +146,21 @@ class DecisionRateAccumulator(PositiveRateAccumulator):
         return self
 
 
+def writes(module, column: str) -> bool:
+    """Whether ``module``'s kind declares it writes ``column`` (its :class:`~fairstream.repair.protocol.Capabilities`)."""
+    return column in module.capabilities.writes
+
+
 @dataclass(frozen=True)
 class Chain:
-    """The artifacts one record batch went through: the repair stage (first module) and the scorer (last), if any."""
+    """The artifacts one record batch went through, in order; the monitor asks their capabilities which is which.
+
+    The *repair stage* is the first module that writes the features (stage ``before`` is its input, ``after``
+    its output), the *scorer* the last that writes a score (the classifier of stage ``before``, and the scores
+    of MDP and OTF), the *decider* the last that writes a decision: the decision every output record carries,
+    a module placed after the scorer (group thresholds) included, is what the decision statistics ``after``
+    measure.
+    """
 
     actives: tuple
 
@@ -162,13 +176,24 @@ class Chain:
 
     @property
     def repair(self):
-        """The module that changes the features (plan or flow), or None for a scorer alone."""
-        return next((a.module for a in self.actives if a.kind != "scorer"), None)
+        """The repair stage: the first module that writes the features, or None (a chain that only scores)."""
+        return next((a.module for a in self.actives if writes(a.module, "features")), None)
 
     @property
     def scorer(self):
-        """The scorer at the end of the chain, or None."""
-        return self.actives[-1].module if self.actives[-1].kind == "scorer" else None
+        """The last module that writes a score, or None."""
+        return next((a.module for a in reversed(self.actives) if writes(a.module, "score")), None)
+
+    @property
+    def decider(self):
+        """The last module that writes a decision (what the output records carry), or None."""
+        return next((a.module for a in reversed(self.actives) if writes(a.module, "decision")), None)
+
+    @property
+    def matches(self) -> bool:
+        """Whether the scorer matches counterparts with a group map it carries (MDP can be measured)."""
+        scorer = self.scorer
+        return scorer is not None and scorer.capabilities.counterparts and scorer.group_map_ is not None
 
 
 def as_chain(actives: tuple) -> Chain:
@@ -176,19 +201,24 @@ def as_chain(actives: tuple) -> Chain:
     return Chain(tuple(a for a in actives if a is not None))
 
 
+def fitted_range(module):
+    """``module.fitted_range()`` (strata, lowest, highest) if its capabilities declare one, else None."""
+    return module.fitted_range() if module is not None and module.capabilities.fitted_range else None
+
+
 def plan_edges(plan, bins: int) -> list[np.ndarray]:
-    """Fixed equal-width bins per feature over the plan's grid range (all strata)."""
-    lo = plan.grid_start_.min(axis=0)
-    hi = plan.grid_stop_.max(axis=0)
-    return [finite_edges(a, b, bins) for a, b in zip(lo, hi)]
+    """Fixed equal-width bins per feature over the range a module was fitted on (all strata)."""
+    _, lowest, highest = plan.fitted_range()
+    return [finite_edges(a, b, bins) for a, b in zip(lowest.min(axis=0), highest.max(axis=0))]
 
 
 def stage_edges(module, X: np.ndarray, bins: int) -> list[np.ndarray]:
-    """Bins for one stage: a plan's grid range, else the range of the first batch a version sees, widened by 10%.
+    """Bins for one stage: the range the repair module was fitted on (a plan's grids), else the range of the first
+    batch a version sees, widened by 10%.
 
     Values outside fall in the end bins, so a later batch with a wider range is still counted.
     """
-    if module is not None and hasattr(module, "grid_start_"):
+    if fitted_range(module) is not None:
         return plan_edges(module, bins)
     lo, hi = X.min(axis=0), X.max(axis=0)
     pad = np.maximum(0.1 * hi - 0.1 * lo, 1e-9)  # not 0.1 * (hi - lo), which overflows for -1e308 and 1e308
@@ -381,26 +411,43 @@ class MonitoredBatch:
 
 def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray,
                     rng: np.random.Generator) -> MonitoredBatch:
-    """A delivered batch as the monitor measures it, with the scorer's view when the chain ends in one.
+    """A delivered batch as the monitor measures it, with the scorer's view when the chain scores.
 
-    The scores after the chain are the chain's own (``batch.score``, computed once by the record agent;
-    recomputed only for a batch read from the topic), and so are the decisions every record carries: the
-    statistics of the decisions after the chain are exact. The two that need extra scorer calls are measured on
-    one uniform sample of the batch drawn with ``rng`` (:func:`mdp_sample`): the classifier alone on the original
-    features (DP and EOpp ``before``: exact totals, positives estimated from the sample) and MDP's counterparts.
-    Each sampled row counts the ``n / m`` records it stands for, so both stay unbiased in every window.
+    The scores and decisions after the chain are what the records carry (``batch.score``, ``batch.decision``:
+    computed once by the record agent, or read back from the topic): the statistics of the decisions after the
+    chain are exact, and describe the chain's final decision, a post module's (group thresholds) included. Only
+    a batch without them (records written without, read back from the topic) has them recomputed: the scores by
+    the scorer (``predict_proba`` of the features it read), the decisions at score >= 0.5 when the scorer is the
+    module that decides; when a later module decides (placed post), they are not guessed: the batch raises, and
+    the monitor refuses this chain version with a logged error (:meth:`FairnessMonitor.observe_batch`).
+    The two that need extra scorer calls are measured on one uniform sample of the batch drawn with ``rng``
+    (:func:`mdp_sample`): the classifier alone, the scorer at 0.5 on the original features (DP and EOpp
+    ``before``: exact totals, positives estimated from the sample), and MDP's counterparts. Each sampled row
+    counts the ``n / m`` records it stands for, so both stay unbiased in every window.
     """
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
     scorer = chain.scorer
     if scorer is None:
         return view
     view.score_after = batch.score if batch.score is not None else scorer.predict_proba(batch.after)
-    view.decision_after = batch.decision if batch.decision is not None else (view.score_after >= 0.5).astype(np.int64)
     rows, weight = mdp_sample(len(batch), rng)
-    view.sampled_before = Sampled(rows, weight, (scorer.predict_proba(batch.before[rows]) >= 0.5).astype(np.int64))
-    if getattr(scorer, "group_map_", None) is not None:
+    if chain.decider is not None:
+        view.decision_after = batch.decision if batch.decision is not None else \
+            recomputed_decisions(chain, view.score_after)
+        view.sampled_before = Sampled(rows, weight, (scorer.predict_proba(batch.before[rows]) >= 0.5).astype(np.int64))
+    if chain.matches:
         view.matched_after = ToMatch.of(batch.after, batch.s, batch.u, view.score_after, rows, weight)
     return view
+
+
+def recomputed_decisions(chain: Chain, scores: np.ndarray) -> np.ndarray:
+    """The decisions of records that carry none: the scorer's (score >= 0.5) when it decides; never a later
+    module's (it may decide per group, or at random by record key), which raises naming that module."""
+    if chain.decider is not chain.scorer:
+        raise RepairInputError(f"the records carry no decision, and the chain's decisions come from "
+                               f"{chain.decider.kind!r} (placed {chain.decider.capabilities.place}), after the "
+                               "scorer: the monitor reads decisions from the records and does not recompute them")
+    return (scores >= 0.5).astype(np.int64)
 
 
 def check_decisions(decisions) -> np.ndarray:
@@ -464,18 +511,18 @@ class BatchStatistics:
         edges = {(stage, bins): stage_edges(chain.repair, X, bins) for stage, X in (("before", first.before),
                                                                                     ("after", first.after))
                  for bins in (E_BINS, W1_BINS)}
-        scored = chain.scorer is not None
-        matched = scored and getattr(chain.scorer, "group_map_", None) is not None
+        decided = chain.scorer is not None and chain.decider is not None  # the classifier alone, and the decisions
+        matched = chain.matches
         if "mdp" in config.monitor.statistics and not matched:
             log.warning("monitor.statistic 'mdp' is configured but the scorer carries no group map: no MDP")
-        otf = scored and "otf" in config.monitor.statistics
+        otf = chain.scorer is not None and "otf" in config.monitor.statistics
         self.match_queue = MatchQueue(chain.scorer, groups, strata) if matched else None
         self.factories = {
             **{("dependence_e", st): functools.partial(HistogramDependenceAccumulator, edges[st, E_BINS], groups, strata)
                for st in stages},
             **{("w1", st): functools.partial(WassersteinAccumulator, edges[st, W1_BINS], groups, strata) for st in stages},
             **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
-            **{(name, st): (lambda: DecisionRateAccumulator(groups, strata)) for st in (stages if scored else ())
+            **{(name, st): (lambda: DecisionRateAccumulator(groups, strata)) for st in (stages if decided else ())
                for name in ("dp", *(("eopp",) if config.label else ()))},
             **({("mdp", "after"): lambda: DeferredMatchedDP(self.match_queue, self.match_queue.empty)}
                if matched else {}),
@@ -577,7 +624,7 @@ class BatchStatistics:
             positives = np.bincount(cell, weights=batch.y, minlength=size).astype(np.int64).reshape(shape)
             new["dp", "label"] = self.prototypes["dp", "label"]._of_counts(positives_=positives, totals_=totals)
         sample = view.sampled_before
-        if sample is None:  # no scorer
+        if sample is None:  # no decisions
             return new
         labelled = batch.y == 1 if batch.y is not None else None  # a batch without labels says nothing about EOpp
         among = None if labelled is None else np.bincount(cell[labelled], minlength=size).reshape(shape)
@@ -663,7 +710,8 @@ class FairnessMonitor:
     def _observe(self, batch: RepairedBatch, chain: Chain) -> list[DriftEvent]:
         if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
             self._start(chain, batch)
-        out_of_range = batch.out_of_range if batch.out_of_range is not None else self._out_of_range(batch, chain.repair)
+        out_of_range = batch.out_of_range if batch.out_of_range is not None else \
+            self._out_of_range(batch, fitted_range(chain.repair))
         view = monitored_batch(batch, chain, out_of_range, self.rng)
         pieces = self.chunker.pieces(len(view))
         accumulators, parts = self._accumulators(view, pieces)
@@ -698,12 +746,13 @@ class FairnessMonitor:
         return accumulators, parts
 
     @staticmethod
-    def _out_of_range(batch: RepairedBatch, plan) -> np.ndarray:
-        if plan is None or not hasattr(plan, "grid_start_"):
+    def _out_of_range(batch: RepairedBatch, fitted: tuple | None) -> np.ndarray:
+        """Records with an original value outside the range the repair stage was fitted on in their stratum."""
+        if fitted is None:
             return np.zeros(len(batch), dtype=bool)
-        codes = np.searchsorted(plan.strata_, batch.u)
-        codes = np.clip(codes, 0, len(plan.strata_) - 1)
-        return ((batch.before < plan.grid_start_[codes]) | (batch.before > plan.grid_stop_[codes])).any(axis=1)
+        strata, lowest, highest = fitted
+        codes = np.clip(np.searchsorted(strata, batch.u), 0, len(strata) - 1)
+        return ((batch.before < lowest[codes]) | (batch.before > highest[codes])).any(axis=1)
 
     def rows(self, window: str = "count", statistic: str | None = None) -> list[tuple]:
         """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records."""

@@ -163,6 +163,14 @@ def _provenance(chain: Sequence) -> dict:
     return provenance([(a.kind, a.version, a.sha256, a.module.seed) for a in chain])
 
 
+def chain_added(chain: Sequence, columns: dict) -> dict[str, np.ndarray]:
+    """The per-row columns every output record carries: those the chain's modules declare they add
+    (:attr:`~fairstream.repair.protocol.Capabilities.adds`), as the chain computed them (a later module's replace
+    an earlier one's: a post module's decision, not the scorer's)."""
+    adds = frozenset().union(*(a.module.capabilities.adds for a in chain))
+    return {name: np.asarray(values) for name, values in columns.items() if name in adds}
+
+
 def as_actives(active) -> tuple:
     """The registry's active artifacts of a chain as a tuple (one ``Active`` is a chain of one)."""
     return tuple(active) if isinstance(active, (list, tuple)) else (active,)
@@ -186,15 +194,14 @@ class RecordRepairer:
             batch = decoded.batch()
             result = apply_chain([a.module for a in chain], batch)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
+            added = chain_added(chain, result.columns)
             outputs = {"features": (result.X, self.config.features),
-                       **({"score": (result.columns["score"], None)} if "score" in result.columns else {})}
+                       **{name: (values, None) for name, values in added.items() if values.dtype.kind == "f"}}
             ok = _finite_rows(np.flatnonzero(result.ok), outputs, failures, decoded.index)
             fields = decoded.fields if len(ok) == len(decoded.fields) else decoded.fields.take(ok)
             imputed = result.imputed[ok] if result.imputed is not None else None
-            scored = {name: result.columns[name][ok] for name in ("score", "decision")} \
-                if "decision" in result.columns else None
             values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(chain), imputed,
-                                     scored)
+                                     {name: column[ok] for name, column in added.items()})
             keys = _output_keys(messages, decoded.index[ok], decoded.keys[ok])
             fits = _fitting(keys, values, failures, decoded.index[ok])
             if not fits.all():  # rare: only then are the rows copied
@@ -212,8 +219,7 @@ class RecordRepairer:
             mine = slice(None) if imputed is None else ~imputed
             measured = ok[mine]
             outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
-                                                   result.out_of_range[measured], times[mine],
-                                                   result.columns.get("decision"), measured, result.columns.get("score"))
+                                                   result.out_of_range[measured], times[mine], added, measured)
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
@@ -248,10 +254,11 @@ def _arrival(message: MessageLike) -> float | None:
     return None if kind == TIMESTAMP_NOT_AVAILABLE else milliseconds / 1000
 
 
-def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, decision, rows, score=None) -> RepairedBatch:
+def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, added: dict, rows) -> RepairedBatch:
+    """What the monitor measures of the records sent: the chain's score and final decision as the records carry."""
+    pick = (lambda name: added[name][rows] if name in added else None)
     return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
-                         out_of_range=out_of_range, decision=None if decision is None else decision[rows],
-                         score=None if score is None else score[rows])
+                         out_of_range=out_of_range, decision=pick("decision"), score=pick("score"))
 
 
 class EmbeddingRepairer:

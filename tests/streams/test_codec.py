@@ -826,12 +826,24 @@ def test_a_scored_batch_carries_each_record_s_score_and_decision_and_the_whole_c
     prov = provenance([("flow", 4, "ab", ""), ("scorer", 2, "cd", "")])
     scored = {"score": np.array([0.25, 0.75]), "decision": np.array([0, 1])}
     records = [record(id=1), record(id=2)]
-    encoded = encode_repaired(RecordFields.of(records), X, X + 1, ADULT, prov, scored=scored)
+    encoded = encode_repaired(RecordFields.of(records), X, X + 1, ADULT, prov, added=scored)
     check_encoded(encoded, records, X, X + 1, ADULT, prov)
     objs = [strict_loads(v) for v in encoded]
     assert [(o["score"], o["decision"]) for o in objs] == [(0.25, 0), (0.75, 1)]
     assert [stage["version"] for stage in objs[0]["provenance"]["chain"]] == [4, 2]
     assert codec.decode_repaired(encoded, ADULT).decision.tolist() == [0, 1]
+    assert codec.decode_repaired(encoded, ADULT).score.tolist() == [0.25, 0.75]  # what the records carry, exactly
+
+
+def test_each_added_column_is_a_field_of_its_own_and_a_record_without_a_score_reads_back_without_one():
+    X = np.array([[1.0, 2.0]])
+    encoded = encode_repaired(RecordFields.of([record(id=1)]), X, X, ADULT, PROV, added={"decision": np.array([1])})
+    obj = strict_loads(encoded[0])
+    assert obj["decision"] == 1 and "score" not in obj
+    back = codec.decode_repaired(encoded, ADULT)
+    assert back.decision.tolist() == [1] and back.score is None
+    with pytest.raises(ValueError, match="added columns must be of"):
+        encode_repaired(RecordFields.of([record(id=1)]), X, X, ADULT, PROV, added={"margin": np.array([0.1])})
 
 
 @pytest.mark.parametrize("seed", ["50%", "%s", "%(x)s", "%%"])
@@ -1138,7 +1150,7 @@ def test_rows_with_a_non_finite_output_are_found_and_the_others_encode_as_strict
     ok = np.flatnonzero(finite)
     records = [record(id=int(i)) for i in ok]
     scored = {"score": score[ok], "decision": np.zeros(len(ok), dtype=np.int64)}
-    for value in encode_repaired(RecordFields.of(records), repaired[ok], repaired[ok], ADULT, PROV, scored=scored):
+    for value in encode_repaired(RecordFields.of(records), repaired[ok], repaired[ok], ADULT, PROV, added=scored):
         strict_loads(value)
 
 
@@ -1160,7 +1172,7 @@ def test_the_record_encoder_never_writes_a_nan_or_an_infinity(where):
     {"repaired": repaired, "original": X, "score": score}[where][0, ...] = math.inf
     with pytest.raises(ValueError, match="NaN or infinite"):
         encode_repaired(RecordFields.of([record()]), X, repaired, ADULT, PROV,
-                        scored={"score": score, "decision": np.array([1])})
+                        added={"score": score, "decision": np.array([1])})
 
 
 def test_the_embedding_encoder_never_writes_a_nan_or_an_infinity():

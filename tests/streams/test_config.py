@@ -324,8 +324,9 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("agents.records", "batch_within", 1e308, "a number > 0 and <= 60"),
     ("agents.records", "batch_within", float("nan"), "a number > 0 and <= 60"),
     ("agents.records", "batch_size", 10**9, "an integer >= 1 and <= 100000"),
-    ("agents.records", "artifact", "plna", "an artifact kind ('flow', 'plan', 'scorer')"),
-    ("agents.records", "artifact", ["scorer", "plan"], "with 'scorer' only last"),
+    ("agents.records", "artifact", "plna", "an artifact kind ('flow', 'plan', 'scorer'"),  # then any later kinds
+    ("agents.records", "artifact", "plna", "('plna' is not a record kind (known: ['flow', 'plan', 'scorer'"),
+    ("agents.records", "artifact", ["scorer", "plan"], "'plan' (place repair) cannot come after 'scorer'"),
     ("agents.records", "artifact", ["plan", "plan"], "a non-empty list of distinct kinds"),
     ("monitor", "threshold", float("inf"), "a number in (0, 1e6]"),
     ("monitor", "threshold", {"dependence_e": -1.0}, "a table of statistic = number"),
@@ -459,13 +460,53 @@ def test_a_record_chain_reads_back_and_names_its_kinds_in_order():
     assert adult_config().records.chain == ("plan",)
 
 
-@pytest.mark.parametrize("statistic", ["dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp"])
-def test_a_statistic_of_decisions_needs_a_scorer_at_the_end_of_the_chain(statistic):
+@pytest.mark.parametrize("statistic, needs", [
+    ("dp_difference", "writes a decision"), ("dp_ratio", "writes a decision"), ("conditional_dp", "writes a decision"),
+    ("eopp", "writes a decision"), ("mdp", "writes a score"), ("otf", "writes a score")])
+def test_a_statistic_of_decisions_or_scores_needs_a_chain_that_writes_them(statistic, needs):
     data = adult_data()
     data["agents"]["records"]["artifact"] = "plan"
     data["monitor"].update(statistic=statistic, threshold=0.1)
-    assert config_error(data) == (f"monitor.statistic {statistic!r} measures decisions: it needs a scorer at the end "
-                                  "of agents.records.artifact, got ['plan']")
+    assert config_error(data) == (f"monitor.statistic {statistic!r} needs a record chain that {needs} (it writes: "
+                                  "features), got agents.records.artifact = ['plan']")
+
+
+@pytest.fixture
+def post_kind(monkeypatch):
+    """A kind placed after the scorer (reads the score, writes the decision), registered for one test."""
+    from fairstream.models.kinds import MODULE_KINDS
+
+    from .worker.post_module import CUTOFFS, GroupCutoffs
+
+    monkeypatch.setitem(MODULE_KINDS, CUTOFFS, GroupCutoffs)
+    return CUTOFFS
+
+
+def test_a_kind_placed_after_the_scorer_is_a_record_kind_by_its_capabilities_alone(post_kind):
+    data = adult_data()
+    data["agents"]["records"]["artifact"] = ["plan", "scorer", post_kind]
+    data["monitor"].update(statistic=["dp_difference", "mdp"], threshold=0.1)
+    config = PipelineConfig.from_dict(data)
+    assert config.records.chain == ("plan", "scorer", post_kind) and config.refit_kind == "plan"
+    data["agents"]["records"]["artifact"] = ["scorer", post_kind]
+    assert PipelineConfig.from_dict(data).refit_kind == "scorer"  # no repair stage: the first kind
+    for chain, problem in ((["plan", post_kind], f"{post_kind!r} reads the score, which nothing before it provides"),
+                           (["scorer", post_kind, "plan"], f"'plan' (place repair) cannot come after {post_kind!r} (place post)")):
+        data["agents"]["records"]["artifact"] = chain
+        message = config_error(data)
+        assert message.startswith("agents.records.artifact must be ") and f"({problem})" in message, message
+
+
+def test_mdp_needs_a_score_module_that_matches_counterparts(post_kind, monkeypatch):
+    from fairstream.models.scorer import Scorer
+    from fairstream.repair.protocol import Capabilities
+
+    bare = dict(vars(Scorer.capabilities), counterparts=False)
+    monkeypatch.setattr(Scorer, "capabilities", Capabilities(**bare))
+    data = adult_data()
+    data["monitor"].update(statistic="mdp", threshold=0.1)
+    assert config_error(data) == ("monitor.statistic 'mdp' needs a record chain that has a score module that matches "
+                                  "counterparts (a group map), got agents.records.artifact = ['plan', 'scorer']")
 
 
 def test_equal_opportunity_needs_labelled_records():
