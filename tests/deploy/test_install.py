@@ -133,8 +133,10 @@ def test_torch_is_the_cpu_build_the_makefile_installs():
 def test_make_lock_refreshes_the_constraints_from_a_fresh_resolution():
     commands = make_dry_run("lock")
     assert commands[0] == "rm -rf build/lock-venv"
-    # Every extra is resolved, the mutation-testing one too: `make mutation` installs it with these pins.
-    assert "make --no-print-directory install VENV=build/lock-venv CONSTRAINTS= EXTRAS=all,dev,mutation" in commands
+    # Every extra is resolved, mutation testing's and reproduction's too: `make mutation` and `make reproduce`
+    # install them with these pins.
+    assert ("make --no-print-directory install VENV=build/lock-venv CONSTRAINTS= EXTRAS=all,dev,mutation,reproduce"
+            in commands)
     install = [line for line in commands if " -m pip install " in line]
     assert install and not [line for line in install if "-c " in line]  # resolved afresh, not from the old pins
     assert any("pip freeze --all --exclude-editable" in line and "constraints.txt.new" in line for line in commands)
