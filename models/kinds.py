@@ -1,8 +1,11 @@
 """Every artifact kind the product serves, and the one function that turns an artifact into a module.
 
 The worker, the registry and re-fit jobs look kinds up here: a kind is one class implementing
-:class:`~fairstream.repair.protocol.FrozenModule`, named in :data:`MODULE_KINDS` (what else a new kind
-touches today, and why, is in docs/architecture.md). Each declares the arrays its artifact holds (``array_layout``); loading
+:class:`~fairstream.repair.protocol.FrozenModule`, named in :data:`MODULE_KINDS`, that declares what it
+reads, writes and needs (``capabilities``): the rest of the product asks :func:`capabilities`,
+:func:`kinds_for` and :func:`chain_problem` instead of comparing kind names, so a new kind is its
+module, its entry here, its trainer and an entry in the conformance suite's table (see
+docs/architecture.md). Each declares the arrays its artifact holds (``array_layout``); loading
 checks every one of them and then applies the module to a few of its own ordinary inputs (its
 ``probe``), so a corrupt payload, or one whose weights overflow every output, is an
 :class:`ArtifactError` here, which the registry counts as a refusal while the previous version keeps
