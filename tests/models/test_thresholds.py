@@ -148,6 +148,19 @@ def test_per_stratum_the_groups_share_a_point_and_strata_are_solved_apart():
     assert abs(tpr[0] - tpr[1]) > 0.01  # each stratum its own point, not one for all
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=30))
+def test_the_upper_hull_lies_above_every_point_and_bends_down_at_every_vertex(points):
+    # Checked against its definition, not another hull algorithm: on an integer grid, exactly.
+    x, y = (np.array(column, dtype=float) for column in zip(*points))
+    hull = upper_hull(x, y)
+    hx, hy = x[hull], y[hull]
+    assert np.all(np.diff(hx) > 0) and hx[0] == x.min() and hx[-1] == x.max()
+    assert np.all(np.interp(x, hx, hy) >= y)  # no point above the hull
+    slopes = np.diff(hy) / np.diff(hx)
+    assert np.all(np.diff(slopes) < 0)  # strictly concave: no collinear vertex kept
+
+
 def test_the_upper_hull_keeps_the_highest_of_equal_x_and_drops_collinear_points():
     x = np.array([0.0, 0.25, 0.5, 0.5, 0.75, 1.0])
     y = np.array([0.0, 0.3125, 0.625, 0.1, 0.875, 1.0])  # (0.25, 0.3125) is on the chord from (0, 0) to (0.5, 0.625)
@@ -209,7 +222,8 @@ def module_of(rules, weights) -> GroupThresholds:
     arrays = {"groups": np.array([0]), "strata": np.array([0]), "fitted": np.array([[True]]),
               "threshold": np.array([[[t for t, _ in rules]]]), "inclusive": np.array([[[i for _, i in rules]]]),
               "weight": np.array([[weights]])}
-    art = artifacts.pack("thresholds", arrays, {"constraint": "dp", "seed": 1, "stratified": False})
+    constraint = "eo" if len(rules) == 4 else "dp"  # the layout: two rules a cell, four for eo
+    art = artifacts.pack("thresholds", arrays, {"constraint": constraint, "seed": 1, "stratified": False})
     return GroupThresholds.from_artifact(art)
 
 
@@ -220,6 +234,8 @@ def module_of(rules, weights) -> GroupThresholds:
     ([(1.0, False), (0.0, True)], [0.4, 0.6], 1.0, 0.6),  # "never" refuses even a score of 1
     ([(1.0, False), (0.0, True)], [0.4, 0.6], 0.0, 0.6),  # "always" takes even a score of 0
     ([(0.2, True), (0.9, True)], [0.0, 1.0], 0.5, 0.0),  # a rule of weight 0 is never drawn
+    # eo's four rules: the draw spans all four weights (0.3 and "always" pass 0.5)
+    ([(0.3, True), (0.6, True), (1.0, False), (0.0, True)], [0.1, 0.2, 0.3, 0.4], 0.5, 0.5),
 ])
 def test_the_documented_rule_decides_each_share_of_keys(rules, weights, score, share):
     module = module_of(rules, weights)
