@@ -173,6 +173,18 @@ class Batch:
                      impute_s=self.impute_s, columns=self.columns,
                      added={name: values[rows] for name, values in self.added.items()})
 
+    def misaligned(self) -> str | None:
+        """Why the batch's arrays do not describe the same rows (keys, s, u, y or an added column of another
+        length than ``X``, or no keys at all), or None. Row by row, such a batch would pair one record's
+        values with another's score or key, so :func:`apply_chain` refuses it whole."""
+        if self.keys is None:
+            return "the batch has no record keys"
+        lengths = {"keys": self.keys, "s": self.s, "u": self.u, "y": self.y, **self.added}
+        for name, values in lengths.items():
+            if values is not None and len(values) != len(self.X):
+                return f"the batch's {name} has {len(values)} values for {len(self.X)} rows"
+        return None
+
     def column_name(self, k: int) -> str:
         """How a reason names column ``k``: ``feature 'age'``, or ``column 3`` when the batch has no names."""
         return f"feature {self.columns[k]!r}" if self.columns is not None and k < len(self.columns) else f"column {k}"
@@ -250,6 +262,11 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
     n = len(batch)
     result = Applied(X=batch.X.copy(), ok=np.ones(n, dtype=bool), reasons=[None] * n,
                      out_of_range=np.zeros(n, dtype=bool))
+    misaligned = batch.misaligned()
+    if misaligned:  # a library caller's mistake; the codec's batches are aligned by construction
+        result.ok[:] = False
+        result.reasons = [misaligned] * n
+        return result
     for module in modules:
         rows = np.flatnonzero(result.ok)
         current = _with_x(batch, result.X, result.columns)

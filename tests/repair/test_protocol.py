@@ -256,3 +256,17 @@ def shifted(a: np.ndarray, rng) -> np.ndarray:
     copy = raw[start:start + a.size].reshape(a.shape)
     copy[...] = a
     return copy
+
+
+@pytest.mark.parametrize("field, values, says", [
+    ("s", np.array([0, 1]), "the batch's s has 2 values for 3 rows"),
+    ("keys", np.array(["a", "b", "c", "d"]), "the batch's keys has 4 values for 3 rows"),
+    ("added", {"score": np.array([0.5])}, "the batch's score has 1 values for 3 rows"),
+    ("keys", None, "the batch has no record keys"),
+])
+def test_a_batch_whose_arrays_describe_other_rows_is_refused_whole(field, values, says):
+    # Applied row by row, the first rows would be decided with another record's s, key or score.
+    batch = Batch(X=np.ones((3, 1)), keys=np.array(["a", "b", "c"]), s=np.array([0, 1, 0]))
+    setattr(batch, field, values)
+    outcome = apply_chain([RefuseNegative()], batch)
+    assert not outcome.ok.any() and outcome.reasons == [says] * 3
