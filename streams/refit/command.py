@@ -16,11 +16,11 @@ from fairstream.streams.parsing import parse_duration
 
 from .job import RefitJob, format_outcome
 from .options import add_trainer_arguments, collect_options, foreign_option, fraction_arg, non_negative_arg, \
-    positive_int_arg, trainer_params
+    positive_int_arg, seed_arg, trainer_params
 from .schedule import run_every
 from .service import RefitService
 from .sources import research_source, resolve_source
-from .trainers import TrainerError, refit_kinds, trainer_class
+from .trainers import TrainerError, configured_chain, refit_kinds, trainer_class
 from .webhook import add_webhook_arguments, webhook_from_args, webhook_token_from_args
 
 if TYPE_CHECKING:
@@ -53,9 +53,10 @@ A plan is published only when no plan is active or when its E on the holdout is 
 (1 + tolerance) times the current plan's; a flow only when its DP gap (of the scorer's decisions)
 is at most (1 + tolerance) times the current flow's (or the scorer alone's) plus 0.01 and its
 accuracy at most --max-accuracy-drop lower (scorers and thresholds likewise, by their fairness
-figure: MDP or DP gap, the --constraint's gap); an embedding module only when its BFAR at --far on
-held-out identities is at most (1 + tolerance) times the current module's (or the identity's) and
-its FNMR at most one point worse. Otherwise the reason, with both numbers, is printed.
+figure: MDP or DP gap; the --constraint's gap, the worst stratum's by default, see --scope); an
+embedding module only when its BFAR at --far on held-out identities is at most (1 + tolerance)
+times the current module's (or the identity's) and its FNMR at most one point worse. Otherwise
+the reason, with both numbers, is printed.
 A single re-fit exits 0 when a candidate was trained and validated (published, or refused with its
 numbers), 1 when none could be (an empty or too small window, a chain module not yet published, no
 labels): a script or a CronJob then sees that the research data or the chain needs attention.
@@ -99,7 +100,8 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     parser.add_argument("--tolerance", type=non_negative_arg, default=0.1, metavar="FRACTION",
                         help="refuse a candidate whose compared holdout figure (a plan's E, a gap, a BFAR) exceeds "
                              "the current module's by more than this fraction (default: 0.1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the holdout split and the training (default: 0)")
+    parser.add_argument("--seed", type=seed_arg, default=0, metavar="SEED",
+                        help="seed of the holdout split and the training, an integer in [0, 2**64) (default: 0)")
     add_webhook_arguments(parser)
     add_trainer_arguments(parser, _trainers())
     parser.set_defaults(func=functools.partial(run_refit_command, broker_context=broker_context, load_config=load_config))
@@ -118,11 +120,13 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
     config = load_config(args)
     kind = args.kind or config.refit_kind
     # Refused in one line before anything connects: an option of another kind, the webhook's options and token
-    # file, a research file's errors (a file is read once here) and a source an embedding re-fit cannot use.
+    # file, a research file's errors (a file is read once here), a source an embedding re-fit cannot use and a
+    # kind the pipeline's chain does not apply (its module would never be served).
     params = trainer_options(kind, args)
     token = webhook_token_from_args(args)
     if args.source != "topic" or capabilities(kind).agent == "embeddings":
         resolve_source(research_source(args.source, "", config, args.last, kind=kind))
+    configured_chain(config, kind)
     with broker_context(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
         job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), kind=kind, holdout=args.holdout,

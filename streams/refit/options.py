@@ -2,9 +2,9 @@
 
 A trainer class names its options in ``OPTIONS``: trainer parameter -> :class:`TrainerOption`. ``fairstream
 refit`` offers the union of every re-fittable kind's options (:func:`collect_options`); an option two trainers
-share (``--max-accuracy-drop``) is one object, defined once, and a flag two trainers define differently is an
-error. An option has no default of its own: unset, the trainer's own default (its ``__init__`` signature)
-applies, and the help text quotes it.
+share (``--max-accuracy-drop``) is one object, defined once, shown in a help group of its own that names the
+kinds, and a flag two trainers define differently is an error. An option has no default of its own: unset, the
+trainer's own default (its ``__init__`` signature) applies, and the help text quotes it.
 
 >>> from fairstream.streams.refit.trainers import trainer_class
 >>> options = collect_options([trainer_class("flow"), trainer_class("scorer")])
@@ -83,21 +83,32 @@ def collect_options(trainers: Iterable[type]) -> dict[str, OfferedOption]:
     return offered
 
 
+SHARED_TITLE = "options of several kinds"
+"""The help group of the options several trainers read (each one's help names the kinds)."""
+
+
 def add_trainer_arguments(parser: argparse.ArgumentParser, trainers: Iterable[type]) -> None:
-    """Add every trainer's options to ``parser``, one group per trainer (an option shared: in the first one's)."""
+    """Add every trainer's options to ``parser``: one group per trainer, then the options several trainers share.
+
+    A shared option is one flag, so it is shown once, in a group of its own, and its help names every kind that
+    reads it (in no one kind's group, where the reader of another kind's group would miss it).
+    """
     trainers = list(trainers)
     offered = collect_options(trainers)
-    placed: set[str] = set()
+    shared = [entry for entry in offered.values() if len(entry.params) > 1]
     for cls in trainers:
-        mine = [offered[option.dest] for option in cls.OPTIONS.values() if option.dest not in placed]
-        if not mine:
-            continue
-        group = parser.add_argument_group(f"{cls.TITLE} (--kind {cls.kind})")
-        for entry in mine:
-            option = entry.option
-            group.add_argument(option.flag, dest=option.dest, type=option.type, choices=option.choices,
-                               metavar=option.metavar, default=None, help=entry.help_text())
-            placed.add(option.dest)
+        mine = [offered[option.dest] for option in cls.OPTIONS.values() if len(offered[option.dest].params) == 1]
+        if mine:
+            _add_options(parser.add_argument_group(f"{cls.TITLE} (--kind {cls.kind})"), mine)
+    if shared:
+        _add_options(parser.add_argument_group(SHARED_TITLE), shared)
+
+
+def _add_options(group, entries: list[OfferedOption]) -> None:
+    for entry in entries:
+        option = entry.option
+        group.add_argument(option.flag, dest=option.dest, type=option.type, choices=option.choices,
+                           metavar=option.metavar, default=None, help=entry.help_text())
 
 
 def trainer_params(cls: type, args: argparse.Namespace) -> dict:
@@ -122,6 +133,32 @@ def fraction_arg(text: str) -> float:
     value = float(text)
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"must be a fraction strictly between 0 and 1, got {text}")
+    return value
+
+
+def unit_interval_arg(text: str) -> float:
+    """A fraction in [0, 1] (an accuracy difference)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")  # not a number: refused below, with the same message
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text}")
+    return value
+
+
+SEED_LIMIT = 2 ** 64
+"""Seeds are integers in [0, 2**64): what numpy's generators and every kind's ``random_state`` take."""
+
+
+def seed_arg(text: str) -> int:
+    """An integer in [0, 2**64)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1  # not an integer: refused below, with the same message
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**64), got {text}")
     return value
 
 

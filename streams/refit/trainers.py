@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar, Mapping
 
 import numpy as np
 
-from .options import TrainerOption, fraction_arg, non_negative_arg, positive_int_arg
+from .options import TrainerOption, fraction_arg, non_negative_arg, positive_int_arg, unit_interval_arg
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
@@ -59,8 +59,9 @@ def format_value(value: float) -> str:
 
 
 MAX_ACCURACY_DROP = TrainerOption(
-    "--max-accuracy-drop", type=non_negative_arg, metavar="POINTS",
-    help="refuse a candidate whose holdout accuracy is lower than the current one's by more than this")
+    "--max-accuracy-drop", type=unit_interval_arg, metavar="FRACTION",
+    help="refuse a candidate whose holdout accuracy is lower than the current one's by more than this fraction, "
+         "e.g. 0.02 for two points")
 """Shared by the trainers that compare accuracy: one definition, one flag."""
 
 
@@ -124,17 +125,32 @@ def cost_by(candidate: Validation, current: Validation, metric: str, label: str,
             f"{current.metrics[metric]:{fmt}} (at most {allowed} allowed)")
 
 
-def published_before(config: "PipelineConfig", kind: str, actives: Mapping) -> list:
-    """The active modules of the configured chain's kinds before ``kind``, in order; one not published: TrainerError."""
-    chain = config.records.chain
+def configured_chain(config: "PipelineConfig", kind: str) -> tuple[str, ...]:
+    """The chain of the agent that applies ``kind`` (its capabilities' agent); ``kind`` not in it: TrainerError."""
+    from fairstream.models.kinds import capabilities
+
+    agent = capabilities(kind).agent
+    chain = getattr(config, agent).chain  # config.records or config.embeddings: the section agents.<agent>
     if kind not in chain:
-        raise TrainerError(f"the pipeline's record chain {list(chain)} has no {kind}: add it to "
-                           f"agents.records.artifact before re-fitting one")
+        raise TrainerError(f"the pipeline's {agent.rstrip('s')} chain {list(chain)} has no {kind}: add it to "
+                           f"agents.{agent}.artifact before re-fitting one")
+    return chain
+
+
+def actives_before(config: "PipelineConfig", kind: str, actives: Mapping) -> dict:
+    """The active entries of the configured chain's kinds before ``kind``, by kind in order; one not published:
+    TrainerError."""
+    chain = configured_chain(config, kind)
     before = chain[:chain.index(kind)]
     missing = [name for name in before if name not in actives]
     if missing:
         raise TrainerError(f"the chain's {missing} must be published before a {kind} is trained behind them")
-    return [actives[name].module for name in before]
+    return {name: actives[name] for name in before}
+
+
+def published_before(config: "PipelineConfig", kind: str, actives: Mapping) -> list:
+    """The active modules of the configured chain's kinds before ``kind``, in order; one not published: TrainerError."""
+    return [active.module for active in actives_before(config, kind, actives).values()]
 
 
 def through_chain(modules: list, window: "ResearchWindow"):
@@ -352,13 +368,22 @@ class ThresholdsTrainer(RecordTrainer):
     """Group-specific decision thresholds after the scorer (Hardt, Price and Srebro, 2016), compared by gap and accuracy.
 
     The window is scored by the published chain before the thresholds (a plan or a flow, then the scorer) and
-    :class:`~fairstream.models.thresholds.GroupThresholds` picks, per group and stratum, the threshold (or
-    randomised pair, keyed by the record) that satisfies ``constraint``: ``dp`` (equal positive rates),
-    ``eopp`` (equal true positive rates) or ``eo`` (equal true and false positive rates). On the holdout the
-    candidate and the current thresholds are applied behind the same chain and compared as flows are: refused
-    if the constraint's gap exceeds the current one's by more than ``tolerance`` (relative) plus 0.01, or the
-    accuracy of the decisions is lower by more than ``max_accuracy_drop``. A first module is compared with the
-    chain without thresholds (the scorer's own decisions).
+    :class:`~fairstream.models.thresholds.GroupThresholds` picks the threshold (or randomised pair, keyed by the
+    record) that satisfies ``constraint``: ``dp`` (equal positive rates), ``eopp`` (equal true positive rates) or
+    ``eo`` (equal true and false positive rates). ``scope`` says among which records the rates are equal:
+
+    - ``conditional`` (default): per stratum u and group, and validated on the worst within-stratum gap (the
+      largest of the strata's gaps), as the monitor's conditional statistics read it. The gap over all records
+      may stay wide (Simpson: groups spread differently over the strata);
+    - ``overall``: per group alone (fitted without u), and validated on the gap over all records.
+
+    The metrics carry both figures (``dp_gap`` and ``conditional_dp_gap``, ...) and ``fitted_behind``: the kind,
+    version and sha256 of every published module before the thresholds (the scorer whose scores they cut).
+    On the holdout the candidate and the current thresholds are applied behind the same chain and compared as
+    flows are: refused if the validated gap exceeds the current one's by more than ``tolerance`` (relative) plus
+    0.01, or the accuracy of the decisions is lower by more than ``max_accuracy_drop``. A first module is compared
+    with the chain without thresholds (the scorer's own decisions). A holdout group without the labels the gap
+    needs (no positives for eopp, no negatives either for eo) is a TrainerError, not a gap of 0.
 
     ``max_accuracy_drop`` defaults to 0.03, not the 0.02 of flows and scorers: a first module is compared with
     a scorer that was never asked to be fair, and equalising rates by post-processing costs accuracy by design
@@ -376,17 +401,25 @@ class ThresholdsTrainer(RecordTrainer):
         "constraint": TrainerOption("--constraint", choices=("dp", "eopp", "eo"),
                                     help="what the thresholds equalise across groups: positive rates (dp), true "
                                          "positive rates (eopp) or true and false positive rates (eo)"),
+        "scope": TrainerOption("--scope", choices=("conditional", "overall"),
+                               help="conditional: thresholds per stratum u and group, validated on the worst "
+                                    "within-stratum gap (the monitor's conditional statistics); overall: per "
+                                    "group, validated on the gap over all records"),
         "max_accuracy_drop": MAX_ACCURACY_DROP,
     }
 
     def __init__(self, config: "PipelineConfig", tolerance: float = 0.1, seed: int = 0, constraint: str = "dp",
-                 max_accuracy_drop: float = 0.03, **threshold_params):
-        if constraint not in self.OPTIONS["constraint"].choices:
-            raise TrainerError(f"constraint must be one of {list(self.OPTIONS['constraint'].choices)}, "
-                               f"got {constraint!r}")
+                 scope: str = "conditional", max_accuracy_drop: float = 0.03, **threshold_params):
+        for name, value in (("constraint", constraint), ("scope", scope)):
+            if value not in self.OPTIONS[name].choices:
+                raise TrainerError(f"{name} must be one of {list(self.OPTIONS[name].choices)}, got {value!r}")
         self.config, self.tolerance, self.seed, self.constraint = config, tolerance, seed, constraint
-        self.max_accuracy_drop = max_accuracy_drop
+        self.scope, self.max_accuracy_drop = scope, max_accuracy_drop
         self.params = threshold_params  # other GroupThresholds parameters
+
+    @property
+    def conditional(self) -> bool:
+        return self.scope == "conditional"
 
     def _chain(self, actives: Mapping) -> list:
         """The published modules before the thresholds; one of them must write the score they read."""
@@ -399,31 +432,36 @@ class ThresholdsTrainer(RecordTrainer):
         return chain
 
     def fit(self, window: "ResearchWindow", actives: Mapping):
-        """Thresholds fitted on the scores the published chain gives the window."""
+        """Thresholds fitted on the scores the published chain gives the window (per stratum when conditional)."""
         from fairstream.models.thresholds import GroupThresholds
-
         from fairstream.repair.validation import RepairInputError
 
         score = through_chain(self._chain(actives), window).columns["score"]
+        u, strata = (window.u, list(self.config.strata)) if self.conditional else (None, None)
         try:
             return GroupThresholds(constraint=self.constraint, random_state=self.seed, **self.params).fit(
-                score, window.s, window.y, window.u, groups=list(self.config.groups),
-                strata=list(self.config.strata))
+                score, window.s, window.y, u, groups=list(self.config.groups), strata=strata)
         except RepairInputError as exc:  # a cell of the window without the labels the constraint needs
             raise TrainerError(f"the research window cannot fit {self.constraint} thresholds: {exc}") from None
 
     def validate(self, thresholds, held: "ResearchWindow", actives: Mapping) -> Validation:
-        """The constraint's gap and the accuracy of the chain's decisions on the holdout (``None``: no thresholds)."""
+        """The scope's gap of the constraint and the accuracy of the chain's decisions on the holdout (``None``: no
+        thresholds)."""
         from fairstream.repair.protocol import Batch, apply_chain
 
         chain = self._chain(actives) + ([] if thresholds is None else [thresholds])
         result = apply_chain(chain, Batch(X=held.X, keys=held.keys, s=held.s, u=held.u, y=held.y))
         rows = np.flatnonzero(result.ok)
-        metrics = decision_metrics(result.columns["decision"][rows], held.s[rows], held.y[rows])
-        metrics.update(constraint=self.constraint, n_rows=len(rows), n_refused=int(len(held) - len(rows)))
-        name = f"{self.constraint.upper()} gap"
-        gap = metrics[f"{self.constraint}_gap"]
-        return Validation(name=name, value=gap, unusable=int(len(held) - len(rows)), metrics=metrics,
+        refused = int(len(held) - len(rows))
+        prefix = "conditional_" if self.conditional else ""
+        figure = f"{prefix}{self.constraint}_gap"
+        metrics = decision_metrics(result.columns["decision"][rows], held.s[rows], held.y[rows], held.u[rows],
+                                   needed=(figure,))
+        metrics.update(constraint=self.constraint, scope=self.scope, n_rows=len(rows), n_refused=refused,
+                       fitted_behind=fitted_behind(self.config, self.kind, actives))
+        name = f"{prefix.replace('_', ' ')}{self.constraint.upper()} gap"
+        gap = metrics[figure]
+        return Validation(name=name, value=gap, unusable=refused, metrics=metrics,
                           summary=f"{name} {format_value(gap)}, accuracy {metrics['accuracy']:.3f}")
 
     def baseline(self, held: "ResearchWindow", actives: Mapping) -> Validation:
@@ -433,19 +471,65 @@ class ThresholdsTrainer(RecordTrainer):
     refusal = FlowTrainer.refusal  # the same rule: a wider gap beyond tolerance, or a real accuracy loss
 
 
-def decision_metrics(decision: np.ndarray, s: np.ndarray, y: np.ndarray) -> dict:
+def fitted_behind(config: "PipelineConfig", kind: str, actives: Mapping) -> list[dict]:
+    """Kind, version and sha256 of the published modules before ``kind``: what a module of ``kind`` was fitted
+    behind (sealed into its manifest, so an operator sees which scorer a set of thresholds belongs to)."""
+    return [{"kind": name, "version": active.version, "sha256": active.sha256}
+            for name, active in actives_before(config, kind, actives).items()]
+
+
+GAP_ROWS = {"dp": ("rows",), "eopp": ("positives",), "eo": ("positives", "negatives")}
+"""Among which holdout rows each gap compares the groups' positive rates (eo: the larger of its two gaps)."""
+
+
+def decision_metrics(decision: np.ndarray, s: np.ndarray, y: np.ndarray, u: np.ndarray | None = None,
+                     needed=None) -> dict:
     """Accuracy and gaps of 0/1 decisions: DP (positive rates), EOpp (true positive rates), EO (TPR and FPR).
+
+    With strata ``u``, also the worst within-stratum gaps (``conditional_dp_gap``, ...: the largest of the strata's
+    gaps). A gap is undefined when a group (in a stratum) has none of the rows it compares (eopp: no positives): a
+    TrainerError naming the group for a gap in ``needed`` (every gap when None), None for the others.
 
     >>> decision_metrics(np.array([1, 0, 1, 1]), np.array([0, 0, 1, 1]), np.array([1, 0, 0, 1]))
     {'accuracy': 0.75, 'dp_gap': 0.5, 'eopp_gap': 0.0, 'eo_gap': 1.0}
     """
-    from fairstream.repair.measure.metrics import dp_difference
+    from fairstream.repair.measure.metrics import encode_observed
 
-    positive, negative = y == 1, y == 0
-    tpr_gap = float(dp_difference(decision[positive], s[positive]))
-    fpr_gap = float(dp_difference(decision[negative], s[negative]))
-    return {"accuracy": float(np.mean(decision == y)), "dp_gap": float(dp_difference(decision, s)),
-            "eopp_gap": tpr_gap, "eo_gap": max(tpr_gap, fpr_gap)}
+    decision, y = np.asarray(decision), np.asarray(y)
+    groups, s_codes = encode_observed(s, len(decision), "s")
+    strata, u_codes = encode_observed(u, len(decision), "u")
+    among = {"rows": np.ones(len(decision), dtype=bool), "positives": y == 1, "negatives": y == 0}
+    metrics = {"accuracy": float(np.mean(decision == y))}
+    for conditional in (False, True) if u is not None else (False,):
+        for constraint, kinds in GAP_ROWS.items():
+            figure = f"{'conditional_' if conditional else ''}{constraint}_gap"
+            try:
+                metrics[figure] = max(_rate_gap(decision, s_codes, u_codes, among[what], groups.tolist(),
+                                                strata.tolist(), conditional, what, constraint) for what in kinds)
+            except TrainerError:
+                if needed is not None and figure not in needed:
+                    metrics[figure] = None  # sealed as undefined; the figure compared is defined
+                else:
+                    raise
+    return metrics
+
+
+def _rate_gap(decision, s_codes, u_codes, rows, groups: list, strata: list, conditional: bool, what: str,
+              constraint: str) -> float:
+    """Max - min positive rate of the decisions among ``rows`` across groups: overall, or the worst stratum's."""
+    from fairstream.repair.measure.metrics import rate_counts
+
+    positives, totals = rate_counts(decision[rows], s_codes[rows], u_codes[rows], len(groups), len(strata))
+    if not conditional:
+        positives, totals = positives.sum(axis=0, keepdims=True), totals.sum(axis=0, keepdims=True)
+    empty = np.argwhere(totals == 0)
+    if len(empty):
+        stratum, group = empty[0]
+        where, which = (f" in stratum u={strata[stratum]!r}", "conditional ") if conditional else ("", "")
+        raise TrainerError(f"holdout group {groups[group]!r}{where} has no {what}: the {which}{constraint} gap is "
+                           f"undefined")
+    rates = positives / totals
+    return float((rates.max(axis=1) - rates.min(axis=1)).max())
 
 
 # =============================================================================== embedding modules

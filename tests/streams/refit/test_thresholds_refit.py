@@ -24,7 +24,13 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.sources import ResearchWindow
-from fairstream.streams.refit.trainers import ThresholdsTrainer, TrainerError, Validation, trainer_class
+from fairstream.streams.refit.trainers import (
+    ThresholdsTrainer,
+    TrainerError,
+    Validation,
+    decision_metrics,
+    trainer_class,
+)
 from fairstream.streams.topics import ensure_topics
 from tests.streams.test_cli import run_main
 
@@ -71,7 +77,13 @@ def test_thresholds_are_refitted_behind_the_published_chain_and_close_the_dp_gap
     thresholds = serving["thresholds"]
     assert thresholds.version == 1 and thresholds.module.constraint == "dp"
     manifest = control.store.get(thresholds.sha256).manifest.metrics
-    assert manifest["holdout_statistic"] == "DP gap" and manifest["holdout_value"] < manifest["current_holdout_value"]
+    # Per stratum by default: validated on the worst within-stratum gap, the overall one sealed next to it.
+    assert manifest["holdout_statistic"] == "conditional DP gap" and manifest["scope"] == "conditional"
+    assert manifest["holdout_value"] == manifest["conditional_dp_gap"] < manifest["current_holdout_value"]
+    assert 0.0 <= manifest["dp_gap"] <= 1.0
+    # Which scorer they cut: the one the worker serves.
+    scorer = serving["scorer"]
+    assert manifest["fitted_behind"] == [{"kind": "scorer", "version": scorer.version, "sha256": scorer.sha256}]
 
     chain = [serving["scorer"].module]
     batch = Batch(X=fresh.X, keys=np.array([f"fresh-{i}" for i in range(len(fresh.X))], dtype=object), s=fresh.s,
@@ -108,9 +120,60 @@ def test_a_window_without_the_labels_the_constraint_needs_is_a_refusal_not_a_cra
         ThresholdsTrainer(config, constraint="eo").fit(window, {"scorer": scorer})
 
 
-def test_an_unknown_constraint_is_refused_naming_the_known_ones():
+def test_an_unknown_constraint_or_scope_is_refused_naming_the_known_ones():
     with pytest.raises(TrainerError, match=r"constraint must be one of \['dp', 'eopp', 'eo'\], got 'parity'"):
         ThresholdsTrainer(adult_config(), constraint="parity")
+    with pytest.raises(TrainerError, match=r"scope must be one of \['conditional', 'overall'\], got 'global'"):
+        ThresholdsTrainer(adult_config(), scope="global")
+
+
+@pytest.fixture(scope="module")
+def simpson():
+    """Groups spread differently over the strata (s = 1 mostly in u = 1, where positives are frequent): equal
+    positive rates within every stratum leave a wide gap over all records, and the other way round."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    s = rng.integers(0, 2, n)
+    u = (rng.uniform(size=n) < np.where(s == 1, 0.8, 0.2)).astype(int)
+    y = (rng.uniform(size=n) < 0.25 + 0.5 * u).astype(int)
+    X = np.column_stack([u + rng.normal(0, 0.1, n), y + rng.normal(0, 0.6, n)])
+    window = ResearchWindow.of(X, s, u, y=y)
+    actives = {"scorer": SimpleNamespace(module=LogisticScorer().fit(X, y, columns=["a", "b"]), version=3,
+                                         sha256="ab" * 32)}
+    config = SimpleNamespace(records=SimpleNamespace(chain=("scorer", "thresholds")), groups=(0, 1), strata=(0, 1))
+    return config, window.subset(np.arange(0, n, 2)), window.subset(np.arange(1, n, 2)), actives
+
+
+@pytest.mark.parametrize("scope, name, validated, other, stratified", [
+    ("conditional", "conditional DP gap", "conditional_dp_gap", "dp_gap", True),
+    ("overall", "DP gap", "dp_gap", "conditional_dp_gap", False),
+])
+def test_the_scope_says_what_the_thresholds_equalise_and_the_gap_they_are_validated_on(
+        simpson, scope, name, validated, other, stratified):
+    config, fit, held, actives = simpson
+    trainer = ThresholdsTrainer(config, scope=scope)
+    thresholds = trainer.fit(fit, actives)
+    validation = trainer.validate(thresholds, held, actives)
+    assert thresholds.stratified_ is stratified and validation.name == name
+    assert validation.value == validation.metrics[validated] < 0.05  # closed where the scope closes it
+    assert validation.metrics[other] > 0.2  # and both figures sealed: Simpson's gap stays wide on the other side
+    assert validation.metrics["scope"] == scope
+    assert validation.metrics["fitted_behind"] == [{"kind": "scorer", "version": 3, "sha256": "ab" * 32}]
+
+
+def test_a_holdout_group_without_the_labels_a_gap_compares_is_an_error_not_a_perfect_gap():
+    decision, s, y = np.array([1, 0, 1, 1, 0, 1]), np.array([0, 0, 0, 1, 1, 1]), np.array([0, 0, 0, 1, 0, 1])
+    with pytest.raises(TrainerError, match=r"^holdout group 0 has no positives: the eopp gap is undefined$"):
+        decision_metrics(decision, s, y)
+    with pytest.raises(TrainerError, match=r"^holdout group 1 has no negatives: the eo gap is undefined$"):
+        decision_metrics(decision, s, np.array([0, 1, 0, 1, 1, 1]), needed=("eo_gap",))
+    # The figure compared is defined: the others are sealed as undefined, not as 0.
+    assert decision_metrics(decision, s, y, needed=("dp_gap",)) == \
+        {"accuracy": pytest.approx(4 / 6), "dp_gap": 0.0, "eopp_gap": None, "eo_gap": None}
+    u = np.array([0, 1, 1, 0, 1, 1])  # group 0 has a positive, but none in stratum 1
+    with pytest.raises(TrainerError, match=r"^holdout group 0 in stratum u=1 has no positives: the conditional "
+                                           r"eopp gap is undefined$"):
+        decision_metrics(decision, s, np.array([1, 0, 0, 1, 0, 1]), u, needed=("conditional_eopp_gap",))
 
 
 @pytest.mark.parametrize("candidate, current, refused", [

@@ -87,8 +87,8 @@ def test_a_new_trainers_option_is_offered_by_the_command_and_reaches_the_trainer
     text = " ".join(capsys.readouterr().out.split())
     assert "wideners (--kind widen):" in text and "--widen-by N how much wider (default: 2)" in text
     # One flag for the accuracy drop, its defaults quoted per kind.
-    assert text.count("--max-accuracy-drop POINTS refuse") == 1
-    drop = text.split("--max-accuracy-drop POINTS refuse")[1].split(")")[0]
+    assert text.count("--max-accuracy-drop FRACTION refuse") == 1
+    drop = text.split("--max-accuracy-drop FRACTION refuse")[1].split(")")[0]
     assert "(--kind flow, widen, scorer" in drop and "default: 0.02 for flow and scorer" in drop and \
         "0.05 for widen" in drop, drop
 
@@ -131,7 +131,8 @@ def test_the_chain_before_a_kind_is_the_configured_chain_up_to_it():
     assert published_before(config, "thresholds", actives) == ["plan module", "scorer module"]
     with pytest.raises(TrainerError, match=r"the chain's \['scorer'\] must be published before a thresholds"):
         published_before(config, "thresholds", {"plan": actives["plan"]})
-    with pytest.raises(TrainerError, match=r"record chain \['plan', 'scorer', 'thresholds'\] has no flow"):
+    with pytest.raises(TrainerError, match=r"record chain \['plan', 'scorer', 'thresholds'\] has no flow: add it "
+                                           r"to agents.records.artifact"):
         published_before(config, "flow", actives)
 
 
