@@ -32,6 +32,7 @@ from fairstream.streams.refit.trainers import (
     trainer_class,
 )
 from fairstream.streams.topics import ensure_topics
+from tests.streams.refit.test_flow_refit import balanced_scorer  # its decisions at 0.5 differ by sex
 from tests.streams.test_cli import run_main
 
 
@@ -40,14 +41,6 @@ def adult():
     research, rest = datasets.load("adult").split(4000, seed=3)
     fresh, _ = rest.split(3000, seed=4)
     return research, fresh
-
-
-def balanced_scorer(data) -> LogisticScorer:
-    """A scorer fitted on as many positives as negatives: its decisions at 0.5 differ by sex (a DP gap to close)."""
-    rng = np.random.default_rng(0)
-    pos, neg = np.flatnonzero(data.y == 1), np.flatnonzero(data.y == 0)
-    rows = np.concatenate([pos, rng.choice(neg, len(pos), replace=False)])
-    return LogisticScorer().fit(data.X[rows], data.y[rows], columns=["age", "hours-per-week"])
 
 
 def research_csv(path, data) -> str:
