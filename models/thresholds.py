@@ -12,7 +12,8 @@ probability ``w_j`` by one uniform ``v`` keyed by ``(seed, record key)`` (:func:
 the first j with ``v * sum(w) < w_1 + ... + w_j``. A record's decision is therefore a function of
 (artifact, key, score, s, u), the same in any batch, and for a given key never lower at a higher score.
 
-**The fit.** Per cell, every distinct fit score is a candidate threshold (plus "never"); their points
+**The fit.** Per cell, every distinct fit score is a candidate threshold (plus "never"), placed midway
+between it and the next lower fit score so that a score a few ulps away decides alike; their points
 (positive rate for ``dp``, true-positive rate for ``eopp``, (FPR, TPR) for ``eo``, against the cell's
 correct decisions) have an upper convex hull, and mixing two adjacent hull thresholds reaches every point
 between them. Within each stratum the groups share one operating point, the one maximising the number of
@@ -382,8 +383,7 @@ class _CellCurve:
         rows = np.bincount(code, minlength=len(values))[::-1]
         tp = np.concatenate([[0.0], np.cumsum(positives)])
         fp = np.concatenate([[0.0], np.cumsum(rows - positives)])
-        rules = [NEVER] + [(float(v), True) for v in values[::-1]]
-        return cls(rules, tp, fp, int(tp[-1]), int(fp[-1]))
+        return cls([NEVER] + _midway(values)[::-1], tp, fp, int(tp[-1]), int(fp[-1]))
 
     @property
     def correct(self) -> np.ndarray:
@@ -395,6 +395,29 @@ class _CellCurve:
         if metric == "positive_rate":
             return (self.tp + self.fp) / (self.positives + self.negatives)
         return self.tp / self.positives if metric == "tpr" else self.fp / self.negatives
+
+
+def _midway(values: np.ndarray) -> list:
+    """For each distinct fit score v (ascending), a rule passing exactly the fit scores >= v: ``score >`` the
+    midpoint between v and the next lower fit score (or 0), exclusive; ``score >= 0`` for a v of 0.
+
+    Midway, not at v: a score a few ulps from a fit score (the same scorer under another BLAS kernel
+    in the worker than in the re-fit) gets the decision of that fit score, instead of flipping.
+
+    >>> _midway(np.array([0.0, 0.5, 1.0]))
+    [(0.0, True), (0.25, False), (0.75, False)]
+    """
+    below = np.concatenate([[0.0], values[:-1]])
+    middle = below + (values - below) / 2
+    rules = []
+    for v, m in zip(values.tolist(), middle.tolist()):
+        if v == 0.0:
+            rules.append(ALWAYS)
+        elif m < v:
+            rules.append((m, False))
+        else:  # v and the score below are adjacent floats: no number between them
+            rules.append((v, True))
+    return rules
 
 
 def upper_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -429,3 +429,15 @@ def test_the_capabilities_place_it_after_the_scorer():
     caps = GroupThresholds.capabilities
     assert caps.reads == {"score"} and caps.adds == {"decision"} and caps.place == "post" and caps.needs_s
     assert GroupThresholds(constraint="eo", random_state=3).get_params() == {"constraint": "eo", "random_state": 3}
+
+
+@pytest.mark.parametrize("constraint", ["dp", "eo"])
+def test_a_score_a_few_ulps_from_a_fit_score_decides_as_that_score(constraint):
+    # The worker may compute a record's score on another BLAS kernel than the re-fit did: the thresholds lie
+    # midway between fit scores, so a score an ulp away from one is never on the other side of a threshold.
+    score, s, y = biased_scorer(800, seed=4)
+    module = fit_thresholds(score, s, y, constraint=constraint, seed=2)
+    keys = np.arange(len(score))
+    at = module.decide(score, s, keys=keys)
+    for direction in (-1.0, 2.0):
+        assert (module.decide(np.clip(np.nextafter(score, direction), 0, 1), s, keys=keys) == at).all()
