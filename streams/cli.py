@@ -326,21 +326,56 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     from fairstream.streams.control.client import check_fits
 
     config = _config(args)  # before the broker: a bad config stops the command before anything starts
+    actor, reason = _audit_args(args)
     artifact = artifacts.load(args.file) if args.action == "publish" else None
     if artifact is not None and not args.force:  # what every worker would refuse at load is refused here
         check_fits(artifact, config.schema(), f"{config.name!r} ({args.config or 'the built-in Adult pipeline'})")
     with _broker(args) as broker:
         control = _control(config, broker.bootstrap)
         if args.action == "publish":
-            record = control.publish_sync(artifact)
+            record = control.publish_sync(artifact, actor=actor, reason=reason)
             print(f"published {record.kind} version {record.version} (sha256 {record.sha256[:12]}, "
                   f"{'inline' if record.blob_b64 else 'by path'}) to {control.topic}")
         elif args.action == "rollback":
-            record = control.rollback_sync(args.kind, args.to)
+            record = control.rollback_sync(args.kind, args.to, actor=actor, reason=reason)
             print(f"rolled {record.kind} back to version {record.version} (sha256 {record.sha256[:12]})")
+        elif args.action == "history":
+            _print_history(control, args.kind, args.json)
         else:
             _print_listing(control)
     return 0
+
+
+def _audit_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``--by`` and ``--reason`` of publish and rollback, refused in one line where every reader would refuse them."""
+    from fairstream.streams.control.client import check_audit
+
+    actor, reason = getattr(args, "by", None), getattr(args, "reason", None)
+    check_audit(actor, reason, names=("--by", "--reason"))
+    return actor, reason
+
+
+def _print_history(control, kind: str | None, as_json: bool) -> None:
+    """The audit trail: every record that takes effect, in log order, one line each (or one JSON object)."""
+    import json
+
+    records = [record for record in control.history_sync() if kind is None or record.kind == kind]
+    for record in records:
+        entry = {"at": record.published_at, "kind": record.kind, "version": record.version, "action": record.action,
+                 "actor": record.actor, "reason": record.reason, "statistics": record.statistics or {},
+                 "sha256": record.sha256}
+        print(json.dumps(entry, sort_keys=True) if as_json else _history_line(entry))
+    if not records and not as_json:
+        print(f"(no {kind or 'artifact'} records on {control.topic})")
+
+
+def _history_line(entry: dict) -> str:
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["at"])) if entry["at"] is not None else "-"
+    figures = ", ".join(f"{name}={value:.4g}" for name, value in entry["statistics"].items())
+    reason = " ".join((entry["reason"] or "-").split())  # a reason over several lines stays on its line
+    actor = " ".join((entry["actor"] or "-").split())
+    return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}",
+                                       f"{entry['action']:<9}", actor, reason, figures) if part).rstrip()
 
 
 def _print_listing(control) -> None:
@@ -537,7 +572,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wait this long for the topic to hold N records (default: 10)")
     tail.set_defaults(func=_cmd_tail)
 
-    art = sub.add_parser("artifacts", help="publish, list and roll back artifact versions on the control topic",
+    art = sub.add_parser("artifacts", help="publish, list, roll back and trace artifact versions on the control topic",
                          description="Artifacts (manifest JSON + .npz payload, sha256-checked) reach workers through "
                                      "the compacted control topic: inline while small, else by a path in the "
                                      "content-addressed artifact store. Every worker swaps to a new version between "
@@ -551,7 +586,14 @@ def build_parser() -> argparse.ArgumentParser:
     rollback = art_sub.add_parser("rollback", help="re-activate the version that was active before the current one")
     rollback.add_argument("kind", help="artifact kind, e.g. plan")
     rollback.add_argument("--to", type=int, metavar="VERSION", help="re-activate this published version instead")
-    for p in (publish, art_sub.choices["list"], rollback):
+    for p in (publish, rollback):  # the audit trail: who and why, on the record
+        p.add_argument("--by", metavar="NAME", help="who does it, recorded in the audit trail (default: user@host)")
+        p.add_argument("--reason", metavar="TEXT", help="why, recorded in the audit trail")
+    history = art_sub.add_parser("history", help="the audit trail: every publish and rollback in log order, with who, "
+                                                 "why and the statistics at that moment")
+    history.add_argument("--kind", metavar="KIND", help="only this artifact kind")
+    history.add_argument("--json", action="store_true", help="one JSON object per line")
+    for p in (publish, art_sub.choices["list"], rollback, history):
         _add_common(p)
         p.set_defaults(func=_cmd_artifacts)
 

@@ -103,6 +103,10 @@ class ControlRecord(_Schema):
     The artifact travels inline (``blob_b64``, the single-blob encoding of
     :func:`fairstream.repair.artifacts.encode`) while small, otherwise as a path in the
     content-addressed artifact store; ``sha256`` is always checked against the payload.
+
+    The audit trail: ``actor`` is who acted (a person's ``--by``, else ``user@host``; a service's own
+    name, e.g. ``refit@host``), ``reason`` why, and ``statistics`` the figures that decided it (names to
+    finite numbers). All three are optional: records written before them still parse.
     """
 
     kind: str
@@ -112,3 +116,6 @@ class ControlRecord(_Schema):
     blob_b64: Optional[str] = None
     path: Optional[str] = None
     published_at: Optional[float] = None
+    actor: Optional[str] = None
+    reason: Optional[str] = None
+    statistics: Optional[dict] = None  # flat: str -> finite float

@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
+import getpass
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -36,12 +39,16 @@ from fairstream.streams.topics import TopicConfig, ensure_topics_async
 from .records import (
     ANNOUNCED,
     EVENT,
+    MAX_ACTOR,
+    MAX_REASON,
     RECORD,
     ControlError,
     VersionLedger,
     WorkerStatus,
+    audit_text_refusal,
     control_key,
     encode_control,
+    parse_statistics,
     read_message,
 )
 from .registry import build_active, control_consumer, load_refusal, message_limit, module_loaders, open_at_beginning
@@ -53,6 +60,27 @@ DEFAULT_INLINE_LIMIT = 512 * 1024
 """Encoded artifacts up to this many bytes travel inside the control message (base64 adds 1/3)."""
 PUBLISH_ATTEMPTS = 8
 """How many versions one publish tries before giving up (each loss means another publisher took one)."""
+
+
+# --------------------------------------------------------------------------- who acts
+
+
+@functools.lru_cache(maxsize=None)
+def default_actor() -> str:
+    """Who acts when no one is named: ``<user>@<host>`` of this process (computed once)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container without a passwd entry): still say where it came from
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"[:MAX_ACTOR]
+
+
+def check_audit(actor: str | None, reason: str | None, names: tuple[str, str] = ("the actor", "the reason")) -> None:
+    """Refuse an actor or a reason every reader would refuse (:class:`ControlError` saying which, by ``names``)."""
+    for name, value, longest in zip(names, (actor, reason), (MAX_ACTOR, MAX_REASON)):
+        refusal = None if value is None else audit_text_refusal(value, longest)
+        if refusal is not None:
+            raise ControlError(f"{name} {refusal}")
 
 
 # --------------------------------------------------------------------------- the log as every reader resolves it
@@ -187,18 +215,22 @@ class ControlClient:
         """The latest announcement of every worker that announced on the control topic, in log order."""
         return list((await self.read()).workers.values())
 
-    async def publish(self, artifact: Artifact) -> ControlRecord:
+    async def publish(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
+                      statistics: dict[str, float] | None = None) -> ControlRecord:
         """Publish ``artifact`` as the next version of its kind; returns the delivered record.
 
+        The record carries the audit trail: ``actor`` (default :func:`default_actor`), ``reason`` and
+        ``statistics`` (names to finite numbers: the figures that decided the publish).
         Compare-and-set through the log order: propose the next version, write, read back to the
         written record; if an earlier record took the version, withdraw ours (a tombstone under its
         key, so compaction removes it) and try the next one.
         """
+        audit = _audit(actor, reason, statistics)
         async with self._reader() as reader, self._producer() as producer:
             control = ControlLog()
             await reader.read_to_end(control)
             for _ in range(PUBLISH_ATTEMPTS):
-                record = self._publish_record(artifact, control.ledger.next_version(artifact.kind))
+                record = self._publish_record(artifact, control.ledger.next_version(artifact.kind), audit)
                 key, value = self._encoded(record)
                 offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
                 await reader.read_through(control, offset)
@@ -216,12 +248,16 @@ class ControlClient:
         raise ControlError(f"could not publish {artifact.kind}: {PUBLISH_ATTEMPTS} versions in a row were taken by "
                            f"other publishers on {self.topic}")
 
-    async def rollback(self, kind: str, version: int | None = None) -> ControlRecord:
+    async def rollback(self, kind: str, version: int | None = None, actor: str | None = None,
+                       reason: str | None = None) -> ControlRecord:
         """Re-activate ``version`` of ``kind`` (default: the one active before the current one); returns the record.
+
+        ``actor`` (default :func:`default_actor`) and ``reason`` go into the record (the audit trail).
 
         Only a version in the history can be named; anything the workers' version rule would
         refuse is refused here, before anything is written.
         """
+        audit = _audit(actor, reason, None)
         control = await self.read()
         stacks = _activation_stacks(control.history())
         if kind not in stacks:
@@ -233,7 +269,7 @@ class ControlClient:
         if cannot is not None:
             raise ControlError(f"cannot roll back to {kind} version {target.version}: {cannot}")
         record = ControlRecord(kind=kind, version=target.version, sha256=target.sha256, action="rollback",
-                               blob_b64=target.blob_b64, path=target.path, published_at=time.time())
+                               blob_b64=target.blob_b64, path=target.path, published_at=time.time(), **audit)
         refusal = control.ledger.admit(record, control.next_offset)  # the workers' rule, applied before writing
         if refusal is not None:
             raise ControlError(f"refusing to roll back: {refusal}")
@@ -289,13 +325,15 @@ class ControlClient:
         """Blocking :meth:`workers`."""
         return asyncio.run(self.workers())
 
-    def publish_sync(self, artifact: Artifact) -> ControlRecord:
+    def publish_sync(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
+                     statistics: dict[str, float] | None = None) -> ControlRecord:
         """Blocking :meth:`publish`."""
-        return asyncio.run(self.publish(artifact))
+        return asyncio.run(self.publish(artifact, actor, reason, statistics))
 
-    def rollback_sync(self, kind: str, version: int | None = None) -> ControlRecord:
+    def rollback_sync(self, kind: str, version: int | None = None, actor: str | None = None,
+                      reason: str | None = None) -> ControlRecord:
         """Blocking :meth:`rollback`."""
-        return asyncio.run(self.rollback(kind, version))
+        return asyncio.run(self.rollback(kind, version, actor, reason))
 
     def listing_sync(self) -> list[dict]:
         """Blocking :meth:`listing`."""
@@ -360,7 +398,7 @@ class ControlClient:
         async with self._producer() as producer:
             await producer.send_and_wait(self.topic, value, key=key, partition=0)
 
-    def _publish_record(self, artifact: Artifact, version: int) -> ControlRecord:
+    def _publish_record(self, artifact: Artifact, version: int, audit: dict) -> ControlRecord:
         artifact = artifacts.with_version(artifact, version)
         path = self.store.put(artifact)
         blob = artifacts.encode(artifact)
@@ -373,6 +411,7 @@ class ControlClient:
             blob_b64=base64.b64encode(blob).decode("ascii") if inline else None,
             path=None if inline else str(path.resolve()),
             published_at=time.time(),
+            **audit,
         )
 
     def _rollback_target(self, control: ControlLog, stack: list[ControlRecord], kind: str,
@@ -455,6 +494,13 @@ def check_fits(artifact: Artifact, schema: PipelineSchema, pipeline: str) -> Non
     except IncompatibleArtifact as exc:
         raise IncompatibleArtifact(f"the {artifact.kind} does not fit the pipeline {pipeline}: {exc}; every worker "
                                    "would refuse it at load (--force publishes it anyway)") from None
+
+
+def _audit(actor: str | None, reason: str | None, statistics: dict | None) -> dict:
+    """The audit fields of a record to write, checked by the readers' own rules (refused here, never on the topic)."""
+    actor = default_actor() if actor is None else actor
+    check_audit(actor, reason)
+    return {"actor": actor, "reason": reason, "statistics": parse_statistics(statistics)}
 
 
 def _activation_stacks(history: list[ControlRecord]) -> dict[str, list[ControlRecord]]:

@@ -22,6 +22,11 @@ publish again under the next version if an earlier record took theirs (a compare
 the log order; see the client). The registry of every worker and the client's history and listing
 share the one ledger, so they agree by construction.
 
+Audit trail. A record may say who acted (``actor``), why (``reason``) and the figures at that moment
+(``statistics``, names to finite numbers); bounded (:data:`MAX_ACTOR`, :data:`MAX_REASON`,
+:data:`MAX_STATISTICS`), and a record whose audit fields are out of bounds is refused like any other
+invalid record. They are optional: a record without them is encoded, keyed and read as before.
+
 Besides artifact records the topic carries notices (see :func:`read_message`): events (a re-embed
 after a swap), worker announcements (what one worker serves, keyed per worker so compaction keeps
 the latest) and tombstones (a publisher withdrawing the record that lost a version, so compaction
@@ -44,6 +49,12 @@ from dataclasses import dataclass
 from fairstream.streams.schemas import ControlRecord
 
 ACTIONS = ("publish", "rollback")
+AUDIT_FIELDS = ("actor", "reason", "statistics")
+"""The audit trail's fields of a record (who, why, the figures at that moment); optional, bounded."""
+MAX_ACTOR, MAX_REASON = 200, 1000
+"""The most characters of an actor and of a reason."""
+MAX_STATISTICS, MAX_STATISTIC_NAME = 64, 100
+"""The most statistics one record carries, and the most characters of a statistic's name."""
 MAX_VERSION = 2**53 - 1
 """The highest version: every JSON reader (JavaScript's numbers included) reads versions up to it exactly."""
 _LATEST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: any later "published_at" is not a time
@@ -70,8 +81,13 @@ def shown(value) -> str:
 
 
 def encode_control(record: ControlRecord) -> bytes:
-    """The control message value: JSON of the record's fields."""
-    return json.dumps(record.asdict(), sort_keys=True, allow_nan=False).encode("utf-8")
+    """The control message value: JSON of the record's fields.
+
+    An audit field left None is left out, so a record without them is encoded (and keyed) as it was
+    before they existed.
+    """
+    fields = {name: value for name, value in record.asdict().items() if value is not None or name not in AUDIT_FIELDS}
+    return json.dumps(fields, sort_keys=True, allow_nan=False).encode("utf-8")
 
 
 def control_key(record: ControlRecord, value: bytes) -> bytes:
@@ -430,6 +446,9 @@ def _record(data: dict) -> ControlRecord:
         blob_b64=_optional(data, "blob_b64", str),
         path=_optional(data, "path", str),
         published_at=_published_at(data.get("published_at")),
+        actor=_bounded_text(data, "actor", MAX_ACTOR),
+        reason=_bounded_text(data, "reason", MAX_REASON),
+        statistics=parse_statistics(data.get("statistics")),
     )
 
 
@@ -477,6 +496,66 @@ def _published_at(value) -> float | None:
         raise ControlError(f"control record published_at must be seconds since 1970 (up to the year 9999), got "
                            f"{shown(value)}")
     return value
+
+
+def audit_text_refusal(value, longest: int) -> str | None:
+    """Why ``value`` cannot be an actor or a reason of at most ``longest`` characters, or None if it can.
+
+    >>> audit_text_refusal("alice", 200) is None, audit_text_refusal(" ", 200), audit_text_refusal("x" * 201, 200)
+    (True, 'must not be empty', 'must be at most 200 characters, got 201')
+    """
+    if not isinstance(value, str):
+        return f"must be a string, got {shown(value)}"
+    if not value.strip():
+        return "must not be empty"
+    if len(value) > longest:
+        return f"must be at most {longest} characters, got {len(value)}"
+    return None
+
+
+def _bounded_text(data: dict, name: str, longest: int) -> str | None:
+    """An optional audit text: None, or a non-blank string of at most ``longest`` characters."""
+    value = data.get(name)
+    refusal = None if value is None else audit_text_refusal(value, longest)
+    if refusal is not None:
+        raise ControlError(f"control record field {name!r} {refusal}")
+    return value
+
+
+def parse_statistics(value) -> dict[str, float] | None:
+    """The optional figures of the audit trail: a flat JSON object of names to finite numbers, bounded.
+
+    >>> parse_statistics({"E": 0.5, "current": 1})
+    {'E': 0.5, 'current': 1.0}
+    >>> try:
+    ...     parse_statistics({"E": [0.5]})
+    ... except ControlError as exc:
+    ...     print(exc)
+    control record statistic 'E' must be a finite number, got [0.5]
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > MAX_STATISTICS:
+        raise ControlError(f"control record field 'statistics' must be an object of at most {MAX_STATISTICS} "
+                           f"names to numbers, got {shown(value)}")
+    figures = {}
+    for name, number in value.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_STATISTIC_NAME:
+            raise ControlError(f"control record statistic names must be 1 to {MAX_STATISTIC_NAME} characters, got "
+                               f"{shown(name)}")
+        if not _is_finite_number(number):
+            raise ControlError(f"control record statistic {shown(name)} must be a finite number, got {shown(number)}")
+        figures[name] = float(number)
+    return figures
+
+
+def _is_finite_number(value) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _check_one_transport(data: dict) -> None:

@@ -10,6 +10,7 @@ when, and the monitored statistic over time (for the demo's plot and for the end
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 import time
 import urllib.request
@@ -158,14 +159,16 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
     control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
     trained = capabilities(job.kind)
     scorer_first = trained.needs_labels and "score" not in trained.writes  # trained through the scorer's scores
+    demo = dict(actor=f"demo@{socket.gethostname()}", reason="the demo's initial scorer")
     if scorer_first:
-        control.publish_sync(balanced_scorer(research, list(config.features)).to_artifact())
+        control.publish_sync(balanced_scorer(research, list(config.features)).to_artifact(), **demo)
     replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
     outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
     if not outcome.published:
         raise RuntimeError(f"the initial {job.kind} was not published: {outcome.reason}")
     if not scorer_first:
-        control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact())
+        control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact(),
+                             **demo)
 
 
 def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,

@@ -141,7 +141,7 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
                 else:
                     run_every(job, source, args.every, stop, on_outcome=lambda o: print(format_outcome(o), flush=True))
             return 0
-        outcome = job.run_once(source)
+        outcome = job.run_once(source, trigger="command")
         print(format_outcome(outcome))
     return 0 if outcome.published or outcome.candidate_value is not None else 1
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 
 import logging
+import math
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
@@ -117,8 +119,12 @@ class RefitJob:
 
     # ------------------------------------------------------------------ the run
 
-    def run_once(self, source: Source) -> RefitOutcome:
-        """Read the window, fit, validate, and publish if the candidate passes; never raises on a refusal."""
+    def run_once(self, source: Source, trigger: str | None = None) -> RefitOutcome:
+        """Read the window, fit, validate, and publish if the candidate passes; never raises on a refusal.
+
+        ``trigger`` says what started the run (a request's reason, "schedule", "command"): the audit
+        trail's reason for the publish.
+        """
         started = time.monotonic()
         window = resolve_source(source).in_key_order()
         try:
@@ -155,7 +161,7 @@ class RefitJob:
             reason = (f"the candidate is identical to the active {self.kind} v{current.version} (payload sha256 "
                       f"{artifact.sha256[:12]}); nothing to publish")
             return self._finish(started, published=False, reason=reason, **base)
-        record = self.control.publish_sync(artifact)
+        record = self.control.publish_sync(artifact, **_audit(trigger, score, current_score))
         reason = self._publish_reason(record.version, score, current_score, current, unusable, len(held))
         return self._finish(started, published=True, reason=reason, version=record.version, sha256=record.sha256,
                             **base)
@@ -242,6 +248,18 @@ class RefitJob:
         outcome = RefitOutcome(kind=self.kind, seconds=time.monotonic() - started, **fields)
         log.info("re-fit of %s: %s", self.kind, outcome.reason)
         return outcome
+
+
+def _audit(trigger: str | None, score: Validation, current_score: Validation | None) -> dict:
+    """Who publishes a re-fit (the service under its own name), why, and the compared figures (finite ones)."""
+    from fairstream.streams.control.records import MAX_ACTOR, MAX_REASON
+
+    figures = {score.name: score.value}
+    if current_score is not None:
+        figures[f"current {current_score.name}"] = current_score.value
+    reason = " ".join((trigger or "re-fit").split()) or "re-fit"
+    return {"actor": f"refit@{socket.gethostname()}"[:MAX_ACTOR], "reason": reason[:MAX_REASON],
+            "statistics": {name: float(value) for name, value in figures.items() if math.isfinite(value)}}
 
 
 def format_outcome(outcome: RefitOutcome) -> str:

@@ -29,7 +29,7 @@ def run_every(job: RefitJob, source: Source, every_seconds: float, stop_event: t
     start, runs = time.monotonic(), 0
     while not stop_event.is_set() and (max_runs is None or runs < max_runs):
         try:
-            outcome = job.run_once(source)
+            outcome = job.run_once(source, trigger="schedule")
         except Exception:
             log.exception("scheduled re-fit of %s failed; next attempt in at most %.0fs", job.kind, every_seconds)
         else:

@@ -288,7 +288,8 @@ class RefitService:
         ids = [request.request_id for request in answered]
         self.refit_started.append(time.monotonic())
         try:
-            outcome = self.job.run_once(self.source)
+            trigger = "; ".join(dict.fromkeys(request.reason for request in answered))  # the audit trail's reason
+            outcome = self.job.run_once(self.source, trigger=trigger or None)
         except Exception as exc:
             # Keep the requests (uncommitted): the next attempt comes after the min interval,
             # not in a tight loop against a broker that is down.

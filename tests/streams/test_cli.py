@@ -19,6 +19,8 @@ from fairstream.repair.distributional import DistributionalRepair
 from fairstream.streams import cli
 from fairstream.streams.cli import build_parser, main
 from fairstream.streams.config import adult_config
+from fairstream.streams.control.client import ControlClient, default_actor
+from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.ops.broker import (
     BrokerState,
     EmbeddedBroker,
@@ -267,6 +269,51 @@ def test_artifacts_list_shows_which_workers_serve_each_version(broker, tmp_path,
         worker.stop()
     rows, out = listing(broker.url, toml, capsys)
     assert rows[2] == ("*", "") and f"  {name}  stopped  (announced " in out  # a clean stop says it left
+
+
+@pytest.mark.integration
+def test_artifacts_history_shows_who_published_and_rolled_back_and_why(broker, tmp_path, capsys):
+    toml, config = pipeline_toml(tmp_path, "cli-history")
+    common = ["--broker", broker.url, "--config", str(toml)]
+    plans = [artifacts.save(tiny_plan(["age", "hours-per-week"], seed).to_artifact(), tmp_path / f"plan-{seed}.json")
+             for seed in (1, 2, 3)]
+    assert run_main(["artifacts", "history", *common], capsys)[:2] == (0, "(no artifact records on "
+                                                                          "cli-history.control)\n")
+    publish = ["artifacts", "publish", *common, "--by", "alice", "--reason", "first plan for the Adult pipeline"]
+    assert run_main([*publish, str(plans[0])], capsys)[0] == 0
+    assert run_main(["artifacts", "publish", *common, str(plans[1])], capsys)[0] == 0  # nobody named: user@host
+    rollback = ["artifacts", "rollback", "plan", *common, "--by", "bob", "--reason", "v2 widened the gap"]
+    assert run_main(rollback, capsys)[0] == 0
+    figures = {"E": 0.0123456, "current E": 0.2}  # a service's publish, with the figures that decided it
+    ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(
+        artifacts.load(plans[2]), actor="refit@host", reason="schedule", statistics=figures)
+    code, out, err = run_main(["artifacts", "history", *common], capsys)
+    assert code == 0 and err == "" and len(out.splitlines()) == 4
+    fields = [re.split(r"\s{2,}", line) for line in out.splitlines()]
+    assert [row[1:] for row in fields] == [["plan", "v1", "publish", "alice", "first plan for the Adult pipeline"],
+                                           ["plan", "v2", "publish", default_actor(), "-"],
+                                           ["plan", "v1", "rollback", "bob", "v2 widened the gap"],
+                                           ["plan", "v3", "publish", "refit@host", "schedule",
+                                            "E=0.01235, current E=0.2"]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row[0]) for row in fields)
+    code, out, _ = run_main(["artifacts", "history", *common, "--kind", "plan", "--json"], capsys)
+    entries = [json.loads(line) for line in out.splitlines()]
+    assert [(e["version"], e["action"], e["actor"], e["reason"]) for e in entries] == [
+        (1, "publish", "alice", "first plan for the Adult pipeline"), (2, "publish", default_actor(), None),
+        (1, "rollback", "bob", "v2 widened the gap"), (3, "publish", "refit@host", "schedule")]
+    assert [e["statistics"] for e in entries] == [{}, {}, {}, figures]
+    assert run_main(["artifacts", "history", *common, "--kind", "flow", "--json"], capsys)[:2] == (0, "")
+
+
+@pytest.mark.parametrize("option, value, message", [("--by", "", "--by must not be empty"),
+                                                    ("--by", "x" * 201, "--by must be at most 200 characters, got 201"),
+                                                    ("--reason", " ", "--reason must not be empty"),
+                                                    ("--reason", "r" * 1001,
+                                                     "--reason must be at most 1000 characters, got 1001")])
+def test_who_and_why_are_refused_in_one_line_before_anything_starts(option, value, message, tmp_path, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-audit")
+    command = ["artifacts", "rollback", "plan", "--broker", UNREACHABLE, "--config", str(toml), option, value]
+    assert run_main(command, capsys) == (1, "", f"fairstream artifacts: error: {message}\n")
 
 
 def test_replay_sends_at_most_limit_records_bad_ones_included(broker, tmp_path, capsys):

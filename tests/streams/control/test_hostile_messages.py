@@ -4,8 +4,10 @@ refuse what they cannot take (logged, counted) and go on serving the previous ve
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import math
 import uuid
 from types import SimpleNamespace
 
@@ -65,7 +67,34 @@ def hostile_messages(sha: str) -> dict[str, tuple[bytes | None, bytes]]:
         "published in the year 1e308": (b"x", publish(published_at=1e308)),
         "published at NaN": (b"x", publish().replace(b'"path"', b'"published_at": NaN, "path"')),
         "a kind with a slash": (b"x", publish(kind="plan/2")),
+        **{f"an audit trail with {name}": under_its_key(publish(**field)) for name, field in BAD_AUDIT.items()},
+        "a 400-digit statistic": under_its_key(publish(statistics={"E": 1}).replace(b'"E": 1', b'"E": ' + b"9" * 400)),
     }
+
+
+BAD_AUDIT = {
+    "an empty actor": {"actor": ""},
+    "a blank actor": {"actor": "   "},
+    "a 201-character actor": {"actor": "a" * 201},
+    "a numeric actor": {"actor": 7},
+    "a 1,001-character reason": {"reason": "r" * 1001},
+    "a list of a reason": {"reason": ["why"]},
+    "statistics as a list": {"statistics": [1.0]},
+    "65 statistics": {"statistics": {f"s{i}": 1.0 for i in range(65)}},
+    "a 101-character statistic name": {"statistics": {"n" * 101: 1.0}},
+    "an empty statistic name": {"statistics": {"": 1.0}},
+    "a NaN statistic": {"statistics": {"E": math.nan}},
+    "an infinite statistic": {"statistics": {"E": math.inf}},
+    "a text statistic": {"statistics": {"E": "0.1"}},
+    "a true statistic": {"statistics": {"E": True}},
+    "nested statistics": {"statistics": {"E": {"after": 0.1}}},
+}
+"""Audit fields (who, why, the figures) no reader takes: each makes the whole record refused."""
+
+
+def under_its_key(value: bytes) -> tuple[bytes, bytes]:
+    """(the control key a valid record of this value would have, the value): only the value can be refused."""
+    return f"plan/2/publish/{hashlib.sha256(value).hexdigest()[:16]}".encode(), value
 
 
 @pytest.fixture(scope="module")

@@ -339,6 +339,9 @@ def test_requests_are_deduplicated_coalesced_and_rate_limited(broker, config, wi
         assert [d.request_id for d in first["duplicate"]] == [burst[0].request_id]
         assert len(first["ignored"]) == 1 and len(first["invalid"]) == 1
         assert all(b - a >= min_interval for a, b in zip(service.refit_started, list(service.refit_started)[1:]))
+        # the audit trail: the service publishes under its own name, for the reasons of the requests it answered
+        published = control_history(broker, config)[0]
+        assert published.actor.startswith("refit@") and published.reason.startswith("drift #")
 
         late = [request_refit(broker.bootstrap, config, f"late drift #{i}") for i in range(2)]
         more = service.process_pending(timeout=120)
@@ -373,7 +376,8 @@ def test_refit_command_publishes_from_a_file(broker, config, windows, tmp_path, 
 
     printed = capsys.readouterr().out
     assert "re-fit of plan: published plan v1" in printed and f"{holdout_size(windows['first'], 0.25)} held out" in printed
-    assert [r.version for r in control_history(broker, config)] == [1]
+    (record,) = control_history(broker, config)
+    assert record.version == 1 and record.actor.startswith("refit@") and record.reason == "command"
 
 
 def test_a_refit_that_could_not_train_a_candidate_exits_non_zero_with_its_reason(broker, config, tmp_path, capsys):
