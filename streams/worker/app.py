@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
 NOTICE_SECONDS = 10.0  # a notice (re-embed event, re-fit request) not acknowledged within this is sent again later
 HELD_LOG_SECONDS = 30.0  # while an input is held for a missing artifact: say why this often
+EXPORT_SECONDS = 1.0  # the monitors' gauges are exported at most once a second, and at least once after a lull
 
 
 class _Boot(BootStrategy):
@@ -168,6 +169,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     worker = WorkerHooks(config, bootstrap, app_id, refit_source=f"monitor@{app.conf.id}")
     app.task(worker.follow_control)
     app.task(worker.send_reembed_notices)
+    app.task(worker.export_trailing)
     # For tests and the CLI (its status line reads the registry):
     app.fairstream_metrics, app.fairstream_registry = worker.metrics, worker.registry
     app.fairstream_monitor, app.fairstream_verification = worker.monitor, worker.verification
@@ -215,8 +217,12 @@ class WorkerHooks:
         self.refit_kind, self.refit_source = config.refit_kind, refit_source
         self.pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
         self.held_logs = Throttle(HELD_LOG_SECONDS)  # per kind: why its input is held, loud but not a flood
-        self.fairness_exports = Throttle(1.0)  # gauges are scraped every few seconds at most
-        self.verification_exports = Throttle(1.0)
+        self.fairness_exports = Throttle(EXPORT_SECONDS)  # gauges are scraped every few seconds at most
+        self.verification_exports = Throttle(EXPORT_SECONDS)
+        # Monitors observed since their last (throttled) export, exported by `export_trailing`; the lock keeps that
+        # task off a monitor while a consumer's thread observes a batch with it.
+        self.unexported: set[str] = set()
+        self.export_lock = threading.Lock()
         # Created at 0 so that Prometheus' increase() sees the first drift event and monitor error as increases.
         for statistic in config.monitor.statistics:
             self.metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
@@ -267,6 +273,26 @@ class WorkerHooks:
 
         await follow_control(self.registry, self.bootstrap, self.topics.control, ready=self.ready,
                              worker=WorkerIdentity.of(self.app_id, self.config))
+
+    async def export_trailing(self) -> None:
+        """Every second, the statistics of batches observed since the last export: exports are throttled to one a
+        second after a batch, so without this the last batches before a lull would not reach /metrics (the gauges
+        would show the window as it was a second before the traffic stopped, for as long as it stays stopped)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(EXPORT_SECONDS)
+            if self.unexported:
+                await loop.run_in_executor(None, self.export_unexported)
+
+    def export_unexported(self) -> None:
+        """Export the monitors observed since their last export (a monitor that cannot measure exports nothing)."""
+        exports = {"fairness": lambda: self.monitor.refused is None and export_fairness(self.monitor, self.metrics),
+                   "verification": lambda: export_verification(self.verification, self.metrics)}
+        with self.export_lock:
+            for name in sorted(self.unexported):
+                with observing(name, self.metrics):
+                    exports[name]()
+            self.unexported.clear()
 
     async def send_reembed_notices(self) -> None:
         """After a live swap of the embedding module: tell users that stored templates must be re-embedded."""
@@ -319,7 +345,7 @@ class WorkerHooks:
         """A record batch was delivered to records.repaired: the fairness monitor observes it, drift asks a re-fit."""
         if outcome.monitor_batch is not None:
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
-            with observing("fairness", self.metrics):
+            with self.export_lock, observing("fairness", self.metrics):
                 events = self.monitor.observe_batch(outcome.monitor_batch, *chain)
                 self.pending_refits.extend(map(self.refit_request, events))
                 if self.monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
@@ -327,6 +353,9 @@ class WorkerHooks:
                     self.metrics.clear_fairness()
                 elif self.fairness_exports.due():
                     export_fairness(self.monitor, self.metrics)
+                    self.unexported.discard("fairness")
+                else:
+                    self.unexported.add("fairness")
             self.metrics.monitor_cpu.inc(time.thread_time() - started)
         self.send_refit_requests()
 
@@ -336,10 +365,13 @@ class WorkerHooks:
             return
         started = time.thread_time()
         vectors, identities, groups, ids = outcome.labelled
-        with observing("verification", self.metrics):
+        with self.export_lock, observing("verification", self.metrics):
             self.verification.observe(vectors, list(identities), list(groups), list(ids), outcome.version)
             if self.verification_exports.due():
                 export_verification(self.verification, self.metrics)
+                self.unexported.discard("verification")
+            else:
+                self.unexported.add("verification")
         self.metrics.monitor_cpu.inc(time.thread_time() - started)
 
     def refit_request(self, event: DriftEvent) -> tuple[RefitRequest, str]:

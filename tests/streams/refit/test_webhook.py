@@ -450,7 +450,7 @@ class CountingJob:
     def __init__(self):
         self.runs = 0
 
-    def run_once(self, source):
+    def run_once(self, source, trigger=None):
         self.runs += 1
         return SimpleNamespace(reason=f"re-fit {self.runs}")
 
