@@ -4,6 +4,7 @@ The monitor counts a statistic as unfair above ``monitor.threshold`` (per statis
 embeddings above ``agents.embeddings.bfar_threshold``; Prometheus must page at the same values. Each
 statistic is read from its family (:data:`~fairstream.streams.worker.metrics.FAIRNESS_FAMILIES`), in
 which higher is always worse (``dp_ratio`` is exported as 1 - ratio), so every rule is ``> threshold``;
+each reads the serving chain only (``role="active"``: a pending candidate measured in shadow never pages),
 each aggregates ``by (pipeline, ...)`` and names its section of docs/runbook.md (``runbook_url``).
 So those rules are not written by hand: ``fairstream alerts --config PIPELINE --write
 deploy/prometheus/alerts.yml`` renders them between two marker lines of the rules file (the
@@ -37,10 +38,11 @@ def runbook_url(alertname: str) -> str:
 _GAP_RULE = """\
       - alert: FairstreamFairnessGapHigh
         # {statistic} after the record chain, from {family} (0 is fair, higher is worse): the worst value
-        # over the pipeline's workers, count window, all-features / all-group-pairs row, per stratum.
+        # over the pipeline's workers, count window, all-features / all-group-pairs row, per stratum; the
+        # chain that serves only (role="active"): a candidate measured in shadow never pages.
         expr: |
           max by (pipeline, statistic, stratum, feature) (
-            {family}{{stage="after", statistic="{statistic}", window="count", feature="all", group_pair="all"}}
+            {family}{{stage="after", statistic="{statistic}", role="active", window="count", feature="all", group_pair="all"}}
           ) > {threshold}
         for: {for_}
         labels:

@@ -8,7 +8,9 @@ call site names it, and two apps of different pipelines in one process export se
 ``pipeline`` label, so the worker-down rule takes it from there.
 
 Other labels are bounded: ``agent`` (records, embeddings), ``kind`` (artifact kinds), and for
-fairness statistics ``statistic``, ``stage`` (before/after repair; ``label`` for the labels'
+fairness statistics ``role`` (right after ``pipeline``: ``active``, the chain that serves, or ``candidate``, a
+pending candidate chain measured in shadow on the same batches; alerts read ``role="active"`` only),
+``statistic``, ``stage`` (before/after repair; ``label`` for the labels'
 rates), ``stratum`` (configured strata and "all"), ``feature`` (configured features and "all"),
 ``group_pair`` (pairs of configured groups and "all") and ``window`` (count, time). Record ids or
 values never become labels.
@@ -29,6 +31,9 @@ compare:
   fair ones (score units, >= 0);
 - ``fairstream_out_of_range_ratio``: ``out_of_range_rate``, the share of records with a value outside
   the plan's range (0..1).
+
+``fairstream_candidate_version`` (labels ``kind``) is the version of the pending candidate of a kind this worker
+shadows; it is absent while the kind has none (as ``fairstream_artifact_version`` is the version that serves).
 
 Verification rates of the embeddings stream (``fairstream_verification``) are labelled ``rate`` and
 ``group``.
@@ -73,6 +78,9 @@ RECORD_LATENCY = Histogram("fairstream_record_latency_seconds",
                            _labels("agent"), buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact in use (absent: none loaded)",
                          _labels("kind"))
+CANDIDATE_VERSION = Gauge("fairstream_candidate_version",
+                          "Version of the pending candidate measured in shadow (absent: no candidate of the kind)",
+                          _labels("kind"))
 ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)",
                            _labels("kind"))
 INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
@@ -80,7 +88,9 @@ INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: a
 CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed",
                      _labels("agent"))
 
-_FAIRNESS_LABELS = _labels("statistic", "stage", "stratum", "feature", "group_pair", "window")
+ROLES = ("active", "candidate")
+"""The ``role`` label of the fairness families: the chain that serves, or a pending candidate measured in shadow."""
+_FAIRNESS_LABELS = _labels("role", "statistic", "stage", "stratum", "feature", "group_pair", "window")
 _OVER_WINDOW = "over the monitor's sliding window; 0 is fair, higher is worse"
 FAIRNESS_DEPENDENCE = Gauge("fairstream_fairness_dependence",
                             f"Dependence E between group and features (unitless) {_OVER_WINDOW}", _FAIRNESS_LABELS)
@@ -165,10 +175,20 @@ class Bound:
             self._made.add(key)
         return self.family.labels(*key)
 
-    def clear(self) -> None:
-        """Remove every series of this pipeline in the family (a stale value must not outlive its cause)."""
+    def remove(self, *values) -> None:
+        """Remove the series of these label values (after ``pipeline``), if it exists (e.g. a candidate that left)."""
+        key = (self.pipeline, *map(str, values))
         with self._lock:
-            made, self._made = self._made, set()
+            self._made.discard(key)
+        with contextlib.suppress(KeyError):
+            self.family.remove(*key)
+
+    def clear(self, first: str | None = None) -> None:
+        """Remove every series of this pipeline in the family (a stale value must not outlive its cause), or only
+        those whose first label after ``pipeline`` is ``first``."""
+        with self._lock:
+            made = {key for key in self._made if first is None or key[1] == first}
+            self._made -= made
         for key in made:
             with contextlib.suppress(KeyError):  # another view of the same pipeline removed it
                 self.family.remove(*key)
@@ -189,6 +209,7 @@ class PipelineMetrics:
         self.batch_seconds = Bound(BATCH_SECONDS, pipeline)
         self.record_latency = Bound(RECORD_LATENCY, pipeline)
         self.artifact_version = Bound(ARTIFACT_VERSION, pipeline)
+        self.candidate_version = Bound(CANDIDATE_VERSION, pipeline)
         self.artifact_refused = Bound(ARTIFACT_REFUSED, pipeline)
         self.input_held = Bound(INPUT_HELD, pipeline)
         self.consumer_lag = Bound(CONSUMER_LAG, pipeline)
@@ -204,15 +225,24 @@ class PipelineMetrics:
         self._fairness = {statistic: Bound(gauge, pipeline) for statistic, gauge in _FAIRNESS_GAUGES.items()}
 
     def set_fairness(self, statistic: str, stage: str, stratum: str, feature: str, group_pair: str, window: str,
-                     value: float) -> None:
-        """Export one monitor row in its statistic's family (dp_ratio as 1 - ratio: see :func:`exported_value`)."""
-        self._fairness[statistic].labels(statistic, stage, stratum, feature, group_pair, window).set(
+                     value: float, role: str = "active") -> None:
+        """Export one monitor row of the ``role`` chain in its statistic's family (dp_ratio as 1 - ratio: see
+        :func:`exported_value`)."""
+        self._fairness[statistic].labels(_role(role), statistic, stage, stratum, feature, group_pair, window).set(
             exported_value(statistic, value))
 
-    def clear_fairness(self) -> None:
-        """Remove this pipeline's fairness statistics (a new chain version, or one that cannot be measured)."""
+    def clear_fairness(self, role: str | None = None) -> None:
+        """Remove this pipeline's fairness statistics of ``role`` (None: both), e.g. for a new chain version, one
+        that cannot be measured, or a candidate that left."""
+        role = None if role is None else _role(role)
         for bound in self._fairness.values():
-            bound.clear()
+            bound.clear(role)
+
+
+def _role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    return role
 
 
 class MetricsPortError(RuntimeError):

@@ -73,6 +73,17 @@ def test_the_threshold_rules_are_those_of_the_deployed_pipeline_config():
         assert f") > {threshold:g}\n" in text
 
 
+def test_every_fairness_rule_reads_the_serving_chain_only():
+    """A candidate measured in shadow (role="candidate") never pages: every selector of a fairness family in the
+    rules matches role="active" (alerts_test.yml proves it with promtool)."""
+    families = set(metrics.FAIRNESS_FAMILIES.values())
+    selectors = [(name, body) for expr in rule_exprs(ALERTS_YML.read_text())
+                 for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr) if name in families]
+    assert len(selectors) == len(PipelineConfig.from_toml(DEFAULT_CONFIG).monitor.thresholds)
+    assert all('role="active"' in body for _, body in selectors), selectors
+    assert 'role="candidate"' in ALERTS_TEST_YML.read_text()
+
+
 def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
     config = PipelineConfig.from_toml(DEFAULT_CONFIG)
     stricter = config.with_monitor(threshold={**config.monitor.thresholds, "mdp": 0.05})
