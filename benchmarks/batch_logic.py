@@ -11,11 +11,17 @@ fits it. Printed, in microseconds of this thread's CPU per record (median over t
 - two contestants on the same bytes: a per-record reference codec (``json.loads``, a Python loop over
   the fields, ``json.dumps``; the same plan), and the floor (msgspec's bare typed decode of every value
   and encode of every decoded record, nothing else). For scale: the codec before issue 19 (a typed
-  decode, then Python per record and per field) took 14.4 us a record in the issue's profile.
+  decode, then Python per record and per field) took 14.4 us a record in the issue's profile;
+- the shadow cost (issue 22): a worker's CPU per batch on its consumer thread, ``process`` and the fairness
+  monitor's ``observe_batch``, without a candidate and with a pending candidate plan in shadow (the candidate
+  chain applied beside the active one, its own monitor and the ``ShadowComparison``), for the chain plan and
+  plan + scorer; records/s with a candidate as a ratio of records/s without (the gauge exports, once a second,
+  are left out of both).
 
     .venv/bin/python benchmarks/batch_logic.py [--batches 30] [--profile]
 
-Target (issue 19): the batch logic, plan only, <= 5 us a record (14.4 before).
+Targets: the batch logic, plan only, <= 5 us a record (issue 19; 14.4 before); with a shadow candidate, >= 0.6x
+the records/s without one (issue 22).
 """
 
 from __future__ import annotations
@@ -33,14 +39,18 @@ import msgspec
 import numpy as np
 
 from adult_chain import adult_chain
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
 from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec import decode_records, encode_repaired, provenance
-from fairstream.streams.config import PipelineConfig, adult_config
+from fairstream.streams.config import AgentConfig, PipelineConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+from fairstream.streams.worker.monitor import FairnessMonitor, ShadowComparison
+from fairstream.streams.worker.processing import RecordRepairer, Served, SimpleMessage
 
 TARGET_US = 5.0
+SHADOW_TARGET = 0.6  # records/s with a candidate in shadow, as a share of records/s without
 BATCH = 1000
 
 
@@ -116,6 +126,34 @@ def floor(config: PipelineConfig):
     return run
 
 
+def candidate_plan() -> Active:
+    """A re-fit plan, as a drift alert would publish it: fitted on another research window (another split)."""
+    research, _ = datasets.load("adult").split(10_000, seed=1)
+    return Active("plan", 2, "2" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
+
+
+def worker_step(config: PipelineConfig, served: Served):
+    """What a worker's consumer thread does with one batch: process it, then the monitors observe what it delivered
+    (with a candidate: the candidate's monitor and the comparison too). Fresh monitors per call of this."""
+    agent, monitor = RecordRepairer(config), FairnessMonitor(config)
+    candidate_monitor, comparison = FairnessMonitor(config), ShadowComparison(config, config.shadow_statistics)
+
+    def step(messages) -> None:
+        outcome = agent.process(messages, served)
+        monitor.observe_batch(outcome.monitor_batch, *served.active)
+        if outcome.candidate_batch is not None:
+            candidate_monitor.observe_batch(outcome.candidate_batch, *served.candidate)
+            comparison.observe(outcome.monitor_batch, served.active, outcome.candidate_batch, served.candidate)
+    return step
+
+
+def shadow_cost(config: PipelineConfig, active: tuple, candidate: tuple, batches) -> tuple[float, float]:
+    """CPU us a record of a worker's batch step without and with ``candidate`` in shadow (medians, same batches)."""
+    without = per_record_us(worker_step(config, Served(active, None)), batches)
+    with_candidate = per_record_us(worker_step(config, Served(active, candidate)), batches)
+    return without, with_candidate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=30)
@@ -152,6 +190,15 @@ def main() -> None:
           f"batch logic is {reference_us / total_us:.1f}x faster")
     print(f"floor (msgspec bare decode + encode, nothing else) {floor_us:6.2f}   "
           f"batch logic is {total_us / floor_us:.1f}x the floor")
+    candidate = candidate_plan()
+    scored_config = adult_config(records=AgentConfig(artifact=("plan", "scorer")))
+    print("shadow cost: a worker's batch step (process + fairness monitor), CPU us/record without and with a "
+          "candidate plan in shadow:")
+    for name, chain_config, active in (("plan", config, (plan,)), ("plan + scorer", scored_config, (plan, scorer))):
+        without, shadowed = shadow_cost(chain_config, active, (candidate, *active[1:]), batches)
+        ratio = without / shadowed  # records/s with a candidate over records/s without
+        print(f"  chain {name:<14} without {without:6.2f}   with candidate {shadowed:6.2f}   records/s ratio "
+              f"{ratio:.2f}x   target >= {SHADOW_TARGET}x: {'met' if ratio >= SHADOW_TARGET else 'MISSED'}")
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -11,7 +11,11 @@ meanwhile):
     the physical ceiling of this machine and broker lies;
 (c) the repair worker: real ``fairstream worker`` processes in one group, 1, 2 and 3 of them,
     applying a ``plan``; then one worker on the chains ``plan`` + ``scorer`` and ``flow`` + ``scorer``
-    (the paper's flow architecture: 10 blocks of (20, 20) couplings, numpy in the worker).
+    (the paper's flow architecture: 10 blocks of (20, 20) couplings, numpy in the worker);
+(d) the shadow cost: one plan worker with a candidate plan in shadow (``promotion = "approve"``, so
+    it stays a candidate for the whole run): the worker applies and monitors both plans on every
+    batch, and delivers the serving plan's outputs only. ``--shadow-only`` runs (c)'s one plan worker
+    and (d) alone.
 
 Throughput: outputs are read back only after the contestant has finished (its progress is polled:
 a counter file for the passthroughs, ``/metrics`` for workers), and the rate is taken from the
@@ -365,19 +369,23 @@ class Bench:
     modules: dict  # kind -> the fitted module published for it
     broker_pid: int | None = None  # the embedded broker's process (its RSS in the soak)
 
-    def config(self, prefix: str, chain: tuple = ("plan",)):
+    def config(self, prefix: str, chain: tuple = ("plan",), promotion: str = "auto"):
         config = adult_config(artifact_dir=str(self.run_dir / "artifacts")).with_topics(prefix=prefix,
                                                                                         partitions=PARTITIONS)
         artifact = chain if len(chain) > 1 else chain[0]
-        return replace(config, records=replace(config.records, batch_size=self.args.batch_size, artifact=artifact))
+        return replace(config, promotion=promotion,
+                       records=replace(config.records, batch_size=self.args.batch_size, artifact=artifact))
 
-    async def pipeline(self, prefix: str, preload: int, chain: tuple = ("plan",)):
-        """A pipeline's topics, the chain's modules published, and ``preload`` records on its input."""
-        config = self.config(prefix, chain)
+    async def pipeline(self, prefix: str, preload: int, chain: tuple = ("plan",), shadow: bool = False):
+        """A pipeline's topics, the chain's modules published (and, with ``shadow``, a candidate of its first kind
+        that waits for an approval for the whole run), and ``preload`` records on its input."""
+        config = self.config(prefix, chain, promotion="approve" if shadow else "auto")
         await ensure_topics_async(self.bootstrap, config.topics)
         control = ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
         for kind in chain:  # with a scorer the monitor also tracks the decisions' DP, EOpp (and MDP after a plan)
             await control.publish(self.modules[kind].to_artifact())
+        if shadow:
+            await control.publish(self.modules[f"{chain[0]} candidate"].to_artifact(), candidate=True)
         if preload:
             await produce(self.bootstrap, config.topics.records_in, build_records(self.archive, config, preload, "rec"))
         return config
@@ -405,9 +413,11 @@ class Bench:
         rate = rate_of(outputs)
         return Result(f"raw {client} passthrough", rate, cores_cpu / ((n - 1) / rate))
 
-    async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", chain: tuple = ("plan",)) -> Result:
+    async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", chain: tuple = ("plan",),
+                                 shadow: bool = False, tag: str = "") -> Result:
         n = self.args.records
-        config = await self.pipeline(f"bench{n_workers}{event_loop}{''.join(k[0] for k in chain)}", n, chain)
+        prefix = f"bench{n_workers}{event_loop}{''.join(k[0] for k in chain)}{'-shadow' * shadow}{tag}"
+        config = await self.pipeline(prefix, n, chain, shadow)
         workers = Workers(config, self.bootstrap, self.run_dir, n_workers,
                           env={"FAIRSTREAM_EVENT_LOOP": event_loop}).start()
         try:
@@ -425,7 +435,8 @@ class Bench:
         outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,
                                      self.args.timeout)
         rate = rate_of(outputs)
-        name = f"{' + '.join(chain)} worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})")
+        name = f"{' + '.join(chain)} worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})") + \
+            (" + candidate in shadow" if shadow else "")
         return Result(name, rate, cpu / ((n - 1) / rate), share)
 
     # ------------------------------------------------------------------ latency
@@ -572,9 +583,16 @@ async def run(args, run_dir: Path, bootstrap: str, broker_pid: int | None = None
     # The paper's flow architecture (10 blocks of (20, 20) couplings): applying it costs the same
     # whatever the training, so a short fit will do for a throughput run.
     flow = refit_flow(research.X, research.s, research.y, scorer, columns=["age", "hours-per-week"], n_steps=20)
-    bench = Bench(args, run_dir, bootstrap, archive, {"plan": plan, "scorer": scorer, "flow": flow}, broker_pid)
+    # The candidate in shadow: a plan re-fitted on another research sample, as a re-fit would publish it.
+    other, _ = datasets.load("adult").split(10_000, seed=1)
+    candidate = DistributionalRepair(n_q=250, out_of_range="reject").fit(other.X, other.s, other.u)
+    bench = Bench(args, run_dir, bootstrap, archive, {"plan": plan, "scorer": scorer, "flow": flow,
+                                                      "plan candidate": candidate}, broker_pid)
     if args.soak_minutes:
         await bench.soak()
+        return
+    if args.shadow_only:
+        await shadow_cost(bench)
         return
     raw_topics = await bench.raw_topics("benchraw", args.records)
     print(f"pre-loaded {args.records:,} records on {PARTITIONS} partitions", flush=True)
@@ -591,6 +609,8 @@ async def run(args, run_dir: Path, bootstrap: str, broker_pid: int | None = None
     if args.uvloop:
         results.append(await bench.throughput_workers(1, "uvloop"))
         print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
+    results.append(await bench.throughput_workers(1, shadow=True))
+    print(f"  {results[-1].name}: {results[-1].rate:,.0f} records/s", flush=True)
     results[0].latencies = await bench.latency_raw("aiokafka")
     results[1].latencies = await bench.latency_raw("confluent-kafka")
     single = next((r for r in results if r.name == "plan worker x1"), None)
@@ -613,11 +633,24 @@ def report(args, results: list[Result]) -> None:
     plan = next((r for r in results if r.name == "plan worker x1"), None)
     if plan is not None:
         for r in results:
-            if r.name.endswith("scorer worker x1"):
+            if r.name.endswith("scorer worker x1") or r.name.endswith("in shadow"):
                 print(f"{r.name}: {r.rate / plan.rate:.2f} x the plan alone")
     print("targets: one plan worker >= 0.25 x the librdkafka passthrough (and >= 1.2 x aiokafka); plan + scorer >= "
-          "0.8 x and flow + scorer >= 0.5 x the plan alone; p99 at the offered rate <= 1.5 x the librdkafka "
-          "passthrough's; monitor <= 10% of a worker's CPU with a scorer")
+          "0.8 x and flow + scorer >= 0.5 x the plan alone; with a candidate in shadow >= 0.6 x the plan alone; p99 at "
+          "the offered rate <= 1.5 x the librdkafka passthrough's; monitor <= 10% of a worker's CPU with a scorer")
+
+
+async def shadow_cost(bench: Bench) -> None:
+    """(c)'s one plan worker and (d), alternated twice (the machine's load drifts over a run): records/s as a ratio."""
+    rates = {False: [], True: []}
+    for run, shadow in enumerate((False, True, True, False)):
+        result = await bench.throughput_workers(1, shadow=shadow, tag=f"-{run}")  # each run on topics of its own
+        rates[shadow].append(result.rate)
+        print(f"  {result.name}: {result.rate:,.0f} records/s", flush=True)
+    without, with_candidate = np.mean(rates[False]), np.mean(rates[True])
+    print(f"\n{bench.args.records:,} records, {PARTITIONS} partitions, batch {bench.args.batch_size}: one plan worker "
+          f"{without:,.0f} records/s, with a candidate plan in shadow {with_candidate:,.0f} records/s: "
+          f"{with_candidate / without:.2f} x (target >= 0.6 x)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -641,6 +674,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=1000, help="worker batch (and passthrough fetch) size")
     parser.add_argument("--soak-minutes", type=int, default=0, help="run only the soak, this many minutes")
     parser.add_argument("--uvloop", action="store_true", help="also time one worker on uvloop")
+    parser.add_argument("--shadow-only", action="store_true",
+                        help="only the shadow cost: one plan worker without and with a candidate in shadow")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
     return parser.parse_args(argv)
 

@@ -321,6 +321,10 @@ def _control(config, bootstrap: str):
     return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir), schema=config.schema())
 
 
+_DONE = {"approve": "approved", "reject": "rejected"}
+_AFTER = {"approve": "the workers serve it once they read this", "reject": "it will not serve"}
+
+
 def _cmd_artifacts(args: argparse.Namespace) -> int:
     from fairstream.repair import artifacts
     from fairstream.streams.control.client import check_fits
@@ -330,12 +334,21 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     artifact = artifacts.load(args.file) if args.action == "publish" else None
     if artifact is not None and not args.force:  # what every worker would refuse at load is refused here
         check_fits(artifact, config.schema(), f"{config.name!r} ({args.config or 'the built-in Adult pipeline'})")
+    promotion = config.promotion
     with _broker(args) as broker:
         control = _control(config, broker.bootstrap)
         if args.action == "publish":
-            record = control.publish_sync(artifact, actor=actor, reason=reason)
-            print(f"published {record.kind} version {record.version} (sha256 {record.sha256[:12]}, "
-                  f"{'inline' if record.blob_b64 else 'by path'}) to {control.topic}")
+            record = control.publish_sync(artifact, actor=actor, reason=reason, candidate=promotion != "auto")
+            print(_published_line(record, control.topic, promotion))
+        elif args.action in _DONE:
+            record = control.decide_sync(args.kind, args.version, args.action, actor=actor, reason=reason)
+            print(f"{_DONE[args.action]} {record.kind} version {record.version} (sha256 {record.sha256[:12]}) as "
+                  f"{record.actor}: {_AFTER[args.action]}")
+        elif args.action == "report":
+            from fairstream.streams.refit.report import write_report
+
+            out = None if args.out is None else Path(args.out)
+            print(write_report(config, broker.bootstrap, args.kind, args.version, out, args.sample))
         elif args.action == "rollback":
             record = control.rollback_sync(args.kind, args.to, actor=actor, reason=reason)
             print(f"rolled {record.kind} back to version {record.version} (sha256 {record.sha256[:12]})")
@@ -346,8 +359,20 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _published_line(record, topic: str, promotion: str) -> str:
+    """What a publish did: served at once (promotion "auto"), or a candidate waiting for its decision."""
+    how = f"sha256 {record.sha256[:12]}, {'inline' if record.blob_b64 else 'by path'}"
+    if not record.candidate:
+        return f"published {record.kind} version {record.version} ({how}) to {topic}"
+    waits = (f"'fairstream artifacts approve {record.kind} {record.version}' or 'reject'" if promotion == "approve"
+             else "the shadow policy's promotion or retirement")
+    return (f"published {record.kind} version {record.version} as a candidate ({how}) to {topic}: promotion is "
+            f"{promotion!r}, so the workers shadow it until {waits}")
+
+
 def _audit_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """``--by`` and ``--reason`` of publish and rollback, refused in one line where every reader would refuse them."""
+    """``--by`` and ``--reason`` of publish, rollback, approve and reject, refused in one line where every reader
+    would refuse them."""
     from fairstream.streams.control.client import check_audit
 
     actor, reason = getattr(args, "by", None), getattr(args, "reason", None)
@@ -363,7 +388,7 @@ def _print_history(control, kind: str | None, as_json: bool) -> None:
     for record in records:
         entry = {"at": record.published_at, "kind": record.kind, "version": record.version, "action": record.action,
                  "actor": record.actor, "reason": record.reason, "statistics": record.statistics or {},
-                 "sha256": record.sha256}
+                 "sha256": record.sha256, "candidate": bool(record.candidate)}
         print(json.dumps(entry, sort_keys=True) if as_json else _history_line(entry))
     if not records and not as_json:
         print(f"(no {kind or 'artifact'} records on {control.topic})")
@@ -374,18 +399,22 @@ def _history_line(entry: dict) -> str:
     figures = ", ".join(f"{name}={value:.4g}" for name, value in entry["statistics"].items())
     reason = " ".join((entry["reason"] or "-").split())  # a reason over several lines stays on its line
     actor = " ".join((entry["actor"] or "-").split())
+    action = "candidate" if entry["candidate"] else entry["action"]  # a publish that does not serve (yet)
     return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}",
-                                       f"{entry['action']:<9}", actor, reason, figures) if part).rstrip()
+                                       f"{action:<9}", actor, reason, figures) if part).rstrip()
 
 
 def _print_listing(control) -> None:
     """Every record with its verdict, the workers serving each version beside it, then every announced worker.
 
     "*" marks what the workers activate: a version they refuse at load is marked "refused" with the
-    reason, and the version before it keeps the "*", as it keeps serving.
+    reason, and the version before it keeps the "*", as it keeps serving. "state" is what became of
+    the version (active, candidate, promoted, approved, rejected, retired, superseded, published),
+    "by" who wrote the record.
     """
     (rows, workers), now = control.status_sync(), time.time()
-    print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}{'active':<8}served by")
+    print(f"{'kind':<12}{'version':>8}  {'sha256':<14}{'action':<10}{'via':<8}{'published':<22}{'active':<8}"
+          f"{'state':<12}{'by':<24}served by")
     for row in rows:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["published_at"])) if row["published_at"] else "-"
         mark = "refused" if row["refused"] else "*" if row["active"] else "-"
@@ -395,8 +424,9 @@ def _print_listing(control) -> None:
         if row["refused"]:  # announcements stay beside a refused load: they are the ground truth
             why = "ignored by every worker" if row["refused_at"] == "log" else "refused at load"
             beside = f"{why}: {row['refused']}" + (f"; yet announced as served by {served}" if served else "")
+        actor = "".join((row["actor"] or "-").split())  # one column: a name with spaces stays one word
         print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
-              f"{when:<22}{mark:<8}{beside}".rstrip())
+              f"{when:<22}{mark:<8}{row['state'] or '-':<12}{actor:<23} {beside}".rstrip())
     if not rows:
         print(f"(no artifacts published on {control.topic})")
     if workers:
@@ -404,7 +434,8 @@ def _print_listing(control) -> None:
               f"{_ago(workers[0].every, '')}):")
     for worker in workers:
         serving = ", ".join(f"{kind} v{version}" for kind, version, _ in worker.serving) or "nothing yet"
-        state = "stopped" if worker.state == "stopped" else f"serves {serving}"
+        shadows = "".join(f", shadows candidate {kind} v{version}" for kind, version, _ in worker.shadowing)
+        state = "stopped" if worker.state == "stopped" else f"serves {serving}{shadows}"
         missing = [kind for kind in worker.kinds if kind not in {k for k, _, _ in worker.serving}]
         held = f"; holding input: no {', '.join(missing)} loaded" if missing and worker.state != "stopped" else ""
         stale = "; stale: no announcement since, the worker is probably gone" if worker.is_stale(now) else ""
@@ -572,13 +603,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="wait this long for the topic to hold N records (default: 10)")
     tail.set_defaults(func=_cmd_tail)
 
-    art = sub.add_parser("artifacts", help="publish, list, roll back and trace artifact versions on the control topic",
+    art = sub.add_parser("artifacts", help="publish, approve, list, roll back and trace artifact versions on the "
+                                           "control topic",
                          description="Artifacts (manifest JSON + .npz payload, sha256-checked) reach workers through "
                                      "the compacted control topic: inline while small, else by a path in the "
                                      "content-addressed artifact store. Every worker swaps to a new version between "
-                                     "two batches; a refused artifact leaves the old version serving.")
+                                     "two batches; a refused artifact leaves the old version serving. Under a "
+                                     "pipeline's promotion \"shadow\" or \"approve\", a publish is a candidate the "
+                                     "workers apply in shadow until the shadow policy or a person decides.")
     art_sub = art.add_subparsers(dest="action", required=True, metavar="ACTION")
-    publish = art_sub.add_parser("publish", help="publish a saved artifact (its manifest .json or .npz path) as the next version")
+    publish = art_sub.add_parser("publish", help="publish a saved artifact (its manifest .json or .npz path) as the "
+                                                 "next version (a candidate unless the pipeline's promotion is auto)")
     publish.add_argument("file")
     publish.add_argument("--force", action="store_true",
                          help="publish even if the artifact does not fit the pipeline config (every worker refuses it)")
@@ -586,14 +621,29 @@ def build_parser() -> argparse.ArgumentParser:
     rollback = art_sub.add_parser("rollback", help="re-activate the version that was active before the current one")
     rollback.add_argument("kind", help="artifact kind, e.g. plan")
     rollback.add_argument("--to", type=int, metavar="VERSION", help="re-activate this published version instead")
-    for p in (publish, rollback):  # the audit trail: who and why, on the record
+    outcomes = {"approve": "the workers serve it", "reject": "it never serves"}
+    decisions = [art_sub.add_parser(action, help=f"{action} the pending candidate VERSION of KIND: {outcome}")
+                 for action, outcome in outcomes.items()]
+    for p in decisions:
+        p.add_argument("kind", help="artifact kind, e.g. plan")
+        p.add_argument("version", type=_positive_int, help="the pending candidate's version")
+    for p in (publish, rollback, *decisions):  # the audit trail: who and why, on the record
         p.add_argument("--by", metavar="NAME", help="who does it, recorded in the audit trail (default: user@host)")
-        p.add_argument("--reason", metavar="TEXT", help="why, recorded in the audit trail")
-    history = art_sub.add_parser("history", help="the audit trail: every publish and rollback in log order, with who, "
-                                                 "why and the statistics at that moment")
+        p.add_argument("--reason", metavar="TEXT", required=p in decisions,
+                       help="why, recorded in the audit trail" + (" (required)" if p in decisions else ""))
+    report = art_sub.add_parser("report", help="write an HTML report comparing candidate VERSION of KIND with the "
+                                               "active chain, and print its path")
+    report.add_argument("kind", help="artifact kind, e.g. plan")
+    report.add_argument("version", type=_positive_int, help="the candidate's version")
+    report.add_argument("--out", metavar="FILE", help="where to write the report (default: chosen by the report)")
+    report.add_argument("--sample", type=_positive_int, default=2000, metavar="N",
+                        help="the last N records of records.in the distributions are computed on (default: 2000)")
+    history = art_sub.add_parser("history", help="the audit trail: every publish, decision (promote, approve, reject, "
+                                                 "retire) and rollback in log order, with who, why and the statistics "
+                                                 "at that moment")
     history.add_argument("--kind", metavar="KIND", help="only this artifact kind")
     history.add_argument("--json", action="store_true", help="one JSON object per line")
-    for p in (publish, art_sub.choices["list"], rollback, history):
+    for p in (publish, art_sub.choices["list"], rollback, *decisions, report, history):
         _add_common(p)
         p.set_defaults(func=_cmd_artifacts)
 
@@ -610,9 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
     demo.add_argument("--rate", type=float, default=2000.0, help="replay rate in records/s (default: 2000)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
-    demo.add_argument("--act", choices=("plan", "flow"), default="plan",
+    demo.add_argument("--act", choices=("plan", "flow", "approve"), default="plan",
                       help="plan: drift answered by a new repair plan (default); flow: by a new AdapFair flow in "
-                           "front of a frozen classifier, monitored on the decisions' DP gap")
+                           "front of a frozen classifier, monitored on the decisions' DP gap; approve: the new plan "
+                           "waits in shadow as a candidate until a named operator approves it")
     demo.set_defaults(func=_cmd_demo)
 
     alerts = sub.add_parser("alerts", help="render the alert rules that carry the config's fairness thresholds",

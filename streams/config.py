@@ -97,6 +97,11 @@ f(x) - f(T(x)), scores counterparts too, so its score module must match them (``
 Statistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
     "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a non-empty list of distinct ones",
     "type": "string or list of strings"})]
+ShadowStatistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
+    "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a list of distinct ones ([]: the monitor's)",
+    "type": "string or list of strings"})]
+PROMOTIONS = ("auto", "shadow", "approve")
+"""How a published candidate comes to serve (``pipeline.promotion``)."""
 Threshold = Annotated[float, Meta(gt=0, le=1e6)]
 Thresholds = Annotated[Union[Threshold, dict[str, Threshold]], Meta(extra={
     "expected": "a number in (0, 1e6], or a table of statistic = number for every monitored statistic",
@@ -250,6 +255,36 @@ class MonitorConfig(_Section):
 
 
 @dataclass(frozen=True)
+class ShadowConfig(_Section):
+    """The shadow promotion policy: on how many live records and on what a candidate must beat the active chain."""
+
+    section: ClassVar[str] = "shadow"
+    min_records: Annotated[int, Meta(ge=1, le=100_000_000)] = field(default=2000, metadata=_doc(
+        "live records a candidate is measured on beside the active chain before the shadow policy decides"))
+    statistic: ShadowStatistics = field(default=(), metadata=_doc(
+        "the statistic(s) on which the candidate must beat the active chain; each needs what monitor.statistic "
+        "needs of the chain; [] = monitor.statistic"))
+    min_improvement: Annotated[float, Meta(ge=0, le=1e6)] = field(default=0.0, metadata=_doc(
+        "the candidate's value of every compared statistic must be lower than the active chain's by more than this"))
+    max_accuracy_drop: Annotated[float, Meta(ge=0, le=1)] = field(default=0.02, metadata=_doc(
+        "guard with labels: the candidate's accuracy may be at most this much below the active chain's"))
+    max_decision_rate_change: Annotated[float, Meta(ge=0, le=1)] = field(default=0.05, metadata=_doc(
+        "guard without labels: the candidate's overall decision rate may differ from the active chain's by at "
+        "most this"))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(set(self.statistics)) != len(self.statistics):
+            raise ConfigError(f"shadow.statistic must be {_expected(_hints(ShadowConfig)['statistic'])}, "
+                              f"got {_found(self.statistic)}")
+
+    @property
+    def statistics(self) -> tuple[str, ...]:
+        """The configured statistics in order (empty: the monitor's)."""
+        return self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+
+
+@dataclass(frozen=True)
 class KafkaConfig(_Section):
     """How every client authenticates and encrypts (see :mod:`fairstream.streams.kafka`); never the password itself."""
 
@@ -299,10 +334,16 @@ class PipelineConfig(_Section):
     valid_ranges: Ranges = field(default=(), metadata=_doc(
         "valid [min, max] of a feature (inclusive): values outside are dead-lettered whatever the plan's "
         "out-of-range policy; a feature without an entry is unbounded"))
+    promotion: Literal[PROMOTIONS] = field(default="auto", metadata=_doc(
+        "how a re-fit artifact comes to serve: \"auto\" = as soon as its holdout validation passes; "
+        "\"shadow\" = published as a candidate that every worker applies beside the active chain, promoted or "
+        "retired by the [shadow] policy; \"approve\" = a candidate in shadow until a person runs "
+        "`fairstream artifacts approve` (or `reject`)"))
     topics: TopicConfig = field(default_factory=TopicConfig)
     records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    shadow: ShadowConfig = field(default_factory=ShadowConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
 
     def __post_init__(self) -> None:
@@ -321,18 +362,28 @@ class PipelineConfig(_Section):
 
     def _check_sections(self) -> None:
         for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
-                          ("monitor", MonitorConfig), ("kafka", KafkaConfig)):
+                          ("monitor", MonitorConfig), ("shadow", ShadowConfig), ("kafka", KafkaConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         for key, (hint, _) in TOPIC_KEYS.items():
             check_value(getattr(self.topics, key), hint, f"topics.{key}")
-        for name in self.monitor.statistics:
+        self._check_statistics("monitor.statistic", self.monitor.statistics)
+        self._check_statistics("shadow.statistic", self.shadow.statistics)
+
+    def _check_statistics(self, key: str, names: tuple[str, ...]) -> None:
+        """Each statistic must be computable on what the record chain writes (and eopp on labels)."""
+        for name in names:
             missing = _chain_lacks(self.records.chain, STATISTIC_NEEDS.get(name, set()))
             if missing:
-                raise ConfigError(f"monitor.statistic {name!r} needs a record chain that {missing}, got "
+                raise ConfigError(f"{key} {name!r} needs a record chain that {missing}, got "
                                   f"agents.records.artifact = {list(self.records.chain)}")
             if name == "eopp" and not self.label:
-                raise ConfigError("monitor.statistic 'eopp' needs labelled records: set pipeline.label = true")
+                raise ConfigError(f"{key} 'eopp' needs labelled records: set pipeline.label = true")
+
+    @property
+    def shadow_statistics(self) -> tuple[str, ...]:
+        """The statistics a shadow candidate is compared on: shadow.statistic, else monitor.statistic."""
+        return self.shadow.statistics or self.monitor.statistics
 
     def schema(self) -> PipelineSchema:
         """What this pipeline promises its modules (checked by every module at load time)."""
@@ -378,10 +429,10 @@ class PipelineConfig(_Section):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
         """Validate a parsed pipeline TOML document."""
-        unknown = set(data) - {"pipeline", "topics", "agents", "monitor", "kafka"}
+        unknown = set(data) - {"pipeline", "topics", "agents", "monitor", "shadow", "kafka"}
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: "
-                              "['agents', 'kafka', 'monitor', 'pipeline', 'topics']")
+                              "['agents', 'kafka', 'monitor', 'pipeline', 'shadow', 'topics']")
         agents = _table(data, "agents")
         unknown_agents = set(agents) - {"records", "embeddings"}
         if unknown_agents:
@@ -394,6 +445,7 @@ class PipelineConfig(_Section):
             embeddings=EmbeddingConfig(**_known(EmbeddingConfig, _table(agents, "embeddings", "agents."),
                                                 "agents.embeddings")),
             monitor=MonitorConfig(**_known(MonitorConfig, _table(data, "monitor"), "monitor")),
+            shadow=ShadowConfig(**_known(ShadowConfig, _table(data, "shadow"), "shadow")),
             kafka=KafkaConfig(**_known(KafkaConfig, _table(data, "kafka"), "kafka")),
         )
 
@@ -406,7 +458,7 @@ class PipelineConfig(_Section):
         thresholds = {"monitor.threshold": dict(monitor.pop("threshold"))} if per_statistic else {}
         sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
-                    "monitor": monitor, **thresholds, "kafka": _asdict(self.kafka)}
+                    "monitor": monitor, **thresholds, "shadow": _asdict(self.shadow), "kafka": _asdict(self.kafka)}
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -418,8 +470,12 @@ class PipelineConfig(_Section):
         """A copy with other monitor settings."""
         return replace(self, monitor=replace(self.monitor, **changes))
 
+    def with_shadow(self, **changes) -> "PipelineConfig":
+        """A copy with other shadow policy settings."""
+        return replace(self, shadow=replace(self.shadow, **changes))
 
-_NESTED = ("topics", "records", "embeddings", "monitor", "kafka")
+
+_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka")
 
 
 # --------------------------------------------------------------------------- checking values
@@ -589,7 +645,7 @@ def _toml_value(value) -> str:
 def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(section, key, type, default, valid values, meaning) of every configuration key, section by section."""
     rows = []
-    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, KafkaConfig):
+    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, ShadowConfig, KafkaConfig):
         for f in fields(cls):
             if f.name in _NESTED:
                 continue

@@ -107,15 +107,21 @@ class ControlRecord(_Schema):
     The audit trail: ``actor`` is who acted (a person's ``--by``, else ``user@host``; a service's own
     name, e.g. ``refit@host``), ``reason`` why, and ``statistics`` the figures that decided it (names to
     finite numbers). All three are optional: records written before them still parse.
+
+    ``candidate`` (a publish only, encoded only when true): the version is claimed but does not serve;
+    it is the kind's pending candidate until a decision names it (``promote`` or ``approve``: it
+    serves; ``reject`` or ``retire``: it never does). The four decisions carry no artifact (neither
+    ``blob_b64`` nor ``path``): they name the candidate by ``kind``, ``version`` and ``sha256``.
     """
 
     kind: str
     version: int
     sha256: str
-    action: str = "publish"  # "publish" or "rollback"
+    action: str = "publish"  # "publish", "rollback", or a decision: "promote", "approve", "reject", "retire"
     blob_b64: Optional[str] = None
     path: Optional[str] = None
     published_at: Optional[float] = None
     actor: Optional[str] = None
     reason: Optional[str] = None
     statistics: Optional[dict] = None  # flat: str -> finite float
+    candidate: Optional[bool] = None  # only True (a candidate publish) or None (left out of the message)

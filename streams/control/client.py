@@ -1,4 +1,4 @@
-"""The publisher's client of the control topic: publish, roll back and list artifact versions.
+"""The publisher's client of the control topic: publish, decide on candidates, roll back and list artifact versions.
 
 Every record is sent under its own :func:`~fairstream.streams.control.records.control_key`, so the
 history survives compaction and rollback can always go back. Versions follow the one rule of
@@ -6,6 +6,11 @@ history survives compaction and rollback can always go back. Versions follow the
 too: :meth:`ControlClient.publish` proposes the highest version claimed so far plus one, writes,
 reads the log back to its own record and, if an earlier record took that version (another
 publisher at the same moment), withdraws its record and publishes again under the next version.
+
+A candidate (``publish(..., candidate=True)``) waits for a decision: :meth:`ControlClient.decide`
+writes ``approve`` or ``reject`` (a person's) and ``promote`` or ``retire`` (a service's); a new
+candidate retires the pending one first, under the publisher's name. Anything the ledger would
+refuse is refused here before it is written, in one line naming the kind and version.
 
 The listing is what the workers do, not what the log says alone: a version whose artifact cannot
 be loaded (missing store file, damaged blob, or, with the pipeline's schema, one that does not fit)
@@ -37,7 +42,9 @@ from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
 from .records import (
+    ACTIVATING,
     ANNOUNCED,
+    DECISIONS,
     EVENT,
     MAX_ACTOR,
     MAX_REASON,
@@ -47,6 +54,7 @@ from .records import (
     WorkerStatus,
     audit_text_refusal,
     control_key,
+    decision_record,
     encode_control,
     parse_statistics,
     read_message,
@@ -105,7 +113,8 @@ class ControlLog:
     ``entries`` are the artifact records (refused ones included, with the reason), ``workers`` the
     latest announcement of each worker, ``events`` the events de-duplicated by key, ``skipped`` the
     (offset, reason) of each message no reader takes; ``next_offset`` is the offset after the last
-    message read.
+    message read. ``shadow`` keeps, per shadowed (kind, version), each worker's latest announcement
+    that carried live figures for it (see :meth:`shadow_figures`).
     """
 
     ledger: VersionLedger = field(default_factory=VersionLedger)
@@ -114,6 +123,7 @@ class ControlLog:
     events: dict[bytes, dict] = field(default_factory=dict)
     skipped: list[tuple[int, str]] = field(default_factory=list)
     next_offset: int = 0
+    shadow: dict[tuple[str, int], dict[str, WorkerStatus]] = field(default_factory=dict)
 
     def add(self, message) -> None:
         """Read one message (in log order), by its key and value as a worker reads it; never raises.
@@ -126,6 +136,7 @@ class ControlLog:
         read = read_message(message.key, message.value)
         if read.what == ANNOUNCED:
             self.workers[read.status.worker] = read.status
+            self._keep_figures(read.status)
         elif read.what == EVENT:
             self.events.setdefault(message.key, read.event)
         elif read.what == RECORD:
@@ -155,6 +166,30 @@ class ControlLog:
         """The publish that claimed ``version`` of ``kind``, or None if none did."""
         return next((e.record for e in self.entries if e.refusal is None and e.record.action == "publish"
                      and (e.record.kind, e.record.version) == (kind, version)), None)
+
+    def pending(self, kind: str) -> ControlRecord | None:
+        """The publish of the pending candidate of ``kind`` (waiting for a decision), or None."""
+        pending = self.ledger.pending(kind)
+        return None if pending is None else self.published(kind, pending[0])
+
+    def decisions(self, kind: str, version: int) -> list[Entry]:
+        """Every decision naming ``version`` of ``kind``, in log order; refused ones too (with the reason)."""
+        return [e for e in self.entries if e.record.action in DECISIONS and (e.record.kind, e.record.version) ==
+                (kind, version)]
+
+    def shadow_figures(self, kind: str, version: int) -> dict[str, WorkerStatus]:
+        """Per worker, its latest announcement with live figures (``status.shadow``) of candidate ``version``.
+
+        Announcements are keyed per worker, so on a compacted topic only each worker's latest survives:
+        the figures of a candidate decided long ago may be gone (the decision's statistics keep them).
+        """
+        return dict(self.shadow.get((kind, version), {}))
+
+    def _keep_figures(self, status: WorkerStatus) -> None:
+        if status.shadow is None:
+            return
+        for kind, version, _ in status.shadowing:
+            self.shadow.setdefault((kind, version), {})[status.worker] = status
 
 
 # --------------------------------------------------------------------------- the publisher's client
@@ -216,7 +251,7 @@ class ControlClient:
         return list((await self.read()).workers.values())
 
     async def publish(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                      statistics: dict[str, float] | None = None) -> ControlRecord:
+                      statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
         """Publish ``artifact`` as the next version of its kind; returns the delivered record.
 
         The record carries the audit trail: ``actor`` (default :func:`default_actor`), ``reason`` and
@@ -224,20 +259,29 @@ class ControlClient:
         Compare-and-set through the log order: propose the next version, write, read back to the
         written record; if an earlier record took the version, withdraw ours (a tombstone under its
         key, so compaction removes it) and try the next one.
+
+        With ``candidate``, the version does not serve: it waits, shadowed by the workers, for a
+        decision (see :meth:`decide`). A candidate of the kind still pending is retired first, under
+        the same actor, with the reason "superseded by candidate version N".
         """
         audit = _audit(actor, reason, statistics)
         async with self._reader() as reader, self._producer() as producer:
             control = ControlLog()
             await reader.read_to_end(control)
             for _ in range(PUBLISH_ATTEMPTS):
-                record = self._publish_record(artifact, control.ledger.next_version(artifact.kind), audit)
+                version = control.ledger.next_version(artifact.kind)
+                if candidate:
+                    await self._retire_pending(control, reader, producer, artifact.kind, version, audit["actor"])
+                    version = control.ledger.next_version(artifact.kind)
+                record = self._publish_record(artifact, version, audit, candidate)
                 key, value = self._encoded(record)
                 offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
                 await reader.read_through(control, offset)
                 mine = control.at(offset)
                 if mine is not None and mine.refusal is None:
-                    log.info("published %s version %d (sha256 %s, %s)", record.kind, record.version,
-                             record.sha256[:12], "inline" if record.blob_b64 else f"by path {record.path}")
+                    log.info("published %s%s version %d (sha256 %s, %s)", "candidate " if candidate else "",
+                             record.kind, record.version, record.sha256[:12],
+                             "inline" if record.blob_b64 else f"by path {record.path}")
                     return record
                 await producer.send_and_wait(self.topic, None, key=key, partition=0)  # withdraw the loser
                 same = control.published(record.kind, record.version)
@@ -247,6 +291,44 @@ class ControlClient:
                             record.kind, record.version)
         raise ControlError(f"could not publish {artifact.kind}: {PUBLISH_ATTEMPTS} versions in a row were taken by "
                            f"other publishers on {self.topic}")
+
+    async def _retire_pending(self, control: ControlLog, reader: "_Reader", producer, kind: str, version: int,
+                              actor: str) -> None:
+        """Retire the pending candidate of ``kind`` (if any): a new candidate, ``version``, supersedes it."""
+        pending = control.ledger.pending(kind)
+        if pending is None:
+            return
+        retire = decision_record(kind, pending[0], pending[1], "retire", actor,
+                                 reason=f"superseded by candidate version {version}")
+        key, value = self._encoded(retire)
+        offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
+        await reader.read_through(control, offset)  # refused only if another decision came first: pending either way
+        log.info("retired candidate %s version %d: superseded by candidate version %d", kind, pending[0], version)
+
+    async def decide(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
+                     statistics: dict[str, float] | None = None) -> ControlRecord:
+        """Write a decision on the pending candidate ``version`` of ``kind``; returns the record written.
+
+        ``action``: ``approve`` or ``reject`` (a person), ``promote`` or ``retire`` (a service).
+        Whatever every reader would refuse (not the pending candidate, already decided) is refused
+        here before anything is written, and so is promoting or approving a candidate no worker can
+        load.
+        """
+        if action not in DECISIONS:
+            raise ControlError(f"a decision is one of {', '.join(DECISIONS)}, got {action!r}")
+        audit = _audit(actor, reason, statistics)
+        control = await self.read()
+        sha256 = control.ledger.claimed(kind, version) or "0" * 64
+        record = decision_record(kind, version, sha256, action, **audit)
+        refusal = control.ledger.admit(record, control.next_offset)  # the workers' rule, applied before writing
+        if refusal is not None:
+            raise ControlError(f"refusing to {action}: {refusal}")
+        cannot = self._load_refusal(control.published(kind, version)) if action in ACTIVATING else None
+        if cannot is not None:
+            raise ControlError(f"cannot {action} {kind} version {version}: every worker refuses its artifact: {cannot}")
+        await self._send(record)
+        log.info("%s: %s version %d (sha256 %s)", action, kind, version, sha256[:12])
+        return record
 
     async def rollback(self, kind: str, version: int | None = None, actor: str | None = None,
                        reason: str | None = None) -> ControlRecord:
@@ -261,6 +343,9 @@ class ControlClient:
         control = await self.read()
         stacks = _activation_stacks(control.history())
         if kind not in stacks:
+            if control.ledger.next_version(kind) > 1:
+                raise ControlError(f"no {kind} version ever served on {self.topic} (only candidates that were never "
+                                   "promoted or approved): nothing to roll back to")
             known = ", ".join(sorted(stacks)) or "none"
             raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
         stack = stacks[kind]
@@ -284,9 +369,12 @@ class ControlClient:
         its key) or refuses its artifact (``refused_at`` "load": the registry's own build fails here:
         a missing store file, a damaged blob, with a schema a module that does not fit); None if it
         takes effect. ``active``: the version the workers serve, as their registry decides: the last
-        record that takes effect and loads. ``served_by``: the workers that announced they serve this
-        version, on the last record of it the version rule admits (the ground truth, even where this
-        client's store or schema differs from the workers').
+        record that takes effect, activates (a publish that is no candidate, a rollback, a promotion or
+        approval) and loads. ``state``: what became of the record's version, ``"active"`` for the version
+        served, else the ledger's (:meth:`~fairstream.streams.control.records.VersionLedger.state`);
+        ``candidate``, ``actor`` and ``reason`` are the record's. ``served_by``: the workers that announced
+        they serve this version, on the last record of it the version rule admits (the ground truth, even
+        where this client's store or schema differs from the workers').
         """
         return self._listing(await self.read())
 
@@ -298,7 +386,8 @@ class ControlClient:
     def _listing(self, control: ControlLog) -> list[dict]:
         unloadable = self._unloadable(control)
         taking = [e for e in control.entries if e.refusal is None]
-        active = {e.record.kind: e.offset for e in taking if e.offset not in unloadable}
+        active = {e.record.kind: e for e in taking if e.offset not in unloadable and _activates(e.record)}
+        active_version = {kind: entry.record.version for kind, entry in active.items()}
         last_of_version = {(e.record.kind, e.record.version): e.offset for e in taking}
         now = time.time()
         rows = []
@@ -307,8 +396,10 @@ class ControlClient:
             shows_workers = entry.refusal is None and last_of_version[(record.kind, record.version)] == entry.offset
             workers = [w for w in control.workers.values() if shows_workers
                        and w.serves(record.kind, record.version, record.sha256)]
-            rows.append(_row(entry, active.get(record.kind) == entry.offset, unloadable.get(entry.offset),
-                             workers, now))
+            state = ("active" if active_version.get(record.kind) == record.version
+                     else control.ledger.state(record.kind, record.version))
+            rows.append(_row(entry, active.get(record.kind) is entry, unloadable.get(entry.offset), workers, now,
+                             state))
         return rows
 
     # ------------------------------------------------------------------ sync twins for the CLI
@@ -326,9 +417,18 @@ class ControlClient:
         return asyncio.run(self.workers())
 
     def publish_sync(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                     statistics: dict[str, float] | None = None) -> ControlRecord:
+                     statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
         """Blocking :meth:`publish`."""
-        return asyncio.run(self.publish(artifact, actor, reason, statistics))
+        return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate))
+
+    def decide_sync(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
+                    statistics: dict[str, float] | None = None) -> ControlRecord:
+        """Blocking :meth:`decide`."""
+        return asyncio.run(self.decide(kind, version, action, actor, reason, statistics))
+
+    def read_sync(self) -> ControlLog:
+        """Blocking :meth:`read`."""
+        return asyncio.run(self.read())
 
     def rollback_sync(self, kind: str, version: int | None = None, actor: str | None = None,
                       reason: str | None = None) -> ControlRecord:
@@ -398,7 +498,7 @@ class ControlClient:
         async with self._producer() as producer:
             await producer.send_and_wait(self.topic, value, key=key, partition=0)
 
-    def _publish_record(self, artifact: Artifact, version: int, audit: dict) -> ControlRecord:
+    def _publish_record(self, artifact: Artifact, version: int, audit: dict, candidate: bool = False) -> ControlRecord:
         artifact = artifacts.with_version(artifact, version)
         path = self.store.put(artifact)
         blob = artifacts.encode(artifact)
@@ -411,6 +511,7 @@ class ControlClient:
             blob_b64=base64.b64encode(blob).decode("ascii") if inline else None,
             path=None if inline else str(path.resolve()),
             published_at=time.time(),
+            candidate=True if candidate else None,  # left out of the message unless true
             **audit,
         )
 
@@ -440,10 +541,17 @@ class ControlClient:
 
     def _unloadable(self, control: ControlLog) -> dict[int, str]:
         """offset -> why the workers refuse the artifact, for each record the version rule admits."""
-        reasons, seen = {}, {}
+        reasons, seen, publishes = {}, {}, {}
         for entry in control.entries:
             if entry.refusal is None:
                 record = entry.record
+                if record.action in DECISIONS:  # no artifact: a promotion loads as its candidate's publish did
+                    publish = publishes.get((record.kind, record.version))
+                    if record.action in ACTIVATING and publish in reasons:
+                        reasons[entry.offset] = reasons[publish]
+                    continue
+                if record.action == "publish":
+                    publishes[(record.kind, record.version)] = entry.offset
                 same = (record.kind, record.sha256, record.blob_b64)  # a rollback loads as its publish did
                 if same not in seen:
                     seen[same] = self._load_refusal(record)
@@ -508,27 +616,56 @@ def _activation_stacks(history: list[ControlRecord]) -> dict[str, list[ControlRe
 
     ``history`` holds only records the version rule admits. A publish pushes, a rollback pops back
     to its version, so rolling back twice goes two versions back rather than toggling between two.
+    A candidate publish does not push (it does not serve); its promotion or approval pushes the
+    candidate's publish (which carries the artifact a rollback to it names); reject and retire change
+    nothing.
     """
     stacks: dict[str, list[ControlRecord]] = {}
+    candidates: dict[tuple[str, int], ControlRecord] = {}
     for record in history:
+        activated = _activated(record, candidates)
+        if activated is None:
+            continue
         stack = stacks.setdefault(record.kind, [])
         versions = [entry.version for entry in stack]
         if record.action == "rollback" and record.version in versions:
             del stack[versions.index(record.version):]
-        stack.append(record)
+        stack.append(activated)
     return stacks
 
 
-def _row(entry: Entry, active: bool, unloadable: str | None, workers: list[WorkerStatus], now: float) -> dict:
+def _activated(record: ControlRecord, candidates: dict[tuple[str, int], ControlRecord]) -> ControlRecord | None:
+    """The record that serves from ``record`` on (a promotion serves its candidate's publish), or None."""
+    if record.candidate:
+        candidates[(record.kind, record.version)] = record
+        return None
+    if record.action in ACTIVATING:
+        return candidates.get((record.kind, record.version))
+    return None if record.action in DECISIONS else record
+
+
+def _activates(record: ControlRecord) -> bool:
+    """True for a record after which its version serves: a publish (not a candidate), a rollback, a promotion."""
+    return record.action in ACTIVATING or record.action == "rollback" or (record.action == "publish"
+                                                                          and not record.candidate)
+
+
+def _row(entry: Entry, active: bool, unloadable: str | None, workers: list[WorkerStatus], now: float,
+         state: str | None) -> dict:
     record = entry.record
     refused_at = "log" if entry.refusal is not None else "load" if unloadable is not None else None
+    via = "inline" if record.blob_b64 is not None else "path" if record.path is not None else "-"
     return {
         "kind": record.kind,
         "version": record.version,
         "sha256": record.sha256[:12],
         "action": record.action,
+        "candidate": bool(record.candidate),
+        "state": state,
+        "actor": record.actor,
+        "reason": record.reason,
         "published_at": record.published_at,
-        "via": "inline" if record.blob_b64 is not None else "path",
+        "via": via,
         "active": active,
         "refused": entry.refusal or unloadable,
         "refused_at": refused_at,

@@ -27,6 +27,14 @@ Audit trail. A record may say who acted (``actor``), why (``reason``) and the fi
 :data:`MAX_STATISTICS`), and a record whose audit fields are out of bounds is refused like any other
 invalid record. They are optional: a record without them is encoded, keyed and read as before.
 
+Candidates and decisions. A publish may be a *candidate* (``candidate: true``): it claims its version
+by the rule above but does not serve; it is its kind's *pending candidate* until a decision names it
+(kind, version and sha256): ``promote`` (the shadow policy) or ``approve`` (a person) make it serve,
+``retire`` (the shadow policy, or a publisher superseding it) or ``reject`` (a person) end it. A newer
+candidate supersedes a pending one even without a retire record. Decisions carry no artifact and
+are admitted only for the pending candidate; a rollback names only a version that served (published
+to serve, promoted or approved), never a candidate that was not promoted. See :class:`VersionLedger`.
+
 Besides artifact records the topic carries notices (see :func:`read_message`): events (a re-embed
 after a swap), worker announcements (what one worker serves, keyed per worker so compaction keeps
 the latest) and tombstones (a publisher withdrawing the record that lost a version, so compaction
@@ -44,11 +52,21 @@ import json
 import math
 import re
 import reprlib
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from fairstream.streams.schemas import ControlRecord
 
-ACTIONS = ("publish", "rollback")
+ACTIONS = ("publish", "rollback", "promote", "approve", "reject", "retire")
+DECISIONS = ("promote", "approve", "reject", "retire")
+"""The actions that decide a pending candidate; they carry no artifact."""
+ACTIVATING = ("promote", "approve")
+"""The decisions that make the candidate serve (``reject`` and ``retire`` end it without serving). Only
+``approve``, ``reject`` and ``rollback`` are a person's (the CLI); ``promote`` and ``retire`` are the
+shadow policy's (and a publisher's, superseding its own older candidate)."""
+STATES = ("published", "candidate", "promoted", "approved", "rejected", "retired", "superseded")
+"""What the ledger says of a claimed version (:meth:`VersionLedger.state`)."""
+_DECIDED = {"promote": "promoted", "approve": "approved", "reject": "rejected", "retire": "retired"}
 AUDIT_FIELDS = ("actor", "reason", "statistics")
 """The audit trail's fields of a record (who, why, the figures at that moment); optional, bounded."""
 MAX_ACTOR, MAX_REASON = 200, 1000
@@ -80,14 +98,39 @@ def shown(value) -> str:
 # --------------------------------------------------------------------------- control messages
 
 
+_OMITTED_WHEN_NONE = (*AUDIT_FIELDS, "candidate")
+
+
 def encode_control(record: ControlRecord) -> bytes:
     """The control message value: JSON of the record's fields.
 
-    An audit field left None is left out, so a record without them is encoded (and keyed) as it was
-    before they existed.
+    An audit field or ``candidate`` left None is left out, so a record without them is encoded (and
+    keyed) as it was before they existed.
     """
-    fields = {name: value for name, value in record.asdict().items() if value is not None or name not in AUDIT_FIELDS}
+    fields = {name: value for name, value in record.asdict().items()
+              if value is not None or name not in _OMITTED_WHEN_NONE}
     return json.dumps(fields, sort_keys=True, allow_nan=False).encode("utf-8")
+
+
+def decision_record(kind: str, version: int, sha256: str, action: str, actor: str, reason: str | None = None,
+                    statistics: dict | None = None) -> ControlRecord:
+    """A decision on the pending candidate ``version`` of ``kind`` (``sha256``: its artifact), now.
+
+    The actor (required) and the reason must be what every reader takes (at most :data:`MAX_ACTOR` and
+    :data:`MAX_REASON` characters), and the statistics finite numbers: :class:`ControlError` otherwise.
+    Encode it with :func:`encode_control` and key it with :func:`control_key`, as any record.
+
+    >>> decision_record("plan", 3, "a" * 64, "approve", "alice").action
+    'approve'
+    """
+    if action not in DECISIONS:
+        raise ControlError(f"a decision is one of {DECISIONS}, got {shown(action)}")
+    for name, value, longest in (("actor", actor, MAX_ACTOR), ("reason", reason, MAX_REASON)):
+        refusal = None if value is None and name == "reason" else audit_text_refusal(value, longest)
+        if refusal is not None:  # every reader would refuse the record: refused here, never written
+            raise ControlError(f"the {action} decision's {name} {refusal}")
+    return ControlRecord(kind=kind, version=version, sha256=sha256, action=action, published_at=time.time(),
+                         actor=actor, reason=reason, statistics=parse_statistics(statistics))
 
 
 def control_key(record: ControlRecord, value: bytes) -> bytes:
@@ -152,6 +195,10 @@ class WorkerStatus:
     kind of ``kinds`` (what the worker applies) it has loaded; ``at`` is the announcement's wall-clock
     time and ``every`` the seconds between two announcements of a running worker, so one older than
     :meth:`is_stale` says is from a worker that is gone. ``state`` is ``"stopped"`` after a clean stop.
+    ``shadowing`` holds ``(kind, version, sha256)`` of each pending candidate the worker applies in
+    shadow, and ``shadow`` the live figures of the candidate chain against the active one (names to
+    finite numbers, at most :data:`MAX_STATISTICS`), or None; announcements written before them parse
+    with neither.
     """
 
     worker: str
@@ -163,6 +210,8 @@ class WorkerStatus:
     kinds: tuple[str, ...]
     serving: tuple[tuple[str, int, str], ...]
     state: str = SERVING
+    shadowing: tuple[tuple[str, int, str], ...] = ()
+    shadow: dict | None = field(default=None, hash=False)
 
     def is_stale(self, now: float) -> bool:
         """True when two announcements were missed: the worker is gone (killed, host lost)."""
@@ -183,6 +232,10 @@ def encode_announcement(status: WorkerStatus) -> tuple[bytes, bytes]:
     value = {"announcement": ANNOUNCEMENT, "worker": status.worker, "app_id": status.app_id, "host": status.host,
              "pid": status.pid, "at": status.at, "every": status.every, "kinds": list(status.kinds),
              "serving": [{"kind": k, "version": v, "sha256": h} for k, v, h in status.serving], "state": status.state}
+    if status.shadowing:  # left out when empty: a worker without a candidate announces as before
+        value["shadowing"] = [{"kind": k, "version": v, "sha256": h} for k, v, h in status.shadowing]
+    if status.shadow is not None:
+        value["shadow"] = status.shadow
     return announcement_key(status.worker), json.dumps(value, sort_keys=True).encode("utf-8")
 
 
@@ -192,12 +245,30 @@ def parse_announcement(value: bytes | None) -> WorkerStatus | None:
     if data is None or data.get("announcement") != ANNOUNCEMENT:
         return None
     try:
-        serving = tuple((str(s["kind"]), _version(s["version"]), str(s["sha256"])) for s in data["serving"])
+        serving, shadowing = (tuple((str(s["kind"]), _version(s["version"]), str(s["sha256"])) for s in listed)
+                              for listed in (data["serving"], data.get("shadowing", ())))
         return WorkerStatus(worker=str(data["worker"]), app_id=str(data["app_id"]), host=str(data["host"]),
                             pid=int(data["pid"]), at=_finite(data["at"]), every=_finite(data["every"]),
-                            kinds=tuple(map(str, data["kinds"])), serving=serving, state=str(data["state"]))
+                            kinds=tuple(map(str, data["kinds"])), serving=serving, state=str(data["state"]),
+                            shadowing=shadowing, shadow=parse_statistics(data.get("shadow")))
     except Exception:  # any shape a hostile writer can give (inf pid, nested lists, ...) means "not one"
         return None
+
+
+def shadow_figures(figures: dict | None) -> dict[str, float] | None:
+    """The figures an announcement may carry: names of 1 to 100 characters to finite numbers, at most 64.
+
+    A live comparison may hold more, or an undefined one (NaN): those are left out (a figure is
+    dropped, the announcement is not).
+
+    >>> shadow_figures({"records": 2000, "active.E": float("nan"), "": 1.0})
+    {'records': 2000.0}
+    """
+    if figures is None:
+        return None
+    kept = {name: float(value) for name, value in figures.items()
+            if isinstance(name, str) and 0 < len(name) <= MAX_STATISTIC_NAME and _is_finite_number(value)}
+    return dict(list(kept.items())[:MAX_STATISTICS])
 
 
 def _finite(value) -> float:
@@ -328,13 +399,23 @@ def _json_object(value: bytes | None) -> dict | None:
 # --------------------------------------------------------------------------- the version rule
 
 
+@dataclass(frozen=True)
+class VersionState:
+    """What the ledger says of one claimed version: ``name`` (one of :data:`STATES`), who made it so, where."""
+
+    name: str
+    actor: str | None
+    offset: int
+
+
 class VersionLedger:
     """The version rule, fed every artifact record of the control topic in log order, with its offset.
 
     :meth:`admit` returns None for a record that takes effect and the reason otherwise: a publish
     whose version is not the next one of its kind (a collision with an earlier publish, a stale
-    re-send, or a gap), a rollback to a version that was never claimed or that names another
-    artifact. Claims depend on the log alone, not on whether an artifact loads, so every reader of
+    re-send, or a gap), a rollback to a version that was never claimed, that names another artifact
+    or that never served (a candidate not promoted), a decision on anything but the kind's pending
+    candidate. Claims depend on the log alone, not on whether an artifact loads, so every reader of
     one log agrees; refused records change nothing.
 
     >>> ledger, sha = VersionLedger(), "a" * 64
@@ -345,11 +426,23 @@ class VersionLedger:
      a publish takes the next version, 2'
     >>> ledger.admit(ControlRecord("plan", 9, sha, action="rollback", path="p"), offset=2)
     'rollback to plan version 9, which was never published (published: 1)'
+    >>> ledger.admit(ControlRecord("plan", 2, sha, path="p", candidate=True), offset=3), ledger.pending("plan")
+    (None, (2, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'))
+    >>> ledger.admit(ControlRecord("plan", 2, sha, action="rollback", path="p"), offset=4)
+    'rollback to plan version 2, which never served (a pending candidate): a rollback names a version that served'
+    >>> ledger.admit(decision_record("plan", 1, sha, "approve", "alice"), offset=5)
+    'plan version 1 is not a pending candidate (pending: version 2)'
+    >>> ledger.admit(decision_record("plan", 2, sha, "approve", "alice"), offset=6), ledger.state("plan", 2)
+    (None, 'approved')
+    >>> ledger.admit(decision_record("plan", 2, sha, "reject", "bob"), offset=7)
+    'plan version 2 was already approved by alice at offset 6 (no candidate of plan is pending)'
     """
 
     def __init__(self):
         self._claims: dict[str, dict[int, str]] = {}  # kind -> version -> sha256 of the artifact it names
         self._highest: dict[str, tuple[int, int]] = {}  # kind -> (highest claimed version, offset of its claim)
+        self._pending: dict[str, tuple[int, str]] = {}  # kind -> (version, sha256) of its pending candidate
+        self._states: dict[tuple[str, int], VersionState] = {}  # (kind, version) -> what became of it
 
     def admit(self, record: ControlRecord, offset: int) -> str | None:
         """Apply ``record``, read at ``offset``; None if it takes effect, else why every reader ignores it.
@@ -364,10 +457,17 @@ class VersionLedger:
         claims = self._claims.setdefault(record.kind, {})
         if record.action == "rollback":
             return self._check_rollback(record, claims)
+        if record.action in DECISIONS:
+            refusal = self._check_decision(record)
+            if refusal is None:
+                del self._pending[record.kind]
+                self._set_state(record, _DECIDED[record.action], offset)
+            return refusal
         refusal = self._check_publish(record, claims, offset)
         if refusal is None:
             claims[record.version] = record.sha256
             self._highest[record.kind] = (record.version, offset)
+            self._claim(record, offset)
         return refusal
 
     def next_version(self, kind: str) -> int:
@@ -377,6 +477,47 @@ class VersionLedger:
     def claimed(self, kind: str, version: int) -> str | None:
         """The sha256 of the artifact ``version`` of ``kind`` names, or None if it was never published."""
         return self._claims.get(kind, {}).get(version)
+
+    def pending(self, kind: str) -> tuple[int, str] | None:
+        """(version, sha256) of the pending candidate of ``kind``, or None when none waits for a decision."""
+        return self._pending.get(kind)
+
+    def state(self, kind: str, version: int) -> str | None:
+        """What became of ``version`` of ``kind`` (one of :data:`STATES`), or None if it was never published."""
+        state = self._states.get((kind, version))
+        return None if state is None else state.name
+
+    def served(self, kind: str, version: int) -> bool:
+        """True when ``version`` of ``kind`` served at some time: a rollback may name it."""
+        return self.state(kind, version) in ("published", "promoted", "approved")
+
+    def _claim(self, record: ControlRecord, offset: int) -> None:
+        if not record.candidate:
+            self._set_state(record, "published", offset)
+            return
+        older = self._pending.get(record.kind)
+        if older is not None:  # a newer candidate ends the older one, with or without a retire record for it
+            self._states[(record.kind, older[0])] = VersionState(
+                "superseded", f"the publish of candidate version {record.version}", offset)
+        self._pending[record.kind] = (record.version, record.sha256)
+        self._set_state(record, "candidate", offset)
+
+    def _set_state(self, record: ControlRecord, name: str, offset: int) -> None:
+        self._states[(record.kind, record.version)] = VersionState(name, record.actor, offset)
+
+    def _check_decision(self, record: ControlRecord) -> str | None:
+        pending = self._pending.get(record.kind)
+        if pending is None or pending[0] != record.version:
+            now = f"pending: version {pending[0]}" if pending else f"no candidate of {record.kind} is pending"
+            state = self._states.get((record.kind, record.version))
+            if state is None or state.name == "published":
+                return f"{record.kind} version {record.version} is not a pending candidate ({now})"
+            decided = f"{state.name} by {state.actor or 'someone unnamed'} at offset {state.offset}"
+            return f"{record.kind} version {record.version} was already {decided} ({now})"
+        if pending[1] != record.sha256:
+            return (f"{record.action} of {record.kind} version {record.version} names sha256 {record.sha256[:12]}, but "
+                    f"candidate version {record.version} is {pending[1][:12]}")
+        return None
 
     def _check_publish(self, record: ControlRecord, claims: dict[int, str], offset: int) -> str | None:
         highest, claimed_at = self._highest.get(record.kind, (0, -1))
@@ -402,8 +543,7 @@ class VersionLedger:
         return (f"stale publish: {record.kind} version {highest} was published before it, and a publish must "
                 f"take the next version (only a rollback may go lower)")
 
-    @staticmethod
-    def _check_rollback(record: ControlRecord, claims: dict[int, str]) -> str | None:
+    def _check_rollback(self, record: ControlRecord, claims: dict[int, str]) -> str | None:
         owner = claims.get(record.version)
         if owner is None:
             published = ", ".join(map(str, sorted(claims))) or "none"
@@ -412,6 +552,12 @@ class VersionLedger:
         if owner != record.sha256:
             return (f"rollback to {record.kind} version {record.version} names sha256 {record.sha256[:12]}, but that "
                     f"version is {owner[:12]}")
+        if not self.served(record.kind, record.version):  # a rollback must not bypass the promotion policy
+            state = self._states[(record.kind, record.version)]
+            what = "a pending candidate" if state.name == "candidate" else \
+                f"a candidate {state.name} by {state.actor or 'someone unnamed'} at offset {state.offset}"
+            return (f"rollback to {record.kind} version {record.version}, which never served ({what}): a rollback "
+                    "names a version that served")
         return None
 
 
@@ -437,19 +583,33 @@ def parse_control(value: bytes | None) -> ControlRecord:
 
 
 def _record(data: dict) -> ControlRecord:
-    _check_one_transport(data)
+    action = _action(data.get("action", "publish"))
+    _check_transport(data, action)
     return ControlRecord(
         kind=_kind(data.get("kind")),
         version=_version(data.get("version")),
         sha256=_sha256_field(data.get("sha256")),
-        action=_action(data.get("action", "publish")),
+        action=action,
         blob_b64=_optional(data, "blob_b64", str),
         path=_optional(data, "path", str),
         published_at=_published_at(data.get("published_at")),
         actor=_bounded_text(data, "actor", MAX_ACTOR),
         reason=_bounded_text(data, "reason", MAX_REASON),
         statistics=parse_statistics(data.get("statistics")),
+        candidate=_candidate(data, action),
     )
+
+
+def _candidate(data: dict, action: str) -> bool | None:
+    """``candidate``: absent (None) or true, and on a publish only (it is encoded only when true)."""
+    value = data.get("candidate")
+    if value is None:
+        return None
+    if value is not True:
+        raise ControlError(f"control record field 'candidate' must be true or left out, got {shown(value)}")
+    if action != "publish":
+        raise ControlError(f"only a publish may be a candidate, not a {action}")
+    return True
 
 
 def _field(data: dict, name: str, kind: type):
@@ -558,8 +718,14 @@ def _is_finite_number(value) -> bool:
         return False
 
 
-def _check_one_transport(data: dict) -> None:
+def _check_transport(data: dict, action: str) -> None:
+    """A publish or a rollback carries its artifact as exactly one of blob_b64 or path; a decision carries none."""
     given = [name for name in ("blob_b64", "path") if data.get(name) is not None]
+    if action in DECISIONS:
+        if given:
+            raise ControlError(f"a {action} decides a candidate already published and carries no artifact, got "
+                               f"{given}")
+        return
     if len(given) != 1:
         raise ControlError(
             f"a control record carries its artifact as exactly one of blob_b64 or path, got {given or 'neither'}"

@@ -9,8 +9,9 @@ assignment; anything wrong is refused, counted and logged while the previous ver
 Version rule, shared by the client and every registry (:class:`~fairstream.streams.control.records.VersionLedger`):
 a ``publish`` must take the next version of its kind, one above the highest before it in the log (a
 later record claiming a taken version is a collision, one far above a gap; both refused and
-counted); a ``rollback`` may go lower but only to a published version, and must name that
-version's sha256. Because the topic has one partition, every worker sees the same order and
+counted); a ``rollback`` may go lower but only to a version that served (never to a candidate that
+was not promoted or approved), and must name that version's sha256; a decision names the kind's
+pending candidate. Because the topic has one partition, every worker sees the same order and
 reaches the same state.
 
 Messages are read by key and value together (:func:`~fairstream.streams.control.records.read_message`),
@@ -28,6 +29,16 @@ nothing, so it serves the newest version that survived. With per-record keys
 (:func:`~fairstream.streams.control.records.control_key`) one hostile record can shadow at most one
 version, never the history of a kind, and the versions after it still take effect: a publish may
 skip one version per message since the highest claim of its kind, and compaction keeps offsets.
+
+Candidates: a candidate publish the ledger admits is built like any version (loaded, checked
+against the pipeline) and kept beside the active artifacts (:meth:`ArtifactRegistry.served`: one
+immutable :class:`Served` holds both, so a reader never sees a mix) while it waits for a decision;
+``promote``/``approve`` make the built candidate active (``on_change``), ``reject``/``retire`` or a
+newer candidate drop it; ``on_candidate(kind, candidate or None)`` reports each arrival and
+departure. A worker restarted mid-shadow replays the same records and ends with the same candidate.
+While it shadows a candidate the announcer also names it (``shadowing``) and, at most every
+:data:`SHADOW_ANNOUNCE_EVERY` seconds when they changed, the live figures of the comparison
+(``shadow``).
 
 A pipeline config that disagrees with the artifact (a feature renamed in one of them) is refused
 at load, at start as at a swap, and logged as an error naming both sides; :meth:`ArtifactRegistry.explain_missing`
@@ -60,6 +71,8 @@ from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 
 from .records import (
+    ACTIVATING,
+    DECISIONS,
     IMPLIED_KEY,
     NOTICES,
     REFUSED,
@@ -71,6 +84,7 @@ from .records import (
     WorkerStatus,
     encode_announcement,
     read_message,
+    shadow_figures,
     shown,
 )
 from .store import ArtifactStore
@@ -98,6 +112,18 @@ class Active:
     module: object
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a worker serves (``active``, per kind) and what it shadows (``candidates``: each kind's built pending
+    candidate), read together: one immutable value, replaced by one assignment."""
+
+    active: Mapping[str, Active]
+    candidates: Mapping[str, Active]
+
+
+_NOTHING_SERVED = Served(MappingProxyType({}), MappingProxyType({}))
+
+
 def module_loaders(schema: PipelineSchema) -> dict[str, Callable[[Artifact], object]]:
     """A loader per known artifact kind that builds the module and checks it against ``schema`` (at load time)."""
     return {kind: functools.partial(load_module, schema=schema) for kind in MODULE_KINDS}
@@ -108,7 +134,9 @@ class ArtifactRegistry:
 
     ``loaders`` maps each kind to a function building the runtime module from an artifact (e.g.
     ``DistributionalRepair.from_artifact``); records of other kinds are refused. ``store`` resolves
-    records that travel by path; ``on_change(active)`` runs after each swap and
+    records that travel by path; ``on_change(active)`` runs after each swap (a promoted or approved
+    candidate included), ``on_candidate(kind, candidate)`` after a built candidate arrives (an
+    ``Active``) or leaves (None: promoted, rejected, retired or superseded), and
     ``on_refuse(kind, reason)`` after each refusal (for metrics; ``kind`` is :data:`UNKNOWN_KIND`
     when the record names no configured kind).
     """
@@ -119,25 +147,35 @@ class ArtifactRegistry:
         store: ArtifactStore | None = None,
         on_change: Callable[[Active], None] | None = None,
         on_refuse: Callable[[str, str], None] | None = None,
+        on_candidate: Callable[[str, Active | None], None] | None = None,
     ):
         self.loaders = dict(loaders)
         self.store = store
         self.on_change = on_change
         self.on_refuse = on_refuse
+        self.on_candidate = on_candidate
         self.accepted_total: Counter[str] = Counter()
         self.refused_total: Counter[str] = Counter()
         self.ledger = VersionLedger()
-        self._active: Mapping[str, Active] = MappingProxyType({})
+        self._served = _NOTHING_SERVED
         self._refusals: dict[str, str] = {}  # kind -> its last refusal, for explain_missing
         self._next_offset = 0  # the offset a message given without one is taken to have
 
     def current(self, kind: str) -> Active | None:
         """What ``kind`` is served with now, or None before its first accepted record."""
-        return self._active.get(kind)
+        return self._served.active.get(kind)
+
+    def candidate(self, kind: str) -> Active | None:
+        """The built pending candidate of ``kind``, or None."""
+        return self._served.candidates.get(kind)
 
     def snapshot(self) -> Mapping[str, Active]:
         """Every kind's active artifact, as one consistent read-only mapping."""
-        return self._active
+        return self._served.active
+
+    def served(self) -> Served:
+        """The active artifacts and the built pending candidates, from one consistent state."""
+        return self._served
 
     def explain_missing(self, kind: str) -> tuple[int, str]:
         """(log level, message) saying why ``kind`` has no active artifact: its last refusal, or none published."""
@@ -178,16 +216,53 @@ class ArtifactRegistry:
         version_refusal = self.ledger.admit(record, offset)  # before loading: claims depend on the log alone
         if version_refusal is not None:
             return self._refuse(label, what, version_refusal)
+        if record.action in DECISIONS:
+            return self._decide(record, label, what)
+        if record.candidate:
+            self._drop_candidate(record.kind)  # the ledger superseded an older candidate, whether or not this loads
         try:
-            active = build_active(record, self.loaders, self.store)
+            built = build_active(record, self.loaders, self.store)
         except Exception as exc:  # loaders are arbitrary code; whatever they raise is a refusal
             return self._refuse(label, what, *load_refusal(exc))
-        # One assignment of a fresh mapping: readers see the old state or the new one, never a mix.
-        self._active = MappingProxyType({**self._active, record.kind: active})
+        if record.candidate:
+            self._set(candidates={**self._served.candidates, record.kind: built})
+            log.info("shadowing %s as the pending candidate", what)
+            self._notify(self.on_candidate, record.kind, built)
+        else:
+            self._activate(built, what)
         self.accepted_total[record.kind] += 1
-        log.info("activated %s", what)
-        self._notify_change(active)
         return True
+
+    def _decide(self, record: ControlRecord, label: str, what: str) -> bool:
+        """A decision the ledger admitted: the built candidate serves (promote, approve) or leaves."""
+        built = self.candidate(record.kind)
+        if built is None or (built.version, built.sha256) != (record.version, record.sha256):
+            if record.action in ACTIVATING:
+                return self._refuse(label, what, f"candidate {record.kind} version {record.version} was never built "
+                                                 "here (its load was refused)")
+        elif record.action in ACTIVATING:
+            self._activate(built, what, candidates=_without(self._served.candidates, record.kind))
+            self._notify(self.on_candidate, record.kind, None)
+        else:
+            self._drop_candidate(record.kind)
+        log.info("%s (%s)", what, shown(record.reason) if record.reason else "no reason given")
+        self.accepted_total[record.kind] += 1
+        return True
+
+    def _activate(self, active: Active, what: str, candidates: Mapping[str, Active] | None = None) -> None:
+        self._set(active={**self._served.active, active.kind: active}, candidates=candidates)
+        log.info("activated %s", what)
+        self._notify(self.on_change, active)
+
+    def _drop_candidate(self, kind: str) -> None:
+        if kind in self._served.candidates:
+            self._set(candidates=_without(self._served.candidates, kind))
+            self._notify(self.on_candidate, kind, None)
+
+    def _set(self, active: Mapping[str, Active] | None = None, candidates: Mapping[str, Active] | None = None) -> None:
+        # One assignment of a fresh immutable state: readers see the old state or the new one, never a mix.
+        self._served = Served(self._served.active if active is None else MappingProxyType(dict(active)),
+                              self._served.candidates if candidates is None else MappingProxyType(dict(candidates)))
 
     def _refuse(self, label: str, what: str, reason: str, level: int = logging.WARNING) -> bool:
         self.refused_total[label] += 1
@@ -200,9 +275,14 @@ class ArtifactRegistry:
             _call_safely(self.on_refuse, label, reason)
         return False
 
-    def _notify_change(self, active: Active) -> None:
-        if self.on_change is not None:
-            _call_safely(self.on_change, active)
+    @staticmethod
+    def _notify(callback: Callable | None, *args) -> None:
+        if callback is not None:
+            _call_safely(callback, *args)
+
+
+def _without(mapping: Mapping[str, Active], kind: str) -> dict[str, Active]:
+    return {name: value for name, value in mapping.items() if name != kind}
 
 
 def build_active(record: ControlRecord, loaders: Mapping[str, Callable[[Artifact], object]],
@@ -297,6 +377,8 @@ async def open_at_beginning(consumer: AIOKafkaConsumer, topic: str) -> tuple[Top
 
 ANNOUNCE_EVERY = 300.0
 """Seconds between two announcements of a worker whose versions did not change (a heartbeat)."""
+SHADOW_ANNOUNCE_EVERY = 5.0
+"""While a candidate is shadowed: the most often its live figures are announced (when they changed)."""
 _ANNOUNCE_TIMEOUT = 10.0
 _ANNOUNCE_RETRY = 15.0
 
@@ -324,41 +406,66 @@ class WorkerIdentity:
 class Announcer:
     """Announces what one worker serves on the control topic: when it changes, every ``every`` seconds, at stop.
 
-    A failed announcement is logged and retried later; it never stops the follower (serving
-    matters more than being listed).
+    While a candidate is shadowed, its live figures (``shadow_figures()``, None without a candidate)
+    are announced too, when they changed and at most every ``shadow_every`` seconds. A failed
+    announcement is logged and retried later; it never stops the follower (serving matters more
+    than being listed).
     """
 
-    def __init__(self, worker: WorkerIdentity, bootstrap: str, topic: str, every: float = ANNOUNCE_EVERY):
+    def __init__(self, worker: WorkerIdentity, bootstrap: str, topic: str, every: float = ANNOUNCE_EVERY,
+                 shadow_figures: Callable[[], dict | None] | None = None,
+                 shadow_every: float = SHADOW_ANNOUNCE_EVERY):
         self.worker, self.bootstrap, self.topic, self.every = worker, bootstrap, topic, every
+        self.shadow_figures, self.shadow_every = shadow_figures, shadow_every
         self._producer: AIOKafkaProducer | None = None
-        self._announced: tuple | None = None  # what the last delivered announcement said
+        self._announced: tuple | None = None  # (serving, shadowing) of the last delivered announcement
+        self._figures: dict | None = None  # the figures of the last delivered announcement
         self._due = 0.0  # monotonic time of the next heartbeat (or retry)
+        self._figures_due = 0.0  # monotonic time from which changed figures may be announced
+        self.clock = time.monotonic  # seconds, for the heartbeat and the figures' pace (a test sets its own)
 
-    def status(self, snapshot: Mapping[str, Active], state: str = SERVING) -> WorkerStatus:
-        """The worker's status now, from a registry snapshot."""
-        serving = tuple((kind, snapshot[kind].version, snapshot[kind].sha256)
-                        for kind in self.worker.kinds if kind in snapshot)
+    def status(self, served: Served, state: str = SERVING, figures: bool = True) -> WorkerStatus:
+        """The worker's status now, from one registry state (with the live shadow figures unless not ``figures``)."""
+        serving, shadowing = ((tuple((kind, of[kind].version, of[kind].sha256) for kind in self.worker.kinds
+                                     if kind in of)) for of in (served.active, served.candidates))
+        live = self._live_figures() if figures and shadowing and state == SERVING else None
         return WorkerStatus(self.worker.name, self.worker.app_id, self.worker.host, self.worker.pid, time.time(),
-                            self.every, self.worker.kinds, serving, state)
+                            self.every, self.worker.kinds, serving, state, shadowing, live)
 
-    async def update(self, snapshot: Mapping[str, Active]) -> None:
-        """Announce if what the worker serves changed since the last announcement, or a heartbeat is due."""
-        status = self.status(snapshot)
-        if status.serving != self._announced or time.monotonic() >= self._due:
+    async def update(self, served: Served) -> None:
+        """Announce if what the worker serves or shadows changed, its shadow figures are due, or a heartbeat is."""
+        now = self.clock()
+        status = self.status(served, figures=False)
+        changed = (status.serving, status.shadowing) != self._announced
+        if not (changed or now >= self._figures_due or now >= self._due):
+            return  # nothing can be due: the figures are not even read (the follower polls every 100 ms)
+        status = self.status(served)
+        figures_due = status.shadow != self._figures and now >= self._figures_due
+        if changed or figures_due or now >= self._due:
             if await self._send(status):
-                self._announced, self._due = status.serving, time.monotonic() + self.every
+                self._announced, self._figures = (status.serving, status.shadowing), status.shadow
+                self._due, self._figures_due = now + self.every, now + self.shadow_every
             else:
-                self._due = time.monotonic() + _ANNOUNCE_RETRY
+                self._due = now + _ANNOUNCE_RETRY
 
-    async def close(self, snapshot: Mapping[str, Active]) -> None:
+    async def close(self, served: Served) -> None:
         """Announce that the worker stopped (if it ever announced), then close the producer."""
         if self._announced is not None:
-            await self._send(self.status(snapshot, STOPPED))
+            await self._send(self.status(served, STOPPED))
         if self._producer is not None:
             try:
                 await asyncio.wait_for(self._producer.stop(), _ANNOUNCE_TIMEOUT)
             except (KafkaError, asyncio.TimeoutError, OSError) as exc:
                 log.warning("could not close the announcement producer cleanly: %s", exc)
+
+    def _live_figures(self) -> dict[str, float] | None:
+        if self.shadow_figures is None:
+            return None
+        try:
+            return shadow_figures(self.shadow_figures())
+        except Exception:  # the comparison is the worker's; its failure must not stop the announcements
+            log.exception("could not read the shadow figures to announce")
+            return None
 
     async def _send(self, status: WorkerStatus) -> bool:
         key, value = encode_announcement(status)
@@ -389,7 +496,9 @@ class Announcer:
 def _describe(status: WorkerStatus) -> str:
     if status.state == STOPPED:
         return "stopped"
-    return "serves " + (", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or "nothing yet")
+    shadows = "".join(f", shadows candidate {kind} v{version}" for kind, version, _ in status.shadowing)
+    serving = ", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or "nothing yet"
+    return f"serves {serving}{shadows}"
 
 
 class ControlLogRewritten(RuntimeError):
@@ -445,6 +554,7 @@ async def follow_control(
     poll_ms: int = 100,
     worker: WorkerIdentity | None = None,
     announce_every: float = ANNOUNCE_EVERY,
+    shadow_figures: Callable[[], dict | None] | None = None,
 ) -> None:
     """Apply every control record, from the beginning, for ever; set ``ready`` once caught up.
 
@@ -457,10 +567,12 @@ async def follow_control(
     truncated under the follower raises :class:`ControlLogRewritten` (see :class:`LogContinuity`).
 
     With ``worker``, what the worker serves is announced on the topic once caught up, after each
-    swap, every ``announce_every`` seconds and when the follower stops (see :class:`Announcer`).
+    swap, every ``announce_every`` seconds and when the follower stops (see :class:`Announcer`); while a
+    candidate is shadowed, ``shadow_figures()`` (the live comparison's figures, None without one) at
+    most every :data:`SHADOW_ANNOUNCE_EVERY` seconds when they changed.
     """
     consumer = control_consumer(bootstrap)
-    announcer = None if worker is None else Announcer(worker, bootstrap, topic, announce_every)
+    announcer = None if worker is None else Announcer(worker, bootstrap, topic, announce_every, shadow_figures)
     await consumer.start()
     try:
         partition, end = await open_at_beginning(consumer, topic)
@@ -480,10 +592,10 @@ async def follow_control(
                 if ready is not None:
                     ready.set()
             if caught_up and announcer is not None:
-                await announcer.update(registry.snapshot())
+                await announcer.update(registry.served())
     finally:
         try:
             if announcer is not None:
-                await announcer.close(registry.snapshot())
+                await announcer.close(registry.served())
         finally:
             await consumer.stop()

@@ -26,6 +26,7 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.records import ControlError
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.ops.processes import free_port
 from fairstream.streams.ops.prometheus import (
@@ -69,6 +70,7 @@ class LoopReport:
     """What the fairness loop saw: events with their times, the statistic's series, re-fit outcomes."""
     events: list[tuple[float, str, str]] = field(default_factory=list)  # (seconds since start, event, detail)
     series: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, statistic, version)
+    candidate_series: list[tuple[float, float, int]] = field(default_factory=list)  # the same, of a shadow candidate
     threshold: float = 0.0
     statistic: str = "dependence_e"
     kind: str = "plan"  # the kind the loop re-fits
@@ -94,6 +96,7 @@ class MetricsPoller(threading.Thread):
         self.threshold = config.monitor.thresholds[self.statistic]
         self.stop_event = threading.Event()
         self.version, self.drifts, self.recovered_version = None, 0.0, None
+        self.candidate, self.candidate_value = None, None  # the shadow candidate's version and statistic, if any
 
     def run(self) -> None:
         """Scrape the worker's /metrics until stopped."""
@@ -112,8 +115,8 @@ class MetricsPoller(threading.Thread):
         self.processed = sum(self._metric(samples, name, agent="records") or 0.0
                              for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
         version = self._metric(samples, "fairstream_artifact_version", kind=self.kind)
-        value = self._metric(samples, fairness_family(self.statistic), statistic=self.statistic, stage="after",
-                             stratum="all", feature="all", group_pair="all", window="count")
+        value = self._statistic(samples, "active")
+        self._observe_candidate(samples, t)
         drifts = self._metric(samples, "fairstream_drift_events_total", statistic=self.statistic,
                               detector=self.monitor.detector) or 0.0
         if version is not None and version != self.version:
@@ -130,6 +133,20 @@ class MetricsPoller(threading.Thread):
                 self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.threshold}"))
                 self.recovered_version = version
 
+
+    def _statistic(self, samples: dict, role: str) -> float | None:
+        """The monitored statistic after the chain over the count window, of the serving chain or the candidate's."""
+        return self._metric(samples, fairness_family(self.statistic), statistic=self.statistic, stage="after",
+                            stratum="all", feature="all", group_pair="all", window="count", role=role)
+
+    def _observe_candidate(self, samples: dict, t: float) -> None:
+        candidate = self._metric(samples, "fairstream_candidate_version", kind=self.kind)
+        if candidate is not None and candidate != self.candidate:
+            self.report.events.append((t, "candidate in shadow", f"{self.kind} version {int(candidate)}"))
+        value = None if candidate is None else self._statistic(samples, "candidate")
+        self.candidate, self.candidate_value = candidate, value
+        if value is not None:
+            self.report.candidate_series.append((t, value, int(candidate)))
 
     def _live_line(self, samples: dict, t: float, version, value) -> None:
         taken = self._metric(samples, "fairstream_records_in_total", agent="records") or 0.0
@@ -212,6 +229,8 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             if prom is not None:
                 alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
                 note("Prometheus alert firing", f"{alert['labels']['alertname']} ({alert['labels'].get('statistic', '')})")
+            if config.promotion == "approve":
+                approve_when_shadow_closes_gap(config, bootstrap, poller, note, worker, recovery_timeout)
             _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
             stop_sending.set()
             sender.join()
@@ -225,11 +244,49 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             poller.join()
     epoch = time.time() - (time.monotonic() - start)  # wall-clock time of the loop's start
     for record in ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync():
-        if record.kind == job.kind and record.version > 1 and record.published_at:
-            report.events.append((record.published_at - epoch, "re-fit published", f"{job.kind} version {record.version}"))
+        if record.kind == job.kind and record.version > 1 and record.published_at and record.action == "publish":
+            report.events.append((record.published_at - epoch, "re-fit published",
+                                  f"{job.kind} version {record.version}{' (a candidate)' if record.candidate else ''}"))
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report
+
+
+OPERATOR = "Dana Okafor (fairness officer, demo)"
+"""The named person the approval act approves the candidate as (``fairstream artifacts approve --by``)."""
+
+
+def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, poller: MetricsPoller, note: Callable,
+                                   worker: WorkerProcess, timeout: float) -> int:
+    """Wait until the shadow candidate's live statistic is under the threshold, approve it as :data:`OPERATOR`, and
+    wait until the worker serves it; returns its version.
+
+    What a person does under ``promotion = "approve"``, with the figures the worker exports for the candidate
+    (``role="candidate"``). A candidate superseded by a newer re-fit between the look and the approval is refused
+    by the control topic's rule; the operator then looks at the newer one.
+    """
+    control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    kind, statistic, threshold = poller.kind, poller.statistic, poller.threshold
+    deadline = time.monotonic() + timeout
+    while True:
+        _wait(lambda: poller.candidate_value is not None and poller.candidate_value < threshold,
+              deadline - time.monotonic(), worker)
+        if poller.candidate_value is None or poller.candidate_value >= threshold:
+            raise RuntimeError(f"no shadow candidate brought {statistic} under {threshold} within {timeout:.0f}s")
+        version, value = int(poller.candidate), poller.candidate_value
+        reason = (f"the shadow statistics show {statistic} {value:.3f} under candidate version {version} on live "
+                  f"records, below the threshold {threshold}")
+        try:
+            control.decide_sync(kind, version, "approve", actor=OPERATOR, reason=reason,
+                                statistics={f"candidate.{statistic}": value})
+        except ControlError as exc:  # superseded (or decided) meanwhile: look at the candidate now in shadow
+            note("approval refused", str(exc))
+            time.sleep(1.0)
+            continue
+        note("approved by a named operator", f"{kind} version {version} by {OPERATOR}")
+        _wait(lambda: poller.version == version, deadline - time.monotonic(), worker)
+        note("candidate promoted", f"the worker serves {kind} version {version}")
+        return version
 
 
 def _keep_sending(bootstrap: str, config: PipelineConfig, data: Dataset, rate: float, stop: threading.Event,

@@ -48,12 +48,17 @@ def plot_group_distributions(path: Path, X: np.ndarray, X_repaired: np.ndarray, 
 
 
 def plot_timeline(path: Path, series: list[tuple[float, float, int]], events: list[tuple[float, str, str]],
-                  threshold: float, statistic: str = "dependence E after repair", kind: str = "plan") -> Path:
-    """The monitored statistic over time, coloured by the re-fitted ``kind``'s version, with the loop's events marked."""
+                  threshold: float, statistic: str = "dependence E after repair", kind: str = "plan",
+                  candidate_series: list[tuple[float, float, int]] = ()) -> Path:
+    """The monitored statistic over time, coloured by the re-fitted ``kind``'s version, with the loop's events marked;
+    a shadow candidate's statistic (``candidate_series``) dashed."""
     fig, ax = plt.subplots(figsize=(11, 4.5))
     for version in sorted({v for _, _, v in series}):
         points = [(t, y) for t, y, v in series if v == version]
         ax.plot(*zip(*points), marker=".", linewidth=1.2, label=f"{kind} version {version}")
+    for version in sorted({v for _, _, v in candidate_series}):
+        points = [(t, y) for t, y, v in candidate_series if v == version]
+        ax.plot(*zip(*points), linestyle="--", linewidth=1.2, label=f"{kind} version {version} (candidate, shadow)")
     ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold}")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     marked = [(t, e) for t, e, _ in events if e != f"{kind} version in use"]

@@ -15,6 +15,13 @@ then ``scorer``: a frozen logistic classifier with an AdapFair flow in front of 
 DP gap of its decisions. Half way men's hours-per-week rise by 15 (every stratum); the deployed
 flow no longer equalises the groups' scores, the DP gap crosses the threshold, and the re-fit
 service trains a new flow (warm-started, the classifier frozen) that brings the gap back down.
+
+The third act (``fairstream demo --act approve``) is the first act under ``promotion = "approve"``:
+the re-fit after the drift publishes a *candidate* that the worker applies in shadow beside the
+serving plan; once the candidate's live statistics (``role="candidate"``) show it would bring the
+statistic under the threshold, the demo approves it as a named operator
+(``fairstream artifacts approve``), the workers promote it, and the timeline marks the candidate,
+the approval and the promotion.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Act:
     shifted_group: int
     shifted_stratum: int | None
     refit_params: dict | None = None
+    promotion: str = "auto"  # the pipeline's promotion policy during the act
 
 
 ACTS = {
@@ -75,15 +83,20 @@ ACTS = {
     # men's hours rise everywhere; a flow in front of a frozen classifier is re-fitted, watched on the DP gap
     "flow": Act(chain=("flow", "scorer"), statistic="dp_difference", shifted_group=1, shifted_stratum=None,
                 refit_params=FLOW_ACT),
+    # the plan act again, but the re-fitted plan is a candidate in shadow until a named operator approves it
+    "approve": Act(chain=None, statistic=None, shifted_group=0, shifted_stratum=1, promotion="approve"),
 }
 """The acts ``fairstream demo --act`` runs, by name."""
 
 
 def act_config(config: PipelineConfig, act: str) -> PipelineConfig:
-    """The pipeline of an act: the plan as configured, or the chain flow -> scorer monitored on the decisions' DP gap."""
+    """The pipeline of an act: the plan as configured, or the chain flow -> scorer monitored on the decisions' DP gap;
+    under the act's promotion policy."""
     chosen = ACTS[act]
     if chosen.chain is not None:
         config = replace(config, records=replace(config.records, artifact=chosen.chain))
+    if chosen.promotion != config.promotion:
+        config = replace(config, promotion=chosen.promotion)
     return config if chosen.statistic is None else config.with_monitor(statistic=chosen.statistic, threshold=0.1)
 
 
@@ -140,7 +153,8 @@ def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, ru
     plot = plot_group_distributions(run_dir / "stream_distributions.png", X, Xr, s, u, list(config.features),
                                     archive.s_labels, archive.u_labels, title="records.repaired before the drift: before/after")
     timeline = plot_timeline(run_dir / "timeline.png", loop.series, loop.events, loop.threshold,
-                             statistic=f"{loop.statistic} after the chain", kind=loop.kind)
+                             statistic=f"{loop.statistic} after the chain", kind=loop.kind,
+                             candidate_series=loop.candidate_series)
     return {
         "sent": loop.sent, "repaired_unique": len(repaired), "repaired_messages": len(outputs["repaired"]),
         "dead_lettered": len(letters),

@@ -9,7 +9,8 @@ modules are rebuilt from the control topic exactly as a worker would: an
 published through :class:`~fairstream.streams.control.client.ControlClient` when nothing of its
 kind is active and it beats the trainer's baseline (if it has one), or when the trainer does not
 find it worse than the current module; otherwise nothing is published and the outcome says why,
-with both numbers.
+with both numbers. Under a pipeline's promotion ``"shadow"`` or ``"approve"`` it is published as a
+*candidate*: the workers apply it in shadow, and it serves only once promoted or approved.
 
 Three ways to run it: once (``fairstream refit --kind plan|flow``; a Kubernetes CronJob), on a
 schedule (:mod:`~fairstream.streams.refit.schedule`), or as a service answering the monitor's
@@ -68,6 +69,7 @@ class RefitOutcome:
     n_invalid: int = 0
     sha256: str | None = None
     metrics: dict = field(default_factory=dict)  # the candidate's holdout metrics
+    candidate: bool = False  # published as a candidate: it serves once promoted or approved
 
 
 class RefitJob:
@@ -161,10 +163,11 @@ class RefitJob:
             reason = (f"the candidate is identical to the active {self.kind} v{current.version} (payload sha256 "
                       f"{artifact.sha256[:12]}); nothing to publish")
             return self._finish(started, published=False, reason=reason, **base)
-        record = self.control.publish_sync(artifact, **_audit(trigger, score, current_score))
-        reason = self._publish_reason(record.version, score, current_score, current, unusable, len(held))
+        candidate = self.config.promotion != "auto"
+        record = self.control.publish_sync(artifact, candidate=candidate, **_audit(trigger, score, current_score))
+        reason = self._publish_reason(record.version, score, current_score, current, unusable, len(held), candidate)
         return self._finish(started, published=True, reason=reason, version=record.version, sha256=record.sha256,
-                            **base)
+                            candidate=candidate, **base)
 
     def serving(self) -> Mapping:
         """What the workers serve now, by kind: the control topic replayed through a worker's registry.
@@ -230,18 +233,19 @@ class RefitJob:
         return candidate.to_artifact(metrics=metrics, data_fingerprint=artifacts.fingerprint_arrays(*arrays))
 
     def _publish_reason(self, version: int, score: Validation, current_score: Validation | None, current,
-                        unusable: str | None, n_holdout: int) -> str:
+                        unusable: str | None, n_holdout: int, as_candidate: bool = False) -> str:
         kind, candidate = self.kind, f"candidate {score.summary}"
+        published = f"published candidate {kind} version {version}" if as_candidate else f"published {kind} v{version}"
         if current is None:
             versus = "" if current_score is None else f"; without a {kind}: {current_score.summary}"
-            return f"no {kind} was active: published {kind} v{version} ({candidate} on {n_holdout} holdout rows{versus})"
+            return f"no {kind} was active: {published} ({candidate} on {n_holdout} holdout rows{versus})"
         if current_score is None:
-            return (f"the active {kind} v{current.version} cannot serve this window ({unusable}): "
-                    f"published {kind} v{version}")
+            return f"the active {kind} v{current.version} cannot serve this window ({unusable}): {published}"
         left = (f"; the current {kind} left {current_score.unusable} holdout rows unprocessed"
                 if current_score.unusable else "")
+        replaces = f"would replace v{current.version} once promoted" if as_candidate else f"replaces v{current.version}"
         return (f"{candidate} against current {current_score.summary} on {n_holdout} holdout rows, within "
-                f"tolerance{left}: published {kind} v{version} (replaces v{current.version})")
+                f"tolerance{left}: {published} ({replaces})")
 
     def _finish(self, started: float, **fields) -> RefitOutcome:
         fields.setdefault("version", None)
@@ -268,6 +272,8 @@ def format_outcome(outcome: RefitOutcome) -> str:
         return "-" if value is None else format_value(value)
 
     status = f"published {outcome.kind} v{outcome.version}" if outcome.published else "not published"
+    if outcome.published and outcome.candidate:
+        status = f"published candidate {outcome.kind} version {outcome.version} (it serves once promoted or approved)"
     current = "" if outcome.current_version is None else f" (v{outcome.current_version})"
     floor = "" if outcome.floor is None else f"   floor: {show(outcome.floor)}"
     return "\n".join([

@@ -20,6 +20,14 @@ A worker is consuming or it has exited non-zero: every service hangs in the work
 so an error a batch consumer or a task cannot recover from crashes the Faust worker, which stops
 its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it is ended hard).
 ``/healthz`` and ``/readyz`` answer beside ``/metrics`` (:mod:`.health`).
+
+Shadow candidates: while a kind of the record chain has a pending candidate, each batch also goes through the
+candidate chain (:class:`~fairstream.streams.worker.processing.Served`, read from one registry state); the
+outputs stay the active chain's. A second fairness monitor measures the candidate (gauges ``role="candidate"``,
+no drift events, no re-fit requests) and a :class:`~fairstream.streams.worker.monitor.ShadowComparison` compares
+the two chains on the same records; its figures are announced on the control topic. Under
+``promotion = "shadow"`` the worker decides each candidate once (:mod:`.shadow`) and writes the decision to the
+control topic through its notice producer.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import contextlib
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -42,7 +51,7 @@ from faust.app.base import BootStrategy
 from fairstream.models.kinds import capabilities
 from fairstream.streams.codec import RefitRequest
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.control.records import reembed_event
+from fairstream.streams.control.records import control_key, encode_control, reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
@@ -53,8 +62,9 @@ from .drift import DriftEvent
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import PipelineMetrics, serve
-from .monitor import FairnessMonitor
-from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer
+from .monitor import FairnessMonitor, ShadowComparison
+from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer, Served, as_actives, candidate_of
+from .shadow import REFUSED, ShadowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +184,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app.fairstream_metrics, app.fairstream_registry = worker.metrics, worker.registry
     app.fairstream_monitor, app.fairstream_verification = worker.monitor, worker.verification
     app.fairstream_health, app.fairstream_metrics_port = worker.health, worker.metrics_port
-    app.fairstream_consumers = worker.consumers
+    app.fairstream_consumers, app.fairstream_hooks = worker.consumers, worker
     app.fairstream_services = (WorkerServices(worker.notices, worker.consumers, worker.health),)
     return app
 
@@ -208,8 +218,16 @@ class WorkerHooks:
         self.ready = asyncio.Event()
         self.swaps = SwapNotices(self.ready)
         self.registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
-                                         on_change=self.artifact_changed, on_refuse=self.artifact_refused)
+                                         on_change=self.artifact_changed, on_refuse=self.artifact_refused,
+                                         on_candidate=self.candidate_changed)
         self.monitor, self.verification = FairnessMonitor(config), EmbeddingMonitor(config)
+        # The candidate chain's own monitor and its comparison with the active chain, afresh for each candidate.
+        self.candidate_monitor = FairnessMonitor(config)
+        self.comparison = ShadowComparison(config, config.shadow_statistics)
+        self.figures: dict | None = None  # the comparison's figures at its last export, for the announcer
+        self.policy = ShadowPolicy(config.shadow, shadow_actor(app_id)) if config.promotion == "shadow" else None
+        self.pending_decisions: list = []  # decision records not sent yet, oldest first
+        self.candidate_refused = 0  # records the active chain delivered and the candidate refused, this candidate
         self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()
         # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
         self.metrics_port = serve(config.monitor.metrics_port,
@@ -256,6 +274,24 @@ class WorkerHooks:
         log.info("now serving %s artifact version %s (sha256 %s)", current.kind, current.version, current.sha256[:12])
         self.swaps.seen(current)
 
+    def candidate_changed(self, kind: str, candidate) -> None:
+        """A pending candidate arrived (an ``Active``) or left (None), on the registry's thread: the candidate's
+        monitor and the comparison start afresh, its gauges go."""
+        if kind not in self.config.records.chain:
+            return  # only the record chain is measured in shadow
+        with self.export_lock:
+            self.candidate_monitor = FairnessMonitor(self.config)
+            self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
+            self.figures, self.candidate_refused = None, 0
+            self.unexported.discard("candidate")
+            self.metrics.clear_fairness("candidate")
+            if candidate is None:  # a decision on it still unsent goes anyway: the ledger refuses it, harmless
+                self.metrics.candidate_version.remove(kind)
+            else:
+                self.metrics.candidate_version.labels(kind).set(candidate.version)
+        if candidate is not None:
+            log.info("measuring %s candidate version %s in shadow beside the active chain", kind, candidate.version)
+
     def artifact_refused(self, kind: str, reason: str) -> None:
         """An artifact the registry would not load (it logged why)."""
         self.metrics.artifact_refused.labels(kind).inc()
@@ -272,7 +308,11 @@ class WorkerHooks:
         from fairstream.streams.control.registry import WorkerIdentity  # announces what this worker serves
 
         await follow_control(self.registry, self.bootstrap, self.topics.control, ready=self.ready,
-                             worker=WorkerIdentity.of(self.app_id, self.config))
+                             worker=WorkerIdentity.of(self.app_id, self.config), shadow_figures=self.shadow_figures)
+
+    def shadow_figures(self) -> dict | None:
+        """The comparison's figures as last exported (None without a candidate): read by the announcer."""
+        return self.figures
 
     async def export_trailing(self) -> None:
         """Every second, the statistics of batches observed since the last export: exports are throttled to one a
@@ -287,10 +327,11 @@ class WorkerHooks:
     def export_unexported(self) -> None:
         """Export the monitors observed since their last export (a monitor that cannot measure exports nothing)."""
         exports = {"fairness": lambda: self.monitor.refused is None and export_fairness(self.monitor, self.metrics),
+                   "candidate": self.export_candidate,
                    "verification": lambda: export_verification(self.verification, self.metrics)}
         with self.export_lock:
             for name in sorted(self.unexported):
-                with observing(name, self.metrics):
+                with observing("verification" if name == "verification" else "fairness", self.metrics):
                     exports[name]()
             self.unexported.clear()
 
@@ -326,11 +367,11 @@ class WorkerHooks:
         return current
 
     def active_chain(self):
-        """Every artifact of the record chain, in order, read from one registry snapshot (one version each)."""
+        """The record chain to apply (:class:`Served`: every active artifact in order, and the chain with the pending
+        candidates in place), read from one registry state (one version each)."""
         if any(self.active(kind, "records") is NOT_LOADED for kind in self.config.records.chain):
             return NOT_LOADED
-        snapshot = self.registry.snapshot()  # the registry never unloads a kind: every one is still in it
-        return tuple(snapshot[kind] for kind in self.config.records.chain)
+        return served_chain(self.registry.served(), self.config.records.chain)
 
     def active_embedding(self):
         """The embedding module to apply, or NOT_LOADED."""
@@ -341,8 +382,10 @@ class WorkerHooks:
         """The identity module (``embeddings.artifact = "identity"``)."""
         return None
 
-    def records_delivered(self, outcome: BatchOutcome, chain) -> None:
-        """A record batch was delivered to records.repaired: the fairness monitor observes it, drift asks a re-fit."""
+    def records_delivered(self, outcome: BatchOutcome, served) -> None:
+        """A record batch was delivered to records.repaired: the fairness monitor observes it, drift asks a re-fit;
+        a candidate chain applied in shadow is measured and compared (and, under the shadow policy, decided)."""
+        chain = as_actives(served)
         if outcome.monitor_batch is not None:
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
             with self.export_lock, observing("fairness", self.metrics):
@@ -350,14 +393,67 @@ class WorkerHooks:
                 self.pending_refits.extend(map(self.refit_request, events))
                 if self.monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
                     self.metrics.monitor_errors.labels("fairness").inc()
-                    self.metrics.clear_fairness()
-                elif self.fairness_exports.due():
+                    self.metrics.clear_fairness("active")
+                elif self.fairness_exports.due("active"):
                     export_fairness(self.monitor, self.metrics)
                     self.unexported.discard("fairness")
                 else:
                     self.unexported.add("fairness")
+            if outcome.candidate_batch is not None:
+                with self.export_lock, observing("fairness", self.metrics):
+                    self.observe_candidate(outcome, chain, candidate_of(served))
             self.metrics.monitor_cpu.inc(time.thread_time() - started)
         self.send_refit_requests()
+        self.send_decisions()
+
+    def observe_candidate(self, outcome: BatchOutcome, chain: tuple, candidate: tuple) -> None:
+        """The candidate's monitor and the comparison observe a batch (under the export lock), if the candidate is
+        still pending (a batch taken before it left must not start its statistics again)."""
+        if chain_ids(candidate) != chain_ids(candidate_of(self.active_now())):
+            return
+        self.candidate_monitor.observe_batch(outcome.candidate_batch, *candidate)  # its drift events are not acted on
+        self.comparison.observe(outcome.monitor_batch, chain, outcome.candidate_batch, candidate)
+        self.candidate_refused += outcome.candidate_refused
+        if self.candidate_monitor.refused is not None:
+            self.metrics.monitor_errors.labels("fairness").inc()
+            self.metrics.clear_fairness("candidate")
+        if self.fairness_exports.due("candidate"):
+            self.export_candidate()
+            self.unexported.discard("candidate")
+        else:
+            self.unexported.add("candidate")
+        if self.policy is not None:
+            # Refused records count towards the window: a candidate that refuses most records is still decided.
+            seen = self.comparison.n_records + self.candidate_refused
+            due = self.policy.due(pending_candidates(chain, candidate), seen)
+            if due:
+                figures = {REFUSED: float(self.candidate_refused), **self.comparison.figures()}
+                self.pending_decisions += self.policy.decisions(due, figures)
+
+    def active_now(self) -> Served:
+        """The record chain the registry serves now (no hold, no metrics: for checks)."""
+        return served_chain(self.registry.served(), self.config.records.chain)
+
+    def export_candidate(self) -> None:
+        """The candidate's gauges (role candidate) and the comparison's figures for the announcer."""
+        if self.candidate_monitor.refused is None:
+            export_fairness(self.candidate_monitor, self.metrics, role="candidate")
+        self.figures = self.comparison.figures() if self.comparison.n_records else None
+
+    def send_decisions(self) -> None:
+        """Send the shadow policy's pending decisions to the control topic; one that cannot be sent now waits."""
+        while self.pending_decisions:
+            record = self.pending_decisions[0]
+            value = encode_control(record)
+            try:
+                self.notices.send(self.topics.control, control_key(record, value), value)
+            except (KafkaException, NoticeNotSent, BufferError) as exc:  # sent with a later batch
+                log.error("the shadow policy's decision to %s %s version %s could not be sent yet: %r", record.action,
+                          record.kind, record.version, exc)
+                return
+            self.pending_decisions.pop(0)
+            log.warning("shadow policy: %s %s version %s (%s)", record.action, record.kind, record.version,
+                        record.reason)
 
     def embeddings_delivered(self, outcome: BatchOutcome, active) -> None:
         """An embedding batch was delivered: the verification monitor observes its labelled pairs."""
@@ -423,13 +519,39 @@ def observing(monitor: str, metrics: PipelineMetrics):
                       "keeps consuming)", monitor)
 
 
-def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics) -> None:
-    """Set the fairness gauges from both windows (a window below min_records exports nothing)."""
+def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active") -> None:
+    """Set the fairness gauges of the ``role`` chain from both windows (a window below min_records exports nothing;
+    the window sizes are the active chain's)."""
     for window in ("count", "time"):
-        in_window = monitor.windows[window].n_records if monitor.version is not None else 0
-        metrics.window_records.labels(window).set(in_window)
+        if role == "active":
+            in_window = monitor.windows[window].n_records if monitor.version is not None else 0
+            metrics.window_records.labels(window).set(in_window)
         for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
-            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value)
+            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value, role=role)
+
+
+def served_chain(served, chain: tuple[str, ...]) -> Served:
+    """The record ``chain`` of the registry's ``served`` state: its active artifacts in order, and, while a kind of
+    it has a pending candidate, the chain with every candidate in its kind's place."""
+    active = tuple(served.active[kind] for kind in chain)  # the caller checked that every kind is active
+    if not any(kind in served.candidates for kind in chain):
+        return Served(active, None)
+    return Served(active, tuple(served.candidates.get(kind, current) for kind, current in zip(chain, active)))
+
+
+def chain_ids(chain) -> tuple | None:
+    """What identifies a chain's artifacts (kind, version, sha256 each), or None."""
+    return None if chain is None else tuple((a.kind, a.version, a.sha256) for a in chain)
+
+
+def pending_candidates(active: tuple, candidate: tuple) -> list:
+    """The candidates of a candidate chain: its artifacts that are not the active chain's."""
+    return [c for a, c in zip(active, candidate) if (c.version, c.sha256) != (a.version, a.sha256)]
+
+
+def shadow_actor(app_id: str) -> str:
+    """The shadow policy's name in the audit trail: ``shadow-policy@<app id>@<host>:<pid>``."""
+    return f"shadow-policy@{app_id}@{socket.gethostname()}:{os.getpid()}"
 
 
 def export_verification(monitor: EmbeddingMonitor, metrics: PipelineMetrics) -> None:

@@ -9,6 +9,10 @@ output fits under the producer's limit (:data:`~fairstream.streams.codec.MAX_OUT
 output that would not is dead-lettered instead, and dead letters fit by construction. Every output is
 JSON: a record whose output holds a NaN or an infinity (which the chain refuses already) is dead-lettered
 with the field it names, never written; the encoders refuse such a value outright.
+
+While a kind of the record chain has a pending candidate (:class:`Served`), the candidate chain is applied in
+shadow to the records the active chain delivered: its results are measured (``BatchOutcome.candidate_batch``),
+never written; the outputs are the active chain's, bit for bit what they would be without a candidate.
 """
 
 from __future__ import annotations
@@ -112,6 +116,8 @@ class BatchOutcome:
     skewed: int = 0  # repaired records whose ts was implausible (the monitor filed them at their arrival time)
     event_times: list = field(default_factory=list)  # the ``ts`` of the repaired records, for latency
     monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
+    candidate_batch: RepairedBatch | None = None  # the same records through the candidate chain (shadow), measured only
+    candidate_refused: int = 0  # records of monitor_batch the candidate chain refused (not in candidate_batch)
     labelled: tuple | None = None  # embeddings: (vectors, identities, groups, ids) of records with an identity
 
 
@@ -171,9 +177,26 @@ def chain_added(chain: Sequence, columns: dict) -> dict[str, np.ndarray]:
     return {name: np.asarray(values) for name, values in columns.items() if name in adds}
 
 
+@dataclass(frozen=True)
+class Served:
+    """The record chain to apply, read from one registry state: the active artifacts in chain order, and the chain
+    with every pending candidate in place of its kind (None while no kind of the chain has a candidate)."""
+
+    active: tuple
+    candidate: tuple | None = None
+
+
 def as_actives(active) -> tuple:
-    """The registry's active artifacts of a chain as a tuple (one ``Active`` is a chain of one)."""
+    """The registry's active artifacts of a chain as a tuple (one ``Active`` is a chain of one; of a
+    :class:`Served`, its active chain)."""
+    if isinstance(active, Served):
+        return active.active
     return tuple(active) if isinstance(active, (list, tuple)) else (active,)
+
+
+def candidate_of(served) -> tuple | None:
+    """The candidate chain to apply in shadow, or None."""
+    return served.candidate if isinstance(served, Served) else None
 
 
 class RecordRepairer:
@@ -185,7 +208,8 @@ class RecordRepairer:
         self.config = config
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
-        """``active``: the registry's active artifacts of the configured chain, in order (or one of them)."""
+        """``active``: the registry's active artifacts of the configured chain, in order (or one of them), or a
+        :class:`Served` (with a candidate chain, measured in shadow: ``candidate_batch``)."""
         chain = as_actives(active)
         decoded = decode_records([m.value() for m in messages], self.config)
         failures = list(decoded.errors)
@@ -218,8 +242,12 @@ class RecordRepairer:
             # Fairness is measured on records with their true s: imputed ones are only counted.
             mine = slice(None) if imputed is None else ~imputed
             measured = ok[mine]
-            outcome.monitor_batch = _monitor_batch(batch.take(measured), result.X[measured],
-                                                   result.out_of_range[measured], times[mine], added, measured)
+            delivered = batch.take(measured)
+            outcome.monitor_batch = _monitor_batch(delivered, result.X[measured], result.out_of_range[measured],
+                                                   times[mine], added, measured)
+            if candidate_of(active) is not None and len(measured):
+                outcome.candidate_batch, outcome.candidate_refused = _shadow(candidate_of(active), delivered,
+                                                                             times[mine])
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
@@ -252,6 +280,17 @@ def _arrival(message: MessageLike) -> float | None:
     """When the message reached Kafka (its timestamp, seconds), if it says; -1 (none) is implausible anyway."""
     kind, milliseconds = message.timestamp()
     return None if kind == TIMESTAMP_NOT_AVAILABLE else milliseconds / 1000
+
+
+def _shadow(chain: Sequence, delivered: Batch, ts: np.ndarray) -> tuple[RepairedBatch, int]:
+    """The candidate ``chain`` on the records the active chain delivered (and the monitor measures): what the monitor
+    measures of its results, and how many of them it refused (left out). Nothing of it is written."""
+    result = apply_chain([a.module for a in chain], delivered)
+    kept = result.ok if result.imputed is None else result.ok & ~result.imputed
+    rows = np.flatnonzero(kept)
+    added = chain_added(chain, result.columns)
+    return (_monitor_batch(delivered.take(rows), result.X[rows], result.out_of_range[rows], ts[rows], added, rows),
+            len(delivered) - len(rows))
 
 
 def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, added: dict, rows) -> RepairedBatch:

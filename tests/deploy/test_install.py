@@ -143,11 +143,15 @@ def test_make_lock_refreshes_the_constraints_from_a_fresh_resolution():
     assert commands[-2:] == ["mv constraints.txt.new constraints.txt", "rm -rf build/lock-venv"]
 
 
-def test_setup_installs_prometheus_and_alertmanager_once():
+def test_setup_installs_prometheus_alertmanager_and_chromium_once():
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^\$\(STAMP\):.*\|\s*\$\(PROMTOOL\) \$\(AMTOOL\)\s*$", makefile, flags=re.MULTILINE)
+    assert re.search(r"^\$\(STAMP\):.*\|\s*\$\(PROMTOOL\) \$\(AMTOOL\) \$\(CHROMIUM\)\s*$", makefile,
+                     flags=re.MULTILINE)
     (recipe,) = make_dry_run("-B", "/usr/bin/amtool")  # -n: printed, not run
     assert recipe.startswith("command -v amtool >/dev/null && command -v prometheus-alertmanager >/dev/null ||")
     assert "apt-get install -y --no-install-recommends prometheus-alertmanager)" in recipe
-    for tool in ("amtool", "prometheus-alertmanager", "promtool", "prometheus"):
+    (recipe,) = make_dry_run("-B", "/usr/bin/chromium")
+    assert recipe.startswith("command -v chromium >/dev/null ||")
+    assert "apt-get install -y --no-install-recommends chromium)" in recipe
+    for tool in ("amtool", "prometheus-alertmanager", "promtool", "prometheus", "chromium"):
         assert subprocess.run(["sh", "-c", f"command -v {tool}"], check=False, capture_output=True).returncode == 0, tool

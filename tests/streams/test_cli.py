@@ -1,6 +1,7 @@
 """The command line as a user runs it: real subprocesses, the real embedded broker."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -196,24 +197,32 @@ def tiny_plan(columns, seed: int = 0):
     return DistributionalRepair(n_q=30, columns=list(columns)).fit(X, s, u)
 
 
-def pipeline_toml(tmp_path, prefix: str) -> tuple[Path, object]:
-    config = adult_config(artifact_dir=str(tmp_path / "artifacts")).with_topics(prefix=prefix)
+def pipeline_toml(tmp_path, prefix: str, **changes) -> tuple[Path, object]:
+    config = dataclasses.replace(adult_config(artifact_dir=str(tmp_path / "artifacts")).with_topics(prefix=prefix),
+                                 **changes)
     path = tmp_path / f"{prefix}.toml"
     path.write_text(config.to_toml())
     return path, config
 
 
-def listing(url: str, toml: Path, capsys) -> tuple[dict, str]:
-    """``artifacts list``: {version: (mark, served by)} of the plan rows, and the whole output."""
+def listing_rows(url: str, toml: Path, capsys) -> tuple[list[dict], str]:
+    """``artifacts list``: its rows (the columns by name, "served" for what is beside them), and the whole output."""
     code, out, err = run_main(["artifacts", "list", "--broker", url, "--config", str(toml)], capsys)
     assert code == 0, err
-    rows = {}
+    rows = []
     for line in out.split("\n\n")[0].splitlines()[1:]:
         if line.startswith("("):  # (no artifacts published on ...)
             continue
-        kind, version, _sha, _action, _via, _date, _time, mark, *served = line.split()
-        rows[int(version)] = (mark, " ".join(served))
+        kind, version, _sha, action, via, _date, _time, mark, state, actor, *served = line.split()
+        rows.append({"kind": kind, "version": int(version), "action": action, "via": via, "mark": mark,
+                     "state": state, "actor": actor, "served": " ".join(served)})
     return rows, out
+
+
+def listing(url: str, toml: Path, capsys) -> tuple[dict, str]:
+    """``artifacts list``: {version: (mark, served by)} of the plan rows, and the whole output."""
+    rows, out = listing_rows(url, toml, capsys)
+    return {row["version"]: (row["mark"], row["served"]) for row in rows}, out
 
 
 @pytest.mark.integration
@@ -303,6 +312,70 @@ def test_artifacts_history_shows_who_published_and_rolled_back_and_why(broker, t
         (1, "rollback", "bob", "v2 widened the gap"), (3, "publish", "refit@host", "schedule")]
     assert [e["statistics"] for e in entries] == [{}, {}, {}, figures]
     assert run_main(["artifacts", "history", *common, "--kind", "flow", "--json"], capsys)[:2] == (0, "")
+
+
+@pytest.mark.integration
+def test_under_approval_a_publish_is_a_candidate_a_person_approves_or_rejects(broker, tmp_path, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-approve", promotion="approve")
+    common = ["--broker", broker.url, "--config", str(toml)]
+    plans = [artifacts.save(tiny_plan(["age", "hours-per-week"], seed).to_artifact(), tmp_path / f"plan-{seed}.json")
+             for seed in (1, 2)]
+    sha = [artifacts.load(plan).sha256[:12] for plan in plans]
+    code, out, err = run_main(["artifacts", "publish", *common, "--by", "refit@host", str(plans[0])], capsys)
+    assert (code, out) == (0, f"published plan version 1 as a candidate (sha256 {sha[0]}, inline) to "
+                              "cli-approve.control: promotion is 'approve', so the workers shadow it until "
+                              "'fairstream artifacts approve plan 1' or 'reject'\n"), err
+    code, out, err = run_main(["artifacts", "approve", "plan", "2", *common, "--by", "alice", "--reason", "ok"],
+                              capsys)
+    assert (code, out, err) == (1, "", "fairstream artifacts: error: refusing to approve: plan version 2 is not a "
+                                       "pending candidate (pending: version 1)\n")
+    assert run_main(["artifacts", "rollback", "plan", *common], capsys)[2] == (
+        "fairstream artifacts: error: no plan version ever served on cli-approve.control (only candidates that were "
+        "never promoted or approved): nothing to roll back to\n")
+    approve = ["artifacts", "approve", "plan", "1", *common, "--by", "alice", "--reason", "closes the gap for women"]
+    assert run_main(approve, capsys)[:2] == (0, f"approved plan version 1 (sha256 {sha[0]}) as alice: the workers "
+                                                "serve it once they read this\n")
+    assert run_main(["artifacts", "publish", *common, "--by", "refit@host", str(plans[1])], capsys)[0] == 0
+    reject = ["artifacts", "reject", "plan", "2", *common, "--by", "bob", "--reason", "accuracy dropped"]
+    assert run_main(reject, capsys)[:2] == (0, f"rejected plan version 2 (sha256 {sha[1]}) as bob: it will not serve\n")
+    assert run_main(reject, capsys)[2] == ("fairstream artifacts: error: refusing to reject: plan version 2 was "
+                                           "already rejected by bob at offset 3 (no candidate of plan is pending)\n")
+    rows, _ = listing_rows(broker.url, toml, capsys)
+    assert [(r["version"], r["action"], r["via"], r["mark"], r["state"], r["actor"]) for r in rows] == [
+        (1, "publish", "inline", "-", "active", "refit@host"), (1, "approve", "-", "*", "active", "alice"),
+        (2, "publish", "inline", "-", "rejected", "refit@host"), (2, "reject", "-", "-", "rejected", "bob")]
+    code, out, _ = run_main(["artifacts", "history", *common], capsys)
+    assert [re.split(r"\s{2,}", line)[1:] for line in out.splitlines()] == [
+        ["plan", "v1", "candidate", "refit@host", "-"], ["plan", "v1", "approve", "alice", "closes the gap for women"],
+        ["plan", "v2", "candidate", "refit@host", "-"], ["plan", "v2", "reject", "bob", "accuracy dropped"]]
+    code, out, _ = run_main(["artifacts", "history", *common, "--json"], capsys)
+    assert [(e["action"], e["candidate"]) for e in map(json.loads, out.splitlines())] == [
+        ("publish", True), ("approve", False), ("publish", True), ("reject", False)]
+
+
+@pytest.mark.parametrize("action", ["approve", "reject"])
+def test_a_decision_without_a_reason_is_refused_before_anything_starts(action, tmp_path, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-reason")
+    with pytest.raises(SystemExit) as exited:
+        main(["artifacts", action, "plan", "1", "--broker", UNREACHABLE, "--config", str(toml)])
+    assert exited.value.code == 2 and "the following arguments are required: --reason" in capsys.readouterr().err
+
+
+def test_artifacts_report_writes_the_report_of_a_version_and_prints_its_path(broker, tmp_path, capsys, monkeypatch):
+    from fairstream.streams.refit import report
+
+    toml, config = pipeline_toml(tmp_path, "cli-report")
+    calls = []
+
+    def write_report(config, bootstrap, kind, version, out=None, sample=2000):
+        calls.append((config.topics.prefix, bootstrap, kind, version, out, sample))
+        return Path(out)
+
+    monkeypatch.setattr(report, "write_report", write_report)
+    command = ["artifacts", "report", "plan", "3", "--broker", broker.url, "--config", str(toml),
+               "--out", str(tmp_path / "plan-3.html"), "--sample", "500"]
+    assert run_main(command, capsys)[:2] == (0, f"{tmp_path / 'plan-3.html'}\n")
+    assert calls == [("cli-report", broker.bootstrap, "plan", 3, tmp_path / "plan-3.html", 500)]
 
 
 @pytest.mark.parametrize("option, value, message", [("--by", "", "--by must not be empty"),

@@ -23,7 +23,7 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = {"topics", "records", "embeddings", "monitor", "kafka"}
+SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 
@@ -337,6 +337,13 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("monitor", "max_event_time_skew", float("inf"), "a number > 0 and <= 604800"),
     ("pipeline", "name", "my pipeline", "a name of letters, digits, '_', '-' and inner dots (at most 200 characters)"),
     ("pipeline", "label", "yes", "true or false"),
+    ("pipeline", "promotion", "manual", "'auto', 'shadow' or 'approve'"),
+    ("shadow", "min_records", 0, "an integer >= 1"),
+    ("shadow", "min_improvement", -0.01, "a number >= 0"),
+    ("shadow", "max_accuracy_drop", 1.5, "a number >= 0 and <= 1"),
+    ("shadow", "max_decision_rate_change", float("nan"), "a number >= 0 and <= 1"),
+    ("shadow", "statistic", "e", "a statistic ('dependence_e', 'w1',"),
+    ("shadow", "statistic", ["w1", "w1"], "a list of distinct ones ([]: the monitor's)"),
 ], ids=lambda v: str(v)[:20])
 def test_values_outside_their_range_are_named_with_what_was_expected_and_found(section, key, value, expected):
     data = adult_data()
@@ -438,7 +445,8 @@ def test_the_readme_configuration_reference_lists_every_key_with_type_default_an
     keys |= {("topics", f.name) for f in fields(TopicConfig)}
     keys |= {(section, f.name) for section, obj in (("agents.records", config.records),
                                                     ("agents.embeddings", config.embeddings),
-                                                    ("monitor", config.monitor), ("kafka", config.kafka))
+                                                    ("monitor", config.monitor), ("shadow", config.shadow),
+                                                    ("kafka", config.kafka))
              for f in fields(obj)}
     assert documented == keys
     assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())
@@ -526,3 +534,47 @@ def test_per_statistic_thresholds_cover_exactly_the_monitored_statistics(thresho
     data["monitor"].update(statistic=["dependence_e", "w1"], threshold=thresholds)
     assert config_error(data) == ("monitor.threshold must give a number for every monitored statistic "
                                   f"['dependence_e', 'w1']: {problem}")
+
+
+# --------------------------------------------------------------------------- promotion policy and the shadow section
+
+
+def test_promotion_is_auto_and_the_shadow_policy_compares_the_monitored_statistics_by_default():
+    config = PipelineConfig.from_dict(adult_data())
+    assert config.promotion == "auto"
+    assert (config.shadow.min_records, config.shadow.min_improvement, config.shadow.max_accuracy_drop,
+            config.shadow.max_decision_rate_change) == (2000, 0.0, 0.02, 0.05)
+    assert config.shadow.statistics == () and config.shadow_statistics == config.monitor.statistics
+
+
+@pytest.mark.parametrize("promotion", ["auto", "shadow", "approve"])
+def test_a_promotion_policy_and_shadow_settings_read_back(promotion):
+    data = adult_data()
+    data["pipeline"]["promotion"] = promotion
+    data["shadow"] = {"min_records": 500, "statistic": ["dp_difference", "w1"], "min_improvement": 0.01,
+                      "max_accuracy_drop": 0.05, "max_decision_rate_change": 0.1}
+    config = PipelineConfig.from_dict(data)
+    assert config.promotion == promotion and config.shadow_statistics == ("dp_difference", "w1")
+    assert config.shadow.min_records == 500 and config.shadow.max_decision_rate_change == 0.1
+    assert PipelineConfig.from_dict(tomllib.loads(config.to_toml())) == config
+    assert config.with_shadow(statistic="w1").shadow_statistics == ("w1",)
+
+
+def test_an_unknown_shadow_key_is_named():
+    data = adult_data()
+    data["shadow"] = {"min_record": 10}
+    assert config_error(data).startswith("[shadow] has unknown key(s) ['min_record']; allowed: ")
+
+
+@pytest.mark.parametrize("statistic, label, message", [
+    ("dp_difference", True, "shadow.statistic 'dp_difference' needs a record chain that writes a decision (it writes: "
+                            "features), got agents.records.artifact = ['plan']"),
+    ("eopp", False, "shadow.statistic 'eopp' needs"),
+])
+def test_a_shadow_statistic_needs_what_a_monitored_one_needs(statistic, label, message):
+    data = adult_data()
+    data["pipeline"]["label"] = label
+    data["agents"]["records"]["artifact"] = "plan" if statistic != "eopp" else ["plan", "scorer"]
+    data["monitor"].update(statistic="dependence_e", threshold=0.1)
+    data["shadow"] = {"statistic": statistic}
+    assert config_error(data).startswith(message)

@@ -70,9 +70,9 @@ class RecordingClient:
     async def read(self) -> ControlLog:
         return ControlLog()
 
-    def publish_sync(self, artifact, **audit) -> ControlRecord:
+    def publish_sync(self, artifact, candidate=False, **audit) -> ControlRecord:
         self.published.append(audit)
-        return ControlRecord(artifact.kind, 1, artifact.sha256, path="p", **audit)
+        return ControlRecord(artifact.kind, 1, artifact.sha256, path="p", candidate=candidate or None, **audit)
 
 
 def test_a_refit_publishes_under_its_own_name_with_its_trigger_and_its_figures(tmp_path):

@@ -105,8 +105,8 @@ def test_first_refit_publishes_v1_when_no_plan_is_active(broker, config, windows
 
     outcome = job.run_once(TopicSource(broker.bootstrap, config, last_n=None))
 
-    assert outcome.published and outcome.version == 1 and outcome.current_version is None
-    assert outcome.current_value is None and "no plan was active" in outcome.reason
+    assert outcome.published and outcome.version == 1 and outcome.current_version is None and not outcome.candidate
+    assert outcome.current_value is None and "no plan was active: published plan v1 (" in outcome.reason
     assert outcome.n_research == 8000 and outcome.n_invalid == 0
     assert outcome.n_holdout == holdout_size(windows["first"])
     (record,) = control_history(broker, config)
@@ -125,6 +125,24 @@ def test_first_refit_publishes_v1_when_no_plan_is_active(broker, config, windows
     assert not again.published and again.current_version == 1
     assert again.reason.startswith("the candidate is identical to the active plan v1")
     assert len(control_history(broker, config)) == 1
+
+
+def test_under_approval_a_refit_publishes_a_candidate_that_serves_only_once_approved(broker, config, windows):
+    config = dataclasses.replace(config, promotion="approve")
+    refit = RefitJob(config, broker.bootstrap)
+
+    outcome = refit.run_once(as_window(windows["first"]), trigger="drift alert")
+
+    assert outcome.published and outcome.candidate and outcome.version == 1
+    assert "no plan was active: published candidate plan version 1 (" in outcome.reason
+    assert job.format_outcome(outcome).startswith(
+        "re-fit of plan: published candidate plan version 1 (it serves once promoted or approved)\n")
+    (record,) = control_history(broker, config)
+    assert record.candidate and record.reason == "drift alert" and record.sha256 == outcome.sha256
+    assert refit.current() is None  # a candidate does not serve
+    control = ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    control.decide_sync("plan", 1, "approve", actor="alice", reason="closes the gap")
+    assert refit.current().version == 1
 
 
 def test_the_job_serves_what_the_workers_serve_after_a_version_skipped_over_other_messages(broker, config, windows):

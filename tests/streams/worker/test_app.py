@@ -1,6 +1,17 @@
 """The worker app's own helpers (the app itself runs in test_worker_start and the pipeline tests)."""
 
+import pytest
+from prometheus_client import REGISTRY
+
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.streams.config import adult_config
+from fairstream.streams.control.records import read_message
+from fairstream.streams.control.registry import Active, Served
+from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.worker import app
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+from fairstream.streams.worker.shadow import decide
 
 
 def test_a_throttle_is_due_once_per_period_for_each_key():
@@ -12,3 +23,114 @@ def test_a_throttle_is_due_once_per_period_for_each_key():
     now[0] += 0.1
     assert throttle.due("plan") and not throttle.due("plan")  # due again after the period, then it counts anew
     assert throttle.due("scorer")
+
+
+# --------------------------------------------------------------------------- a candidate in shadow (hooks, with fakes)
+
+
+class FakeRegistry:
+    """What the hooks read of the registry: one served state (active artifacts and pending candidates)."""
+
+    def __init__(self, active: dict, candidates: dict):
+        self.state = Served(active, candidates)
+
+    def served(self) -> Served:
+        return self.state
+
+    def current(self, kind):
+        return self.state.active.get(kind)
+
+
+class FakeNotices:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, topic, key, value, timeout=None):
+        self.sent.append((topic, key, value))
+
+
+@pytest.fixture(scope="module")
+def plans():
+    research, archive = datasets.load("adult").split(6000, seed=0)
+    fit = (lambda amount: DistributionalRepair(n_q=60, repair_amount=amount, posterior=False).fit(
+        research.X, research.s, research.u))
+    return archive.subset(slice(0, 1200)), Active("plan", 3, "a" * 64, None, fit(0.3)), \
+        Active("plan", 4, "b" * 64, None, fit(1.0))
+
+
+def shadow_hooks(plans, promotion: str, name: str):
+    data, active, candidate = plans
+    config = adult_config(name=name, promotion=promotion).with_monitor(
+        statistic="dependence_e", min_records=100, window_records=2000, buckets=1, metrics_port="off").with_shadow(
+        min_records=500)
+    hooks = app.WorkerHooks(config, "127.0.0.1:1", f"{name}-test", refit_source="test")
+    hooks.registry, hooks.notices = FakeRegistry({"plan": active}, {"plan": candidate}), FakeNotices()
+    hooks.ready.set()
+    hooks.candidate_changed("plan", candidate)
+    messages = [SimpleMessage(v, k) for k, v in record_messages(data, config, id_prefix=name)]
+    return hooks, RecordRepairer(config), [messages[i:i + 200] for i in range(0, len(messages), 200)]
+
+
+def gauge(pipeline: str, role: str) -> float | None:
+    return REGISTRY.get_sample_value("fairstream_fairness_dependence", {
+        "pipeline": pipeline, "role": role, "statistic": "dependence_e", "stage": "after", "stratum": "all",
+        "feature": "all", "group_pair": "all", "window": "count"})
+
+
+def test_the_shadow_policy_decides_a_candidate_once_after_min_records_and_writes_it_to_the_control_topic(plans):
+    hooks, repairer, batches = shadow_hooks(plans, "shadow", "shadowtest")
+    served = hooks.active_chain()
+    assert served.active == (plans[1],) and served.candidate == (plans[2],)
+    assert REGISTRY.get_sample_value("fairstream_candidate_version", {"pipeline": "shadowtest", "kind": "plan"}) == 4
+    for batch in batches[:2]:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    assert hooks.notices.sent == [] and hooks.comparison.n_records == 400  # below shadow.min_records
+    for batch in batches[2:]:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    ((topic, key, value),) = hooks.notices.sent  # one decision, however many batches follow
+    record = read_message(key, value).record
+    assert topic == hooks.topics.control and (record.kind, record.version, record.sha256) == ("plan", 4, "b" * 64)
+    assert record.actor.startswith("shadow-policy@shadowtest-test@")
+    assert record.statistics["records"] == 600 and "active.dependence_e" in record.statistics
+    assert (record.action, record.reason) == decide(record.statistics, hooks.config.shadow)
+    hooks.export_unexported()
+    assert gauge("shadowtest", "active") is not None and gauge("shadowtest", "candidate") is not None
+    assert gauge("shadowtest", "candidate") != gauge("shadowtest", "active")
+    assert hooks.shadow_figures()["records"] == 1200
+
+
+def test_a_candidate_that_left_is_no_longer_measured_and_its_gauges_go(plans):
+    hooks, repairer, batches = shadow_hooks(plans, "approve", "approvetest")
+    served = hooks.active_chain()
+    for batch in batches:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    hooks.export_unexported()
+    assert hooks.notices.sent == []  # under "approve" a person decides, never the worker
+    assert gauge("approvetest", "candidate") is not None and hooks.shadow_figures()["records"] == 1200
+    hooks.registry.state = Served({"plan": plans[1]}, {})  # rejected
+    hooks.candidate_changed("plan", None)
+    assert gauge("approvetest", "candidate") is None and gauge("approvetest", "active") is not None
+    assert hooks.shadow_figures() is None and REGISTRY.get_sample_value(
+        "fairstream_candidate_version", {"pipeline": "approvetest", "kind": "plan"}) is None
+    hooks.records_delivered(repairer.process(batches[0], served), served)  # taken before the candidate left
+    assert hooks.comparison.n_records == 0 and hooks.candidate_monitor.version is None
+    now = hooks.active_chain()
+    assert now.candidate is None and repairer.process(batches[0], now).candidate_batch is None
+
+
+def test_a_candidate_that_refuses_records_is_decided_on_them_too_and_retired(plans):
+    data, active, _ = plans
+    research, _ = datasets.load("adult").split(6000, seed=0)
+    young = research.subset(research.X[:, 0] < 25)  # refuses (out of its range) everyone older
+    refusing = Active("plan", 5, "c" * 64, None, DistributionalRepair(
+        n_q=30, out_of_range="reject", posterior=False).fit(young.X, young.s, young.u))
+    hooks, repairer, batches = shadow_hooks((data, active, refusing), "shadow", "refusingtest")
+    served = hooks.active_chain()
+    for batch in batches:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    ((_, key, value),) = hooks.notices.sent
+    record = read_message(key, value).record
+    refused = record.statistics["candidate.refused"]
+    assert record.statistics["records"] < 500 <= record.statistics["records"] + refused  # due on both together
+    assert (record.version, record.action) == (5, "retire")
+    assert f"failed refusals: the candidate refused {refused:.0f} records the active chain repaired" in record.reason

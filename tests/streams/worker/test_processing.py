@@ -14,7 +14,7 @@ from fairstream.repair.protocol import IncompatibleArtifact
 from fairstream.streams.config import AgentConfig, ConfigError, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+from fairstream.streams.worker.processing import RecordRepairer, Served, SimpleMessage, as_actives
 
 IMPUTING = adult_config(records=AgentConfig(artifact="plan", missing_s="impute"))
 
@@ -164,3 +164,68 @@ def test_every_repaired_value_read_back_is_the_plans_transform_bit_for_bit(adult
     expected = plan.module.transform(part.X, part.s, part.u, keys=[r["id"] for r in records])
     assert written.tobytes() == np.asarray(expected, dtype=np.float64).tobytes()  # the promise: bit for bit
     assert original.tobytes() == np.asarray(part.X, dtype=np.float64).tobytes()
+
+
+# --------------------------------------------------------------------------- a candidate chain in shadow
+
+
+@pytest.fixture(scope="module")
+def candidates():
+    """A candidate plan fitted on younger people only, refusing older ones (out of its range), and a scorer."""
+    from fairstream.models.scorer import LogisticScorer
+
+    research, _ = datasets.load("adult").split(10_000, seed=0)
+    young = research.subset(np.flatnonzero(research.X[:, 0] < 50))
+    plan = DistributionalRepair(n_q=100, out_of_range="reject", posterior=False).fit(young.X, young.s, young.u)
+    scorer = LogisticScorer().fit(research.X, research.y)
+    return Active("plan", 4, "c" * 64, None, plan), Active("scorer", 1, "d" * 64, None, scorer)
+
+
+def same_arrays(a, b, names=("before", "after", "s", "u", "keys", "ts", "y", "out_of_range", "decision", "score")):
+    return all((getattr(a, n) is None and getattr(b, n) is None) or
+               np.asarray(getattr(a, n)).tobytes() == np.asarray(getattr(b, n)).tobytes() for n in names)
+
+
+def test_a_candidate_in_shadow_leaves_the_outputs_bit_for_bit_and_is_measured_on_the_same_records(adult, candidates):
+    data, plan = adult
+    candidate, _ = candidates
+    config = adult_config()
+    batch = messages(data, config)
+    alone = RecordRepairer(config).process(batch, plan)
+    shadowed = RecordRepairer(config).process(batch, Served((plan,), (candidate,)))
+    assert shadowed.repaired == alone.repaired and shadowed.dead == alone.dead and len(alone.repaired) > 300
+    assert same_arrays(shadowed.monitor_batch, alone.monitor_batch)
+    assert alone.candidate_batch is None and alone.candidate_refused == 0
+    # What the candidate alone makes of the records, row for row; the older people it refuses are counted.
+    own = RecordRepairer(config).process(batch, candidate).monitor_batch
+    assert same_arrays(shadowed.candidate_batch, own, names=("before", "after", "s", "u", "keys", "y", "out_of_range"))
+    older = int((alone.monitor_batch.before[:, 0] >= 50).sum())
+    assert shadowed.candidate_refused == len(alone.monitor_batch) - len(own) > 0 and older > 0
+    assert set(shadowed.candidate_batch.keys.tolist()) <= set(alone.monitor_batch.keys.tolist())
+    same_records = np.isin(alone.monitor_batch.keys, shadowed.candidate_batch.keys)
+    assert not np.array_equal(shadowed.candidate_batch.after, alone.monitor_batch.after[same_records])
+
+
+def test_a_served_chain_without_a_candidate_is_its_active_chain(adult):
+    data, plan = adult
+    config = adult_config()
+    batch = messages(data.subset(slice(0, 50)), config)
+    served = RecordRepairer(config).process(batch, Served((plan,), None))
+    assert as_actives(Served((plan,), None)) == (plan,) and served.candidate_batch is None
+    assert served.repaired == RecordRepairer(config).process(batch, plan).repaired
+
+
+def test_a_candidate_chain_carries_its_own_scores_and_decisions(adult, candidates):
+    data, plan = adult
+    candidate, scorer = candidates
+    config = adult_config(records=AgentConfig(artifact=("plan", "scorer")))
+    batch = messages(data, config)
+    alone = RecordRepairer(config).process(batch, (plan, scorer))
+    shadowed = RecordRepairer(config).process(batch, Served((plan, scorer), (candidate, scorer)))
+    assert shadowed.repaired == alone.repaired and shadowed.dead == alone.dead
+    own = RecordRepairer(config).process(batch, (candidate, scorer)).monitor_batch
+    measured = shadowed.candidate_batch
+    assert measured.decision is not None and measured.score is not None
+    assert same_arrays(measured, own, names=("after", "keys", "decision", "score"))
+    same_records = np.isin(alone.monitor_batch.keys, measured.keys)
+    assert not np.array_equal(measured.score, alone.monitor_batch.score[same_records])

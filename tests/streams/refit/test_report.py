@@ -1,0 +1,267 @@
+"""The candidate report in a real browser: ``write_report`` on the embedded broker, opened by headless Chromium.
+
+A pipeline ``plan -> scorer`` under ``promotion = "approve"`` serves a scorer and a plan, has a candidate
+plan pending and a worker's announcement of live shadow figures for it, and a few hundred records on
+``records.in``. Chromium (Debian's package, installed by the Makefile) loads the page: every section
+is there and every embedded plot decoded (an inline script of the page counts them after ``load``),
+and a screenshot is not blank. Actors and reasons are user input: a hostile one is shown, not run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import subprocess
+import time
+import uuid
+
+import numpy as np
+import pytest
+from kafka import KafkaProducer
+
+from fairstream.repair import datasets
+from fairstream.repair.distributional import DistributionalRepair
+from fairstream.streams.config import AgentConfig, adult_config
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.records import ControlError, WorkerStatus, encode_announcement
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.demo.replay import record_messages, replay
+from fairstream.streams.kafka import KAFKA_API_VERSION
+from fairstream.streams.refit import report
+from fairstream.streams.refit.report import SECTIONS, measured_columns, write_report
+from fairstream.streams.topics import ensure_topics
+from tests.streams.refit.test_flow_refit import balanced_scorer
+from tests.streams.test_cli import run_main
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+HOSTILE = ("<script>document.body.setAttribute('data-pwned', 'yes')</script>"
+           "<img src=x onerror=\"document.body.setAttribute('data-pwned', 'yes')\">")
+
+
+@pytest.fixture(scope="module")
+def adult():
+    research, rest = datasets.load("adult").split(3000, seed=5)
+    live, _ = rest.split(400, seed=6)
+    X = research.X.copy()
+    X[(research.s == 1) & (research.u == 1), 1] += 8  # the candidate is fitted on a shifted window
+    return research, dataclasses.replace(research, X=X), live
+
+
+def pipeline(broker, tmp_path):
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts"), records=AgentConfig(artifact=("plan", "scorer")),
+                          promotion="approve").with_topics(prefix=f"report-{uuid.uuid4().hex[:8]}")
+    ensure_topics(broker.bootstrap, config.topics)
+    return config, ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir),
+                                 schema=config.schema())
+
+
+def plan(data, **metrics):
+    return DistributionalRepair(n_q=30, columns=["age", "hours-per-week"]).fit(data.X, data.s, data.u).to_artifact(
+        metrics=metrics or None)
+
+
+def announce(broker, config, worker: str, shadowing: tuple, figures: dict) -> None:
+    status = WorkerStatus(worker=worker, app_id="fairstream-records", host="test-host", pid=4242, at=time.time(),
+                          every=300.0, kinds=("plan", "scorer"), serving=(), shadowing=shadowing, shadow=figures)
+    key, value = encode_announcement(status)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=KAFKA_API_VERSION)
+    try:
+        producer.send(config.topics.control, value=value, key=key, partition=0).get(timeout=30)
+    finally:
+        producer.close()
+
+
+def to_records_in(broker, config, data) -> None:
+    messages = record_messages(data, config, id_prefix="live")
+    assert replay(broker.bootstrap, config.topics.records_in, messages, progress=False) == len(messages)
+
+
+def chromium(*args: str) -> str:
+    result = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", *args], check=False,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def rendered(path) -> str:
+    """The page's DOM after Chromium loaded it (scripts run)."""
+    return chromium("--dump-dom", path.resolve().as_uri())
+
+
+def body_attribute(dom: str, name: str) -> str | None:
+    found = re.search(r"<body[^>]*\s" + re.escape(name) + r'="([^"]*)"', dom)
+    return None if found is None else found.group(1)
+
+
+def section(dom: str, ident: str) -> str:
+    found = re.search(rf'<section id="?{ident}"?>(.*?)</section>', dom, flags=re.S)
+    assert found is not None, f"no section {ident}"
+    return found.group(1)
+
+
+@pytest.fixture(scope="module")
+def with_candidate(broker, adult, tmp_path_factory):
+    """A pending candidate plan v2 beside served plan v1 and scorer v1, shadowed by one worker, and live records."""
+    research, shifted, live = adult
+    config, control = pipeline(broker, tmp_path_factory.mktemp("report"))
+    control.publish_sync(balanced_scorer(research).to_artifact(), actor="alice@bank", reason="first scorer")
+    control.publish_sync(plan(research), actor="alice@bank", reason="first plan")
+    candidate = control.publish_sync(
+        plan(shifted, holdout_statistic="E", holdout_value=0.031, current_holdout_value=0.094, n_research=3000,
+             n_fit=2400, n_holdout=600, source="topic report.research"),
+        actor="refit@worker-7", reason="drift of E in cell (u=1, s=1) (alert FairstreamDrift)",
+        statistics={"E": 0.031, "current E": 0.094}, candidate=True)
+    statistic = config.shadow_statistics[0]  # what the workers compare: the monitor's statistic
+    figures = {"records": 1800.0, "since": time.time() - 600, f"active.{statistic}": 0.092,
+               f"candidate.{statistic}": 0.034, f"noise.{statistic}": 0.011,
+               "active.decision_rate": 0.31, "candidate.decision_rate": 0.33,
+               "active.decision_rate.0": 0.22, "candidate.decision_rate.0": 0.29,
+               "active.decision_rate.1": 0.40, "candidate.decision_rate.1": 0.37}
+    announce(broker, config, "fairstream-records@test-host:4242", (("plan", 2, candidate.sha256),), figures)
+    to_records_in(broker, config, live)
+    return config, control, candidate, figures
+
+
+def test_the_report_renders_every_section_and_plot_in_headless_chromium(broker, with_candidate, tmp_path):
+    config, _, candidate, figures = with_candidate
+    started = time.monotonic()
+    path = write_report(config, broker.bootstrap, "plan", 2, out=tmp_path / "plan-v2.html", sample=300)
+    seconds = time.monotonic() - started
+    page = path.read_text()
+    assert "http://" not in page and "https://" not in page  # self-contained: nothing fetched
+
+    dom = rendered(path)
+
+    for ident in SECTIONS:
+        section(dom, ident)
+    n_images = len(re.findall(r"<img\b", page))
+    # holdout, shadow, the two repaired features, the score and the decision rates
+    assert n_images == 6, n_images
+    assert body_attribute(dom, "data-images") == body_attribute(dom, "data-images-decoded") == str(n_images)
+    assert "candidate" in section(dom, "summary") and "approve plan 2" in section(dom, "summary")
+    assert "scorer v1" in section(dom, "summary") and "plan v1" in section(dom, "summary")
+    assert "refit@worker-7" in section(dom, "trigger") and "alert FairstreamDrift" in section(dom, "trigger")
+    holdout = section(dom, "holdout")
+    assert "0.031" in holdout and "0.094" in holdout
+    shadow = section(dom, "shadow")
+    assert f"{figures['records']:.0f} live records" in shadow and "decision rate, sex=1" in shadow
+    assert f"after {config.shadow.min_records} live records" in shadow  # what the policy requires
+    assert "candidate lower" in shadow  # 0.034 against 0.092, beyond the noise floor 0.011
+    assert config.shadow_statistics[0] in shadow
+    distributions = section(dom, "distributions")
+    assert "300 latest valid records" in distributions
+    assert candidate.sha256 in section(dom, "provenance")
+    assert section(dom, "audit").count("<tr>") == 2  # header and the candidate publish: nothing decided yet
+    print(f"report written in {seconds:.1f}s, {len(page) / 1024:.0f} KiB")
+
+
+def test_the_distributions_differ_between_the_chains_as_the_candidate_plan_repairs(broker, with_candidate):
+    config, _, _, _ = with_candidate
+    evidence = report.gather(config, broker.bootstrap, "plan", 2, sample=300)
+    active, candidate = evidence.applied["active"], evidence.applied["candidate"]
+    assert active.ok.all() and candidate.ok.all() and len(active.ok) == 300
+    # The chains differ in the plan only: the same records, other repaired features, so other scores.
+    assert not np.allclose(active.X, candidate.X)
+    assert not np.allclose(active.columns["score"], candidate.columns["score"])
+    assert evidence.chains.versions == {"plan": 1, "scorer": 1}
+
+
+def test_a_screenshot_of_the_report_is_not_blank(broker, with_candidate, tmp_path):
+    from matplotlib import image
+
+    config = with_candidate[0]
+    path = write_report(config, broker.bootstrap, "plan", 2, out=tmp_path / "plan-v2.html", sample=100)
+    shot = tmp_path / "shot.png"
+    chromium(f"--screenshot={shot}", "--window-size=1200,1600", "--hide-scrollbars", path.resolve().as_uri())
+    pixels = image.imread(shot)
+    assert pixels.shape[:2] == (1600, 1200)
+    # Text, tables and plots: many distinct colours, and far from one colour over the page.
+    assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50 and float(pixels.std()) > 0.05
+
+
+def test_a_hostile_actor_and_reason_are_shown_escaped_never_run(broker, adult, tmp_path):
+    research, shifted, _ = adult
+    config, control = pipeline(broker, tmp_path)
+    control.publish_sync(plan(research))
+    control.publish_sync(plan(shifted), actor=HOSTILE[:200], reason=HOSTILE, candidate=True)
+    control.decide_sync("plan", 2, "reject", actor=HOSTILE[:200], reason=HOSTILE)
+    path = write_report(config, broker.bootstrap, "plan", 2, out=tmp_path / "plan-v2.html", sample=50)
+
+    dom = rendered(path)
+
+    assert body_attribute(dom, "data-pwned") is None  # the script never ran
+    assert "<script>document.body" not in path.read_text()
+    assert re.search(r"<img[^>]*onerror", dom) is None  # shown as text, not an element
+    audit = section(dom, "audit")
+    assert audit.count("&lt;script&gt;document.body.setAttribute") == 4  # actor and reason of both records
+    assert "&lt;script&gt;document.body.setAttribute" in section(dom, "trigger")
+    assert "rejected" in section(dom, "summary") and "Decide with" not in section(dom, "summary")
+    assert audit.count("<tr>") == 3
+
+
+def test_an_approved_candidate_is_compared_with_the_version_it_replaced(broker, adult, tmp_path):
+    research, shifted, live = adult
+    config, control = pipeline(broker, tmp_path)
+    control.publish_sync(balanced_scorer(research).to_artifact())
+    control.publish_sync(plan(research))
+    control.publish_sync(plan(shifted), candidate=True)
+    control.decide_sync("plan", 2, "approve", actor="carol@bank", reason="shadow E closes the gap")
+    to_records_in(broker, config, live)
+
+    evidence = report.gather(config, broker.bootstrap, "plan", 2, sample=100)
+    page = report.render(evidence)
+
+    assert evidence.state == "approved" and evidence.chains.versions == {"plan": 1, "scorer": 1}
+    assert set(evidence.applied) == {"active", "candidate"}
+    assert "plan v2 serves now; the active chain shown is the one it replaced (plan v1)" in page
+    assert "approve</b> by carol@bank" in page and "Decide with" not in page
+
+
+def test_missing_records_versions_and_figures_are_said_on_the_page(broker, adult, tmp_path):
+    research, _, _ = adult
+    config, control = pipeline(broker, tmp_path)
+    control.publish_sync(plan(research), actor="bob@bank", reason="first plan, by hand", candidate=True)
+
+    page = write_report(config, broker.bootstrap, "plan", 1, out=tmp_path / "plan-v1.html", sample=50).read_text()
+
+    assert "no live figures yet" in page
+    assert f"no valid record on {config.topics.records_in}" in page
+    assert "no plan version is active" in page and "no scorer version is active" in page
+    assert all(f"<section id={ident}>" in page for ident in SECTIONS)
+    assert "a publish by hand" in page
+
+
+def test_an_unknown_version_is_one_line_naming_the_published_ones(broker, adult, tmp_path):
+    research, _, _ = adult
+    config, control = pipeline(broker, tmp_path)
+    control.publish_sync(plan(research))
+    with pytest.raises(ControlError, match=r"^no plan version 7 was published on .*\(published plan versions: 1\)"):
+        write_report(config, broker.bootstrap, "plan", 7, out=tmp_path / "x.html")
+    with pytest.raises(ControlError, match=r"published flow versions: none"):
+        write_report(config, broker.bootstrap, "flow", 1, out=tmp_path / "x.html")
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_the_command_line_writes_the_report_and_names_an_unknown_version_in_one_line(broker, with_candidate,
+                                                                                       tmp_path, capsys):
+    config = with_candidate[0]
+    toml = tmp_path / "pipeline.toml"
+    toml.write_text(config.to_toml())
+    out_file = tmp_path / "decide.html"
+    base = ["artifacts", "report", "--broker", broker.url, "--config", str(toml)]
+
+    code, out, err = run_main([*base, "plan", "2", "--out", str(out_file), "--sample", "100"], capsys)
+    assert (code, out.strip()) == (0, str(out_file)), err
+    assert all(f"<section id={ident}>" in out_file.read_text() for ident in SECTIONS)
+
+    code, out, err = run_main([*base, "plan", "9"], capsys)
+    assert code == 1 and out == "" and err.count("\n") == 1 and "no plan version 9 was published" in err, err
+
+
+def test_what_is_compared_follows_what_the_kinds_write():
+    assert measured_columns("plan", ("plan", "scorer")) == ("features", "score", "decision")
+    assert measured_columns("plan", ("plan",)) == ("features",)
+    assert measured_columns("scorer", ("plan", "scorer", "thresholds")) == ("score", "decision")
+    assert measured_columns("thresholds", ("scorer", "thresholds")) == ("decision",)

@@ -1,0 +1,258 @@
+"""Candidates proven on live traffic before they serve: each promotion policy with a real worker on the embedded broker.
+
+The record chain is ``scorer -> thresholds`` on Adult. The serving thresholds were fitted for demographic parity
+with the groups' labels swapped (a fit on mislabelled data), which leaves the decisions' DP gap near 0.16; a
+candidate fitted for DP on the true groups closes it (near 0.01), and one fitted with the groups swapped again does
+not beat the thresholds fitted on the true groups. Under ``promotion = "shadow"`` the
+worker promotes the first and retires the second on its own live figures; under ``"approve"`` a candidate waits in
+shadow until a person approves or rejects it with ``fairstream artifacts approve|reject``. Every output is checked
+bit for bit against the thresholds version it is stamped with: a candidate never decides a record before it is
+promoted.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fairstream.models.thresholds import GroupThresholds
+from fairstream.repair import datasets
+from fairstream.streams.cli import main
+from fairstream.streams.config import AgentConfig, adult_config
+from fairstream.streams.control.client import ControlClient
+from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.topics import ensure_topics
+from tests.streams.refit.test_flow_refit import balanced_scorer
+
+from .outputs import collect_outputs, send
+from .test_liveness import died, probe_port, wait_ready
+
+pytestmark = pytest.mark.integration
+
+SHADOW_RECORDS = 400  # live records a candidate is measured on before the shadow policy decides
+
+
+class Pipeline:
+    """A worker serving ``scorer -> thresholds`` under one promotion policy, and the thresholds it was given."""
+
+    def __init__(self, broker, tmp_path, research, archive, promotion: str):
+        self.bootstrap, self.archive, self.research, self.sent = broker.bootstrap, archive, research, 0
+        config = adult_config(artifact_dir=str(tmp_path / "artifacts"),
+                              records=AgentConfig(artifact=("scorer", "thresholds")))
+        self.config = replace(config, promotion=promotion).with_topics(prefix=f"promote-{promotion}").with_monitor(
+            statistic="dp_difference", min_records=100, window_records=2000, buckets=1, metrics_port=0,
+        ).with_shadow(min_records=SHADOW_RECORDS, max_accuracy_drop=0.05)
+        ensure_topics(self.bootstrap, self.config.topics)
+        self.toml = tmp_path / "pipeline.toml"
+        self.toml.write_text(self.config.to_toml())
+        self.control = ControlClient(self.bootstrap, self.config.topics, ArtifactStore(self.config.artifact_dir))
+        self.scorer = balanced_scorer(research)
+        self.research_scores = self.scorer.predict_proba(research.X)
+        self.thresholds: dict[int, GroupThresholds] = {}
+        self.tmp_path = tmp_path
+        self.worker = WorkerProcess(self.config, self.bootstrap, tmp_path, name=promotion)
+
+    def publish_thresholds(self, candidate: bool, swapped: bool = False, random_state: int = 0) -> int:
+        """Thresholds for DP fitted on the research split, on its groups or (``swapped``) on the groups' labels
+        swapped: those widen the gap they were meant to close."""
+        r = self.research
+        fitted = GroupThresholds(constraint="dp", random_state=random_state).fit(
+            self.research_scores, 1 - r.s if swapped else r.s, r.y, r.u)
+        version = self.control.publish_sync(fitted.to_artifact(), candidate=candidate,
+                                            reason="thresholds for DP" + " (groups swapped)" * swapped).version
+        self.thresholds[version] = fitted
+        return version
+
+    def stream(self, n: int) -> list[dict]:
+        """Send the next ``n`` archive records; their outputs in order, each checked against its stamped version."""
+        part = self.archive.subset(slice(self.sent, self.sent + n))
+        messages = record_messages(part, self.config, id_prefix=f"r{self.sent}")
+        self.sent += n
+        send(self.bootstrap, self.config, messages)
+        ids = [key.decode() for key, _ in messages]
+        repaired, dead = collect_outputs(self.bootstrap, self.config, set(ids), timeout=60, alive=died(self.worker))
+        assert not dead, f"dead-lettered: {[d[0]['reason'] for d in dead.values()][:3]}"
+        records = [repaired[rid][0] for rid in ids]
+        self.check_decided_by_stamp(records, ids, part)
+        return records
+
+    def check_decided_by_stamp(self, records: list[dict], ids: list[str], part) -> None:
+        versions = stamped(records)
+        score = np.array([r["score"] for r in records])
+        decision = np.array([r["decision"] for r in records])
+        for version in np.unique(versions):
+            rows = np.flatnonzero(versions == version)
+            expected = self.thresholds[version].decide(score[rows], part.s[rows], part.u[rows],
+                                                       keys=np.array(ids, dtype=object)[rows])
+            assert np.array_equal(decision[rows], expected), f"thresholds v{version}"
+
+    def gauges(self) -> list:
+        with urllib.request.urlopen(f"http://127.0.0.1:{probe_port(self.worker)}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+    def candidate_version(self) -> float | None:
+        return self.version_gauge("fairstream_candidate_version")
+
+    def serving(self, version: int) -> bool:
+        """Whether the worker serves thresholds ``version`` now (its exported version, not an old log line)."""
+        return self.version_gauge("fairstream_artifact_version") == version
+
+    def version_gauge(self, name: str) -> float | None:
+        found = [s.value for s in self.gauges() if s.name == name and s.labels.get("kind") == "thresholds"]
+        return found[0] if found else None
+
+    def dp_gap(self, role: str) -> float | None:
+        """The exported dp_difference after the chain over the count window, of the active chain or the candidate."""
+        found = [s.value for s in self.gauges() if s.name == "fairstream_fairness_rate_gap"
+                 and s.labels.get("statistic") == "dp_difference" and s.labels.get("stage") == "after"
+                 and s.labels.get("window") == "count" and s.labels.get("stratum") == "all"
+                 and s.labels.get("role") == role]
+        return found[0] if found else None
+
+    def decisions(self, version: int) -> list:
+        """The decision records (promote, approve, reject, retire) naming thresholds ``version``, in log order."""
+        return [r for r in self.control.history_sync() if r.kind == "thresholds" and r.version == version
+                and r.action in ("promote", "approve", "reject", "retire")]
+
+    def cli(self, *args) -> int:
+        return main([*args, "--broker", self.bootstrap, "--config", str(self.toml)])
+
+
+def stamped(records: list[dict]) -> np.ndarray:
+    """The thresholds version each output was decided by (its provenance)."""
+    return np.array([dict((s["kind"], s["version"]) for s in r["provenance"]["chain"])["thresholds"]
+                     for r in records])
+
+
+def wait_for(condition, what: str, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout:.0f}s: {what}")
+
+
+def started(broker, tmp_path_factory, promotion: str):
+    research, archive = datasets.load("adult").split(4000, seed=5)
+    live = Pipeline(broker, tmp_path_factory.mktemp(f"promotion-{promotion}"), research, archive, promotion)
+    assert live.control.publish_sync(live.scorer.to_artifact()).version == 1
+    assert live.publish_thresholds(candidate=False, swapped=True) == 1
+    live.worker.start()
+    wait_ready(live.worker)
+    return live
+
+
+@pytest.fixture(scope="module")
+def shadow(broker, tmp_path_factory):
+    live = started(broker, tmp_path_factory, "shadow")
+    try:
+        yield live
+    finally:
+        live.worker.stop()
+
+
+@pytest.fixture(scope="module")
+def approve(broker, tmp_path_factory):
+    live = started(broker, tmp_path_factory, "approve")
+    try:
+        yield live
+    finally:
+        live.worker.stop()
+
+
+# --------------------------------------------------------------------------- promotion = "shadow"
+
+
+def test_shadow_promotes_a_candidate_that_closes_the_gap_on_live_records(shadow):
+    assert set(stamped(shadow.stream(200))) == {1}
+    assert shadow.publish_thresholds(candidate=True) == 2
+    wait_for(lambda: shadow.candidate_version() == 2, "the worker shadows candidate version 2")
+    records = shadow.stream(SHADOW_RECORDS + 200)
+    versions = stamped(records)
+    # Nothing decided by the candidate before it was measured on SHADOW_RECORDS live records.
+    assert set(versions) <= {1, 2} and np.count_nonzero(versions == 1) >= SHADOW_RECORDS, np.bincount(versions)
+    [promotion] = wait_for(lambda: shadow.decisions(2), "the shadow policy's decision on version 2")
+    assert promotion.action == "promote" and promotion.actor.startswith("shadow-policy@"), promotion
+    figures = promotion.statistics
+    assert figures["records"] >= SHADOW_RECORDS
+    assert figures["candidate.dp_difference"] < figures["active.dp_difference"] - 0.05, figures
+    wait_for(lambda: shadow.serving(2), "the worker serves version 2")
+    assert set(stamped(shadow.stream(300))) == {2}
+    wait_for(lambda: shadow.candidate_version() is None, "no candidate once it was promoted")
+
+
+def test_shadow_retires_a_candidate_that_does_not_beat_the_serving_chain(shadow):
+    assert shadow.publish_thresholds(candidate=True, swapped=True, random_state=3) == 3
+    wait_for(lambda: shadow.candidate_version() == 3, "the worker shadows candidate version 3")
+    assert set(stamped(shadow.stream(SHADOW_RECORDS + 100))) == {2}
+    [retirement] = wait_for(lambda: shadow.decisions(3), "the shadow policy's decision on version 3")
+    assert retirement.action == "retire" and retirement.actor.startswith("shadow-policy@"), retirement
+    assert "dp_difference" in retirement.reason, retirement.reason
+    wait_for(lambda: shadow.candidate_version() is None, "no candidate once it was retired")
+    assert set(stamped(shadow.stream(100))) == {2}
+
+
+def test_a_rollback_after_a_promotion_serves_the_version_before_it(shadow):
+    record = shadow.control.rollback_sync("thresholds", actor="on-call", reason="the promotion is rolled back")
+    assert (record.action, record.version) == ("rollback", 1)
+    wait_for(lambda: shadow.serving(1), "the worker serves version 1")
+    assert set(stamped(shadow.stream(200))) == {1}
+
+
+# --------------------------------------------------------------------------- promotion = "approve"
+
+
+def test_approve_keeps_the_candidate_in_shadow_until_a_person_approves_it(approve, capsys):
+    assert approve.publish_thresholds(candidate=True) == 2
+    wait_for(lambda: approve.candidate_version() == 2, "the worker shadows candidate version 2")
+    assert set(stamped(approve.stream(SHADOW_RECORDS + 200))) == {1}
+    # Its live figures are exported beside the serving chain's, and show it would close the gap.
+    active, candidate = wait_for(lambda: (lambda a, c: (a, c) if a is not None and c is not None else None)(
+        approve.dp_gap("active"), approve.dp_gap("candidate")), "the candidate's live dp_difference")
+    assert candidate < active - 0.05, (active, candidate)
+    assert approve.decisions(2) == []  # no service decides under "approve"
+    assert approve.cli("artifacts", "approve", "thresholds", "2", "--by", "Ada Lovelace",
+                       "--reason", "closes the DP gap on live records") == 0
+    assert "approve" in capsys.readouterr().out
+    [approval] = approve.decisions(2)
+    assert (approval.action, approval.actor) == ("approve", "Ada Lovelace")
+    wait_for(lambda: approve.serving(2), "the worker serves version 2")
+    assert set(stamped(approve.stream(200))) == {2}
+
+
+def test_a_rejected_candidate_never_serves(approve, capsys):
+    assert approve.publish_thresholds(candidate=True, swapped=True, random_state=3) == 3
+    wait_for(lambda: approve.candidate_version() == 3, "the worker shadows candidate version 3")
+    assert approve.cli("artifacts", "reject", "thresholds", "3", "--by", "Ada Lovelace",
+                       "--reason", "gives back the DP gap") == 0
+    capsys.readouterr()
+    [rejection] = approve.decisions(3)
+    assert (rejection.action, rejection.actor) == ("reject", "Ada Lovelace")
+    wait_for(lambda: approve.candidate_version() is None, "no candidate once it was rejected")
+    assert set(stamped(approve.stream(200))) == {2}
+    assert approve.cli("artifacts", "approve", "thresholds", "3", "--by", "Ada", "--reason", "changed my mind") != 0
+
+
+def test_a_worker_restarted_mid_shadow_resumes_the_same_candidate(approve):
+    assert approve.publish_thresholds(candidate=True, random_state=11) == 4
+    wait_for(lambda: approve.candidate_version() == 4, "the worker shadows candidate version 4")
+    approve.worker.stop()
+    approve.worker = WorkerProcess(approve.config, approve.bootstrap, approve.tmp_path, name="restarted")  # a fresh log
+    approve.worker.start()
+    wait_ready(approve.worker)
+    assert approve.candidate_version() == 4
+    assert set(stamped(approve.stream(300))) == {2}
+    wait_for(lambda: approve.dp_gap("candidate") is not None, "the restarted worker measures the candidate again")
+    approve.control.decide_sync("thresholds", 4, "approve", actor="Ada Lovelace", reason="resumed after a restart")
+    wait_for(lambda: approve.serving(4), "the worker serves version 4")
+    assert set(stamped(approve.stream(200))) == {4}
