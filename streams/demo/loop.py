@@ -159,6 +159,10 @@ class MetricsPoller(threading.Thread):
         self.last_line, self.last_done = t, (t, repaired + dead)
 
 
+OPERATOR = "Dana Okafor (fairness officer, demo)"
+"""The named person the approval act approves candidates as (``fairstream artifacts approve --by``)."""
+
+
 def balanced_scorer(data: Dataset, columns: list[str], seed: int = 0) -> LogisticScorer:
     """A logistic scorer fitted on as many positives as negatives (Adult's 24% base rate would make few positives)."""
     rng = np.random.default_rng(seed)
@@ -183,6 +187,9 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
     outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
     if not outcome.published:
         raise RuntimeError(f"the initial {job.kind} was not published: {outcome.reason}")
+    if outcome.candidate:  # under "approve" (or "shadow") even the first version serves only once a person approves it
+        control.decide_sync(job.kind, outcome.version, "approve", actor=OPERATOR,
+                            reason=f"the initial {job.kind}, reviewed on its holdout before the stream starts")
     if not scorer_first:
         control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact(),
                              **demo)
@@ -210,6 +217,9 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
         poller.start()
         _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
+        if poller.version is None:
+            raise RuntimeError(f"the worker serves no {job.kind} after 120 s; last lines of its log:\n"
+                               f"{worker.log_tail()}")
         stop_refits = threading.Event()
         service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
         refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
@@ -250,10 +260,6 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report
-
-
-OPERATOR = "Dana Okafor (fairness officer, demo)"
-"""The named person the approval act approves the candidate as (``fairstream artifacts approve --by``)."""
 
 
 def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, poller: MetricsPoller, note: Callable,
