@@ -429,7 +429,10 @@ class Bench:
 
             await wait_done(workers, n, self.args.timeout + 60, on_first=at_first_output)
             cpu = sum(cpu_seconds(p) for p in workers.pids) - first.get("cpu", float("nan"))
-            share = monitor_share(first.get("samples", []), workers.samples())
+            last = workers.samples()
+            share = monitor_share(first.get("samples", []), last)
+            if shadow and not all(f'fairstream_candidate_version{{kind="{chain[0]}"}}' in s for s in last):
+                raise RuntimeError("a worker did not shadow the candidate: the run would not measure its cost")
         finally:
             workers.stop()
         outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,

@@ -32,6 +32,7 @@ from fairstream.streams.ops.broker import (
 )
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+from tests.polling import wait_for
 
 COMMANDS = ["repair", "broker", "worker", "replay", "tail", "artifacts", "refit", "demo", "alerts"]
 
@@ -436,17 +437,6 @@ def test_the_kafka_clients_info_lines_are_kept_off_a_command_unless_debugging(tm
 
 NO_BROKER = ("fairstream {command}: error: no broker: start one with 'fairstream broker start' (or pass --broker URL / "
              "set FAIRSTREAM_BROKER)\n")
-
-
-def wait_for(found, timeout: float, what: str):
-    """Poll ``found()`` until it returns something truthy; its value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = found()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout:g}s")
 
 
 @contextlib.contextmanager

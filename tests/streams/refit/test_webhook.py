@@ -52,6 +52,7 @@ from fairstream.streams.refit.webhook import (
     webhook_from_args,
 )
 from fairstream.streams.topics import ensure_topics
+from tests.polling import wait_for
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 ALERTMANAGER_YML = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
@@ -674,16 +675,6 @@ def route(broker, tmp_path_factory):
         thread.join(30)
         publisher.close()
         exporter.stop()
-
-
-def wait_for(probe, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = probe()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} after {timeout:.0f}s")
 
 
 def decisions_of(refit: RefitService, prefix: str) -> list:

@@ -12,7 +12,6 @@ promoted.
 
 from __future__ import annotations
 
-import time
 import urllib.request
 from dataclasses import replace
 
@@ -29,6 +28,7 @@ from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+from tests.polling import wait_for
 from tests.streams.refit.test_flow_refit import balanced_scorer
 
 from .outputs import collect_outputs, send
@@ -36,6 +36,7 @@ from .test_liveness import died, probe_port, wait_ready
 
 pytestmark = pytest.mark.integration
 
+WAIT = 30.0  # seconds a worker is given to act on a record or a batch
 SHADOW_RECORDS = 400  # live records a candidate is measured on before the shadow policy decides
 
 
@@ -132,16 +133,6 @@ def stamped(records: list[dict]) -> np.ndarray:
                      for r in records])
 
 
-def wait_for(condition, what: str, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout:.0f}s: {what}")
-
-
 def started(broker, tmp_path_factory, promotion: str):
     research, archive = datasets.load("adult").split(4000, seed=5)
     live = Pipeline(broker, tmp_path_factory.mktemp(f"promotion-{promotion}"), research, archive, promotion)
@@ -176,36 +167,36 @@ def approve(broker, tmp_path_factory):
 def test_shadow_promotes_a_candidate_that_closes_the_gap_on_live_records(shadow):
     assert set(stamped(shadow.stream(200))) == {1}
     assert shadow.publish_thresholds(candidate=True) == 2
-    wait_for(lambda: shadow.candidate_version() == 2, "the worker shadows candidate version 2")
+    wait_for(lambda: shadow.candidate_version() == 2, WAIT, "the worker shadows candidate version 2")
     records = shadow.stream(SHADOW_RECORDS + 200)
     versions = stamped(records)
     # Nothing decided by the candidate before it was measured on SHADOW_RECORDS live records.
     assert set(versions) <= {1, 2} and np.count_nonzero(versions == 1) >= SHADOW_RECORDS, np.bincount(versions)
-    [promotion] = wait_for(lambda: shadow.decisions(2), "the shadow policy's decision on version 2")
+    [promotion] = wait_for(lambda: shadow.decisions(2), WAIT, "the shadow policy's decision on version 2")
     assert promotion.action == "promote" and promotion.actor.startswith("shadow-policy@"), promotion
     figures = promotion.statistics
     assert figures["records"] >= SHADOW_RECORDS
     assert figures["candidate.dp_difference"] < figures["active.dp_difference"] - 0.05, figures
-    wait_for(lambda: shadow.serving(2), "the worker serves version 2")
+    wait_for(lambda: shadow.serving(2), WAIT, "the worker serves version 2")
     assert set(stamped(shadow.stream(300))) == {2}
-    wait_for(lambda: shadow.candidate_version() is None, "no candidate once it was promoted")
+    wait_for(lambda: shadow.candidate_version() is None, WAIT, "no candidate once it was promoted")
 
 
 def test_shadow_retires_a_candidate_that_does_not_beat_the_serving_chain(shadow):
     assert shadow.publish_thresholds(candidate=True, swapped=True, random_state=3) == 3
-    wait_for(lambda: shadow.candidate_version() == 3, "the worker shadows candidate version 3")
+    wait_for(lambda: shadow.candidate_version() == 3, WAIT, "the worker shadows candidate version 3")
     assert set(stamped(shadow.stream(SHADOW_RECORDS + 100))) == {2}
-    [retirement] = wait_for(lambda: shadow.decisions(3), "the shadow policy's decision on version 3")
+    [retirement] = wait_for(lambda: shadow.decisions(3), WAIT, "the shadow policy's decision on version 3")
     assert retirement.action == "retire" and retirement.actor.startswith("shadow-policy@"), retirement
     assert "dp_difference" in retirement.reason, retirement.reason
-    wait_for(lambda: shadow.candidate_version() is None, "no candidate once it was retired")
+    wait_for(lambda: shadow.candidate_version() is None, WAIT, "no candidate once it was retired")
     assert set(stamped(shadow.stream(100))) == {2}
 
 
 def test_a_rollback_after_a_promotion_serves_the_version_before_it(shadow):
     record = shadow.control.rollback_sync("thresholds", actor="on-call", reason="the promotion is rolled back")
     assert (record.action, record.version) == ("rollback", 1)
-    wait_for(lambda: shadow.serving(1), "the worker serves version 1")
+    wait_for(lambda: shadow.serving(1), WAIT, "the worker serves version 1")
     assert set(stamped(shadow.stream(200))) == {1}
 
 
@@ -214,7 +205,7 @@ def test_a_rollback_after_a_promotion_serves_the_version_before_it(shadow):
 
 def test_approve_keeps_the_candidate_in_shadow_until_a_person_approves_it(approve, capsys):
     assert approve.publish_thresholds(candidate=True) == 2
-    wait_for(lambda: approve.candidate_version() == 2, "the worker shadows candidate version 2")
+    wait_for(lambda: approve.candidate_version() == 2, WAIT, "the worker shadows candidate version 2")
     assert set(stamped(approve.stream(SHADOW_RECORDS + 200))) == {1}
     # Its live figures are exported beside the serving chain's, and show it would close the gap.
     active, candidate = wait_for(lambda: (lambda a, c: (a, c) if a is not None and c is not None else None)(
@@ -226,33 +217,33 @@ def test_approve_keeps_the_candidate_in_shadow_until_a_person_approves_it(approv
     assert "approve" in capsys.readouterr().out
     [approval] = approve.decisions(2)
     assert (approval.action, approval.actor) == ("approve", "Ada Lovelace")
-    wait_for(lambda: approve.serving(2), "the worker serves version 2")
+    wait_for(lambda: approve.serving(2), WAIT, "the worker serves version 2")
     assert set(stamped(approve.stream(200))) == {2}
 
 
 def test_a_rejected_candidate_never_serves(approve, capsys):
     assert approve.publish_thresholds(candidate=True, swapped=True, random_state=3) == 3
-    wait_for(lambda: approve.candidate_version() == 3, "the worker shadows candidate version 3")
+    wait_for(lambda: approve.candidate_version() == 3, WAIT, "the worker shadows candidate version 3")
     assert approve.cli("artifacts", "reject", "thresholds", "3", "--by", "Ada Lovelace",
                        "--reason", "gives back the DP gap") == 0
     capsys.readouterr()
     [rejection] = approve.decisions(3)
     assert (rejection.action, rejection.actor) == ("reject", "Ada Lovelace")
-    wait_for(lambda: approve.candidate_version() is None, "no candidate once it was rejected")
+    wait_for(lambda: approve.candidate_version() is None, WAIT, "no candidate once it was rejected")
     assert set(stamped(approve.stream(200))) == {2}
     assert approve.cli("artifacts", "approve", "thresholds", "3", "--by", "Ada", "--reason", "changed my mind") != 0
 
 
 def test_a_worker_restarted_mid_shadow_resumes_the_same_candidate(approve):
     assert approve.publish_thresholds(candidate=True, random_state=11) == 4
-    wait_for(lambda: approve.candidate_version() == 4, "the worker shadows candidate version 4")
+    wait_for(lambda: approve.candidate_version() == 4, WAIT, "the worker shadows candidate version 4")
     approve.worker.stop()
     approve.worker = WorkerProcess(approve.config, approve.bootstrap, approve.tmp_path, name="restarted")  # a fresh log
     approve.worker.start()
     wait_ready(approve.worker)
     assert approve.candidate_version() == 4
     assert set(stamped(approve.stream(300))) == {2}
-    wait_for(lambda: approve.dp_gap("candidate") is not None, "the restarted worker measures the candidate again")
+    wait_for(lambda: approve.dp_gap("candidate") is not None, WAIT, "the restarted worker measures the candidate again")
     approve.control.decide_sync("thresholds", 4, "approve", actor="Ada Lovelace", reason="resumed after a restart")
-    wait_for(lambda: approve.serving(4), "the worker serves version 4")
+    wait_for(lambda: approve.serving(4), WAIT, "the worker serves version 4")
     assert set(stamped(approve.stream(200))) == {4}
