@@ -209,7 +209,7 @@ def test_approve_keeps_the_candidate_in_shadow_until_a_person_approves_it(approv
     assert set(stamped(approve.stream(SHADOW_RECORDS + 200))) == {1}
     # Its live figures are exported beside the serving chain's, and show it would close the gap.
     active, candidate = wait_for(lambda: (lambda a, c: (a, c) if a is not None and c is not None else None)(
-        approve.dp_gap("active"), approve.dp_gap("candidate")), "the candidate's live dp_difference")
+        approve.dp_gap("active"), approve.dp_gap("candidate")), WAIT, "the candidate's live dp_difference")
     assert candidate < active - 0.05, (active, candidate)
     assert approve.decisions(2) == []  # no service decides under "approve"
     assert approve.cli("artifacts", "approve", "thresholds", "2", "--by", "Ada Lovelace",
