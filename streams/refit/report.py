@@ -20,6 +20,7 @@ import asyncio
 import base64
 import dataclasses
 import datetime
+import functools
 import html
 import io
 import json
@@ -252,18 +253,24 @@ class _RecordsInTopics(TopicConfig):
         return self.records_in
 
 
+SAMPLE_SECONDS = 120.0  # the read of the sample's tail of records.in stops after this (the page then says so)
+
+
 def _sample(config: "PipelineConfig", bootstrap: str, sample: int) -> tuple[ResearchWindow | None, str | None]:
-    """The latest ``sample`` valid records of ``records.in``, or why there are none."""
+    """The latest ``sample`` valid records of ``records.in`` (read from each partition's tail), or why there are none,
+    and whether the read was cut short."""
     topics = _RecordsInTopics(**{f.name: getattr(config.topics, f.name) for f in dataclasses.fields(TopicConfig)})
     try:
         window = read_research_topic(bootstrap, dataclasses.replace(config, topics=topics), last_n=sample,
-                                     idle_seconds=1.0, timeout=120.0)
+                                     idle_seconds=1.0, timeout=SAMPLE_SECONDS, tail=True)
     except Exception as exc:  # the page still says what the log knows
         return None, f"could not read {config.topics.records_in}: {type(exc).__name__}: {exc}"
+    cut = (f"the read of {config.topics.records_in} was cut short after {SAMPLE_SECONDS:g} s: the records compared "
+           "are the latest of those read, not necessarily the topic's latest") if window.cut_short else None
     if not len(window):
-        return window, (f"no valid record on {config.topics.records_in} ({window.n_invalid} invalid): no distributions "
-                        "to compare")
-    return window, None
+        return window, "; ".join(filter(None, (cut, f"no valid record on {config.topics.records_in} "
+                                                    f"({window.n_invalid} invalid): no distributions to compare")))
+    return window, cut
 
 
 def _apply(chains: Chains, window: ResearchWindow, config: "PipelineConfig") -> dict:
@@ -420,6 +427,39 @@ def _holdout(ev: Evidence) -> str:
     return "\n".join(parts)
 
 
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot(what: str):
+    """Decorate a function drawing one plot: its failure becomes a note on the page, never a failed report.
+
+    Labels come from the control topic (statistic and group names): drawn as text, never parsed as TeX
+    (``text.parse_math`` off while the plot is drawn: ``$\\x{$`` would otherwise fail the drawing).
+    """
+    def decorate(draw):
+        @functools.wraps(draw)
+        def drawn(*args, **kwargs):
+            plt = _pyplot()
+            before = set(plt.get_fignums())
+            try:
+                with plt.rc_context({"text.parse_math": False}):
+                    return draw(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - whatever one plot meets, the rest of the page stands
+                for number in set(plt.get_fignums()) - before:
+                    plt.close(number)
+                log.warning("the %s plot could not be drawn: %r", what, exc)
+                return _note(f"the {what} plot could not be drawn: {type(exc).__name__}: {str(exc)[:300]}")
+        return drawn
+    return decorate
+
+
+@_plot("holdout")
 def _holdout_plot(metrics: dict) -> str | None:
     name = metrics.get("holdout_statistic")
     values = [(label, metrics.get(key)) for label, key in (("candidate", "holdout_value"),
@@ -503,6 +543,7 @@ def _verdict(measure: str, gap, noise) -> str:
     return "candidate lower" if gap < 0 else "candidate higher" if gap > 0 else "equal"
 
 
+@_plot("live shadow figures")
 def _shadow_plot(figures: dict, worker: str, s_name: str) -> str | None:
     measures = [m for m in _measures(figures) if _is_number(figures.get(f"active.{m}"))
                 and _is_number(figures.get(f"candidate.{m}"))]
@@ -578,6 +619,7 @@ def _distribution(ev: Evidence, what: str, groups, values_of, ident: str) -> str
     return f"<h3>{_e(what)}</h3>" + table + _histograms(series, what, ident)
 
 
+@_plot("distribution")
 def _histograms(series: dict, what: str, ident: str) -> str:
     plt = _pyplot()
     everything = np.concatenate([v for per_group in series.values() for _, v in per_group] or [np.zeros(1)])
@@ -609,6 +651,12 @@ def _decision_rates(ev: Evidence, groups) -> str:
     if not rows:
         return _note("no decisions under either chain")
     headers = ("chain", "decision rate", *[f"rate, {label}" for label, _ in groups], "gap (DP difference)")
+    return ("<h3>decisions</h3>" + _table(headers, rows, numeric=tuple(range(1, len(headers))))
+            + _decision_plot(rates, groups))
+
+
+@_plot("decision rate")
+def _decision_plot(rates: dict, groups) -> str:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 2.8))
     x = np.arange(len(groups))
@@ -618,8 +666,7 @@ def _decision_rates(ev: Evidence, groups) -> str:
     ax.set_xticks(x, [label for label, _ in groups])
     ax.set_ylabel("decision rate")
     ax.legend(fontsize=8)
-    return ("<h3>decisions</h3>" + _table(headers, rows, numeric=tuple(range(1, len(headers))))
-            + _figure(fig, "dist-decision", "decision rate per group under each chain"))
+    return _figure(fig, "dist-decision", "decision rate per group under each chain")
 
 
 # ------------------------------------------------------------------ provenance and audit trail
@@ -702,15 +749,6 @@ def _when(timestamp) -> str:
     if not _is_number(timestamp) or not 0 <= timestamp < 253402300800:  # a wall-clock time up to year 9999
         return "unknown"
     return datetime.datetime.fromtimestamp(timestamp, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _figure(fig, ident: str, caption: str) -> str:

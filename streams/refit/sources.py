@@ -44,6 +44,7 @@ class ResearchWindow:
     source: str = "arrays"
     y: np.ndarray | None = None
     identity: np.ndarray | None = None  # embeddings: who each vector shows
+    cut_short: bool = False  # a topic read stopped at its deadline before the end of every partition
 
     def __iter__(self) -> Iterator[np.ndarray]:
         return iter((self.X, self.s, self.u))
@@ -87,10 +88,12 @@ def _window_from_values(values: list[bytes], config: "PipelineConfig", source: s
 
 
 def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | None = None,
-                        idle_seconds: float = 2.0, timeout: float = 300.0) -> ResearchWindow:
+                        idle_seconds: float = 2.0, timeout: float = 300.0, tail: bool = False) -> ResearchWindow:
     """The latest ``last_n`` valid records on the research topic (all of them when ``last_n`` is None).
 
-    Reads every partition from the beginning without a consumer group. A partition is read up to
+    Reads every partition from the beginning without a consumer group; with ``tail`` (and ``last_n``), only the
+    last ``last_n`` records of each partition (fewer valid ones if some of them are invalid), so a big topic
+    is read in a bounded time. A read stopped at ``timeout`` says so (``cut_short``). A partition is read up to
     now once the consumer's fetch highwater is reached or a record stamped after the start shows
     up; ``end_offsets()`` is not used because the embedded broker (Tansu) reports wrong ones.
     Partitions the fetcher never reports on end the read after ``idle_seconds`` without data.
@@ -104,7 +107,8 @@ def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | 
     topic = config.topics.research
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=KAFKA_API_VERSION, group_id=None,
                              enable_auto_commit=False, fetch_max_wait_ms=100,
-                             max_partition_fetch_bytes=8 * 1024 * 1024, **kafka_python_options())
+                             max_partition_fetch_bytes=8 * 1024 * 1024, auto_offset_reset="earliest",
+                             **kafka_python_options())
     try:
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         if not partitions:
@@ -113,17 +117,40 @@ def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | 
         assigned = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(assigned)
         consumer.seek_to_beginning()
-        tails, n_invalid, examples = _read_tails(consumer, assigned, config, last_n, idle_seconds, timeout)
+        if tail and last_n is not None:
+            _seek_to_tails(consumer, assigned, last_n, min(timeout, 10.0))
+        tails, n_invalid, examples, cut_short = _read_tails(consumer, assigned, config, last_n, idle_seconds, timeout)
     finally:
         consumer.close()
     latest = sorted((entry for tail in tails.values() for entry in tail), key=lambda entry: entry[:3])
     values = [entry[3] for entry in (latest[-last_n:] if last_n else latest)]
-    return _window_from_values(values, config, f"topic {topic}", n_invalid, examples)
+    window = _window_from_values(values, config, f"topic {topic}", n_invalid, examples)
+    return dataclasses.replace(window, cut_short=True) if cut_short else window
+
+
+def _seek_to_tails(consumer, assigned: list, last_n: int, timeout: float) -> None:
+    """Start each partition ``last_n`` records before its end. The end is the fetch highwater (ListOffsets is wrong on
+    Tansu), known once the partition's first fetch response is parsed: the partition then moves to its tail at once,
+    which drops what was fetched from its beginning. One without a highwater within ``timeout`` is read whole."""
+    starts: dict = {}
+    deadline = time.monotonic() + timeout
+    while len(starts) < len(assigned) and time.monotonic() < deadline:
+        consumer.poll(timeout_ms=200, max_records=1)  # one record at most: read again after the last seek
+        for tp in assigned:
+            if tp not in starts and consumer.highwater(tp) is not None:
+                starts[tp] = max(0, consumer.highwater(tp) - last_n)
+                consumer.seek(tp, starts[tp])
+    for tp in assigned:
+        if tp in starts:
+            consumer.seek(tp, starts[tp])
+        else:
+            consumer.seek_to_beginning(tp)
 
 
 def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int | None, idle_seconds: float,
-                timeout: float) -> tuple[dict, int, list[str]]:
-    """Per partition, the last ``last_n`` valid values as (timestamp, partition, offset, value)."""
+                timeout: float) -> tuple[dict, int, list[str], bool]:
+    """Per partition, the last ``last_n`` valid values as (timestamp, partition, offset, value); the invalid ones
+    (count, a few reasons) and whether the read stopped at ``timeout`` before the end."""
     from fairstream.streams.codec import decode_records
 
     started_ms = time.time() * 1000.0
@@ -133,6 +160,9 @@ def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int 
     deadline = time.monotonic() + timeout
     last_data = time.monotonic()
     while len(caught_up) < len(assigned):
+        if time.monotonic() >= deadline:
+            log.warning("stopped reading %s after %.0fs before reaching its end", assigned[0].topic, timeout)
+            return tails, n_invalid, examples, True
         batches = consumer.poll(timeout_ms=200, max_records=50_000)
         for tp, messages in batches.items():
             decoded = decode_records([m.value for m in messages], config)
@@ -146,10 +176,7 @@ def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int 
         caught_up.update(tp for tp in assigned if _at_highwater(consumer, tp))
         if time.monotonic() - last_data >= idle_seconds:
             break
-        if time.monotonic() > deadline:
-            log.warning("stopped reading %s after %.0fs before reaching its end", assigned[0].topic, timeout)
-            break
-    return tails, n_invalid, examples
+    return tails, n_invalid, examples, False
 
 
 def _at_highwater(consumer, tp) -> bool:

@@ -51,7 +51,7 @@ from faust.app.base import BootStrategy
 from fairstream.models.kinds import capabilities
 from fairstream.streams.codec import RefitRequest
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.control.records import control_key, encode_control, reembed_event
+from fairstream.streams.control.records import control_key, decision_record, encode_control, reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
@@ -228,6 +228,7 @@ class WorkerHooks:
         self.policy = ShadowPolicy(config.shadow, shadow_actor(app_id)) if config.promotion == "shadow" else None
         self.pending_decisions: list = []  # decision records not sent yet, oldest first
         self.candidate_refused = 0  # records the active chain delivered and the candidate refused, this candidate
+        self.candidate_failure: str | None = None  # why the candidate chain failed in shadow (its last failure)
         self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()
         # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
         self.metrics_port = serve(config.monitor.metrics_port,
@@ -244,7 +245,7 @@ class WorkerHooks:
         # Created at 0 so that Prometheus' increase() sees the first drift event and monitor error as increases.
         for statistic in config.monitor.statistics:
             self.metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
-        for observer in ("fairness", "verification"):
+        for observer in ("fairness", "candidate", "verification"):
             self.metrics.monitor_errors.labels(observer).inc(0)
         identity = not config.embeddings.chain
         self.applied = config.records.chain + config.embeddings.chain
@@ -282,7 +283,7 @@ class WorkerHooks:
         with self.export_lock:
             self.candidate_monitor = FairnessMonitor(self.config)
             self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
-            self.figures, self.candidate_refused = None, 0
+            self.figures, self.candidate_refused, self.candidate_failure = None, 0, None
             self.unexported.discard("candidate")
             self.metrics.clear_fairness("candidate")
             if candidate is None:  # a decision on it still unsent goes anyway: the ledger refuses it, harmless
@@ -331,7 +332,7 @@ class WorkerHooks:
                    "verification": lambda: export_verification(self.verification, self.metrics)}
         with self.export_lock:
             for name in sorted(self.unexported):
-                with observing("verification" if name == "verification" else "fairness", self.metrics):
+                with observing(name, self.metrics):
                     exports[name]()
             self.unexported.clear()
 
@@ -399,8 +400,8 @@ class WorkerHooks:
                     self.unexported.discard("fairness")
                 else:
                     self.unexported.add("fairness")
-            if outcome.candidate_batch is not None:
-                with self.export_lock, observing("fairness", self.metrics):
+            if candidate_of(served) is not None and (outcome.candidate_batch is not None or outcome.candidate_refused):
+                with self.export_lock, observing("candidate", self.metrics):
                     self.observe_candidate(outcome, chain, candidate_of(served))
             self.metrics.monitor_cpu.inc(time.thread_time() - started)
         self.send_refit_requests()
@@ -411,11 +412,13 @@ class WorkerHooks:
         still pending (a batch taken before it left must not start its statistics again)."""
         if chain_ids(candidate) != chain_ids(candidate_of(self.active_now())):
             return
-        self.candidate_monitor.observe_batch(outcome.candidate_batch, *candidate)  # its drift events are not acted on
-        self.comparison.observe(outcome.monitor_batch, chain, outcome.candidate_batch, candidate)
         self.candidate_refused += outcome.candidate_refused
-        if self.candidate_monitor.refused is not None:
-            self.metrics.monitor_errors.labels("fairness").inc()
+        self.candidate_failure = outcome.candidate_failed or self.candidate_failure
+        if outcome.candidate_batch is not None:  # None: the candidate chain failed on the batch (all refused)
+            self.candidate_monitor.observe_batch(outcome.candidate_batch, *candidate)  # its drift events are ignored
+            self.comparison.observe(outcome.monitor_batch, chain, outcome.candidate_batch, candidate)
+        if self.candidate_monitor.refused is not None:  # the candidate's: never the serving chain's alert
+            self.metrics.monitor_errors.labels("candidate").inc()
             self.metrics.clear_fairness("candidate")
         if self.fairness_exports.due("candidate"):
             self.export_candidate()
@@ -423,12 +426,24 @@ class WorkerHooks:
         else:
             self.unexported.add("candidate")
         if self.policy is not None:
-            # Refused records count towards the window: a candidate that refuses most records is still decided.
-            seen = self.comparison.n_records + self.candidate_refused
-            due = self.policy.due(pending_candidates(chain, candidate), seen)
-            if due:
-                figures = {REFUSED: float(self.candidate_refused), **self.comparison.figures()}
-                self.pending_decisions += self.policy.decisions(due, figures)
+            self.decide_candidate(pending_candidates(chain, candidate))
+
+    def decide_candidate(self, candidates: list) -> None:
+        """The shadow policy's decision on the pending ``candidates``, once due: at once when the comparison cannot
+        measure them (it stopped for good), else once the window holds ``shadow.min_records`` records."""
+        if self.comparison.failed is not None:
+            due = self.policy.due(candidates, self.policy.config.min_records)
+            why = f"its statistics cannot be measured: {self.comparison.failed}"
+        else:  # refused records count towards the window: a candidate that refuses most records is still decided
+            due = self.policy.due(candidates, self.comparison.n_records + self.candidate_refused)
+            why = None if self.candidate_failure is None else (
+                f"its chain failed in shadow ({self.candidate_failure}): it refused {self.candidate_refused} records "
+                "the active chain repaired")
+        if not due:
+            return
+        figures = {REFUSED: float(self.candidate_refused), **self.comparison.figures()}
+        self.pending_decisions += (self.policy.decisions(due, figures) if why is None
+                                   else self.policy.retirements(due, why, figures))
 
     def active_now(self) -> Served:
         """The record chain the registry serves now (no hold, no metrics: for checks)."""
@@ -443,7 +458,11 @@ class WorkerHooks:
     def send_decisions(self) -> None:
         """Send the shadow policy's pending decisions to the control topic; one that cannot be sent now waits."""
         while self.pending_decisions:
-            record = self.pending_decisions[0]
+            # Stamped afresh on each attempt: a copy sent again after a timeout has its own key, so compaction
+            # never replaces the first copy (the ledger refuses the later one as already decided).
+            pending = self.pending_decisions[0]
+            record = decision_record(pending.kind, pending.version, pending.sha256, pending.action, pending.actor,
+                                     pending.reason, pending.statistics)
             value = encode_control(record)
             try:
                 self.notices.send(self.topics.control, control_key(record, value), value)

@@ -17,6 +17,7 @@ never written; the outputs are the active chain's, bit for bit what they would b
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
@@ -39,6 +40,7 @@ from fairstream.streams.codec import (
 )
 from fairstream.streams.config import PipelineConfig
 
+log = logging.getLogger(__name__)
 
 
 class MessageLike(Protocol):
@@ -118,6 +120,7 @@ class BatchOutcome:
     monitor_batch: RepairedBatch | None = None  # the repaired records as arrays, for the fairness monitor
     candidate_batch: RepairedBatch | None = None  # the same records through the candidate chain (shadow), measured only
     candidate_refused: int = 0  # records of monitor_batch the candidate chain refused (not in candidate_batch)
+    candidate_failed: str | None = None  # why the candidate chain failed on the batch (then it refused every record)
     labelled: tuple | None = None  # embeddings: (vectors, identities, groups, ids) of records with an identity
 
 
@@ -206,6 +209,7 @@ class RecordRepairer:
 
     def __init__(self, config: PipelineConfig):
         self.config = config
+        self.failed_candidates: set = set()  # candidate chains whose failure was logged (once each)
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
         """``active``: the registry's active artifacts of the configured chain, in order (or one of them), or a
@@ -246,10 +250,25 @@ class RecordRepairer:
             outcome.monitor_batch = _monitor_batch(delivered, result.X[measured], result.out_of_range[measured],
                                                    times[mine], added, measured)
             if candidate_of(active) is not None and len(measured):
-                outcome.candidate_batch, outcome.candidate_refused = _shadow(candidate_of(active), delivered,
-                                                                             times[mine])
+                self._shadow_pass(outcome, candidate_of(active), delivered, times[mine])
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
+
+
+    def _shadow_pass(self, outcome: BatchOutcome, candidate: tuple, delivered: Batch, ts: np.ndarray) -> None:
+        """The candidate chain in shadow, which can never fail the batch: whatever it raises, the active outputs are
+        delivered as they are, and every record counts as refused by the candidate (the shadow policy retires it)."""
+        try:
+            outcome.candidate_batch, outcome.candidate_refused = _shadow(candidate, delivered, ts)
+        except Exception as exc:  # noqa: BLE001 - an unapproved artifact must not stop the serving chain
+            outcome.candidate_batch, outcome.candidate_refused = None, len(delivered)
+            outcome.candidate_failed = f"{type(exc).__name__}: {str(exc)[:300]}"
+            ids = tuple((a.kind, a.version, a.sha256) for a in candidate)
+            if ids not in self.failed_candidates:
+                self.failed_candidates.add(ids)
+                log.error("the candidate chain %s failed in shadow (%s): its records count as refused; the active "
+                          "chain's outputs are delivered as they are", ", ".join(f"{k} version {v}" for k, v, _ in ids),
+                          outcome.candidate_failed, exc_info=exc)
 
 
 def monitor_times(event_times: Sequence, arrivals: Callable[[np.ndarray], Sequence], max_skew: float,

@@ -12,7 +12,9 @@ Every worker applies a pending candidate chain beside the active one on the same
   ``shadow.max_decision_rate_change`` of the active chain's; a chain that writes no decision is judged on
   the statistics only;
 - **retire** otherwise, and whenever the candidate refused records the active chain repaired (a promotion would
-  dead-letter such records); the reason names the figures that failed (and those that passed).
+  dead-letter such records); the reason names the figures that failed (and those that passed). A candidate whose
+  chain raised in shadow is retired once the window is full, saying so; one whose statistics cannot be measured
+  (the comparison failed) is retired at once (:meth:`ShadowPolicy.retirements`).
 
 The worker writes ONE decision record per pending candidate it shadows (:class:`ShadowPolicy`); several
 workers may decide the same candidate: the control topic's ledger admits the first, refuses the others.
@@ -161,4 +163,12 @@ class ShadowPolicy:
         statistics = recordable(figures)
         self.decided.update((c.kind, c.version, c.sha256) for c in candidates)
         return [decision_record(c.kind, c.version, c.sha256, action, self.actor, reason, statistics)
+                for c in candidates]
+
+    def retirements(self, candidates, why: str, figures: dict) -> list[ControlRecord]:
+        """Retire each of ``candidates`` (once) for a reason the figures cannot carry: its chain failed in shadow, or
+        its statistics cannot be measured (a candidate the policy can never judge must not stay pending)."""
+        self.decided.update((c.kind, c.version, c.sha256) for c in candidates)
+        reason, statistics = bounded(f"retired: {why}"), recordable(figures)
+        return [decision_record(c.kind, c.version, c.sha256, RETIRE, self.actor, reason, statistics)
                 for c in candidates]

@@ -265,3 +265,52 @@ def test_what_is_compared_follows_what_the_kinds_write():
     assert measured_columns("plan", ("plan",)) == ("features",)
     assert measured_columns("scorer", ("plan", "scorer", "thresholds")) == ("score", "decision")
     assert measured_columns("thresholds", ("scorer", "thresholds")) == ("decision",)
+
+
+def test_figure_names_are_drawn_as_text_never_parsed_as_tex():
+    import matplotlib.pyplot as plt
+
+    figures = {"records": 500.0, "active.$\\nosuchcommand{$": 0.1, "candidate.$\\nosuchcommand{$": 0.05}
+    drawn = report._shadow_plot(figures, "w1", "sex")
+    assert drawn.startswith("<figure id=shadow-plot") and "data:image/png;base64," in drawn
+    assert plt.rcParams["text.parse_math"]  # only the report's plots draw text as is
+
+
+def test_a_plot_that_cannot_be_drawn_is_a_note_and_leaves_no_figure_open():
+    import matplotlib.pyplot as plt
+
+    before = plt.get_fignums()
+    drawn = report._shadow_plot({"records": 5.0, "active.w1": 0.1, "candidate.w1": 0.05, "noise.w1": -1.0}, "w", "s")
+    assert drawn == ("<p class=note>the live shadow figures plot could not be drawn: ValueError: &#x27;xerr&#x27; must "
+                     "not contain negative values</p>")
+    assert plt.get_fignums() == before
+
+
+def test_the_sample_is_read_from_each_partitions_tail_and_holds_the_latest_records(broker, adult, tmp_path,
+                                                                                   monkeypatch):
+    from fairstream.streams import codec
+
+    research, _, _ = adult
+    config, _ = pipeline(broker, tmp_path)
+    for prefix, part in (("old", research.subset(slice(0, 2400))), ("new", research.subset(slice(2400, 2600)))):
+        messages = record_messages(part, config, id_prefix=prefix)
+        assert replay(broker.bootstrap, config.topics.records_in, messages, progress=False) == len(messages)
+    decoded = []
+    decode = codec.decode_records
+    monkeypatch.setattr(codec, "decode_records", lambda values, *a, **k: decoded.append(len(values)) or decode(
+        values, *a, **k))
+
+    window, note = report._sample(config, broker.bootstrap, 40)
+
+    assert note is None and len(window) == 40 and all(key.startswith("new") for key in window.keys.tolist())
+    assert sum(decoded) <= 41 * config.topics.partitions + 40  # each partition's tail (and the window), never the 2600 records
+
+
+def test_a_read_cut_short_at_its_deadline_is_said_on_the_page(broker, with_candidate, tmp_path, monkeypatch):
+    config, _, _, _ = with_candidate
+    monkeypatch.setattr(report, "SAMPLE_SECONDS", 0.0)
+
+    page = write_report(config, broker.bootstrap, "plan", 2, out=tmp_path / "cut.html", sample=50).read_text()
+
+    assert (f"the read of {config.topics.records_in} was cut short after 0 s: the records compared are the latest "
+            "of those read, not necessarily the topic&#x27;s latest") in page

@@ -134,3 +134,83 @@ def test_a_candidate_that_refuses_records_is_decided_on_them_too_and_retired(pla
     assert record.statistics["records"] < 500 <= record.statistics["records"] + refused  # due on both together
     assert (record.version, record.action) == (5, "retire")
     assert f"failed refusals: the candidate refused {refused:.0f} records the active chain repaired" in record.reason
+
+
+def errors(pipeline: str, monitor: str) -> float | None:
+    return REGISTRY.get_sample_value("fairstream_monitor_errors_total", {"pipeline": pipeline, "monitor": monitor})
+
+
+def test_a_candidate_that_raises_in_shadow_is_retired_for_it_and_the_active_chain_is_unaffected(plans):
+    data, active, candidate = plans
+
+    class Raising:
+        def __getattr__(self, name):
+            return getattr(candidate.module, name)
+
+        def apply(self, batch):
+            raise TypeError("bug in the candidate")
+
+    broken = Active("plan", 4, "b" * 64, None, Raising())
+    hooks, repairer, batches = shadow_hooks((data, active, broken), "shadow", "raisingtest")
+    served = hooks.active_chain()
+    for batch in batches:
+        outcome = repairer.process(batch, served)
+        assert len(outcome.repaired) == len(batch)  # delivered whatever the candidate does
+        hooks.records_delivered(outcome, served)
+    ((_, key, value),) = hooks.notices.sent  # once the window is full, and once
+    record = read_message(key, value).record
+    assert (record.version, record.action) == (4, "retire") and record.statistics["candidate.refused"] == 600
+    assert record.reason == ("retired: its chain failed in shadow (TypeError: bug in the candidate): it refused 600 "
+                             "records the active chain repaired")
+    assert errors("raisingtest", "fairness") == 0 and gauge("raisingtest", "active") is not None
+
+
+def test_a_candidate_whose_statistics_cannot_be_measured_is_retired_at_once(plans):
+    hooks, repairer, batches = shadow_hooks(plans, "shadow", "unmeasuredtest")
+
+    def fails(*args):
+        raise ValueError("no statistic")
+
+    hooks.comparison._observe = fails
+    served = hooks.active_chain()
+    hooks.records_delivered(repairer.process(batches[0], served), served)  # 200 records, below shadow.min_records
+    for batch in batches[1:]:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    ((_, key, value),) = hooks.notices.sent
+    record = read_message(key, value).record
+    assert (record.version, record.action) == (4, "retire")
+    assert record.reason == "retired: its statistics cannot be measured: ValueError: no statistic"
+
+
+def test_a_failing_candidate_monitor_counts_under_its_own_label_not_the_serving_chains(plans):
+    hooks, repairer, batches = shadow_hooks(plans, "approve", "candidateerrortest")
+
+    def fails(*args):
+        raise ValueError("cannot observe")
+
+    hooks.candidate_monitor.observe_batch = fails
+    served = hooks.active_chain()
+    for batch in batches[:2]:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    assert errors("candidateerrortest", "candidate") == 2 and errors("candidateerrortest", "fairness") == 0
+
+
+def test_a_decision_sent_again_after_a_timeout_is_stamped_afresh_and_keyed_apart(plans):
+    hooks, repairer, batches = shadow_hooks(plans, "shadow", "resendtest")
+    attempts = []
+
+    class Flaky(FakeNotices):
+        def send(self, topic, key, value, timeout=None):
+            attempts.append((key, read_message(key, value).record))
+            if len(attempts) == 1:
+                raise app.NoticeNotSent("no acknowledgement")  # it may still arrive: the copy must differ
+            super().send(topic, key, value)
+
+    hooks.notices = Flaky()
+    served = hooks.active_chain()
+    for batch in batches:
+        hooks.records_delivered(repairer.process(batch, served), served)
+    (first_key, first), (second_key, second) = attempts
+    assert first_key != second_key and second.published_at > first.published_at
+    assert (first.action, first.version, first.reason) == (second.action, second.version, second.reason)
+    assert len(hooks.notices.sent) == 1 and hooks.pending_decisions == []

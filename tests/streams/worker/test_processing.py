@@ -229,3 +229,34 @@ def test_a_candidate_chain_carries_its_own_scores_and_decisions(adult, candidate
     assert same_arrays(measured, own, names=("after", "keys", "decision", "score"))
     same_records = np.isin(alone.monitor_batch.keys, measured.keys)
     assert not np.array_equal(measured.score, alone.monitor_batch.score[same_records])
+
+
+class Raising:
+    """A candidate module whose apply fails with an error outside the module protocol's (a bug, memory)."""
+
+    def __init__(self, inner, error):
+        self.inner, self.error = inner, error
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def apply(self, batch):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [TypeError("bug"), RuntimeError("oops"), MemoryError()])
+def test_a_candidate_that_raises_never_fails_the_batch_and_refuses_every_record(adult, candidates, error, caplog):
+    data, plan = adult
+    broken = Active("plan", 4, "c" * 64, None, Raising(candidates[0].module, error))
+    config = adult_config()
+    batch = messages(data.subset(slice(0, 100)), config)
+    alone = RecordRepairer(config).process(batch, plan)
+    repairer = RecordRepairer(config)
+    with caplog.at_level("ERROR", logger="fairstream.streams.worker.processing"):
+        shadowed = [repairer.process(batch, Served((plan,), (broken,))) for _ in range(2)]
+    for outcome in shadowed:  # the active chain's outputs, bit for bit, delivered
+        assert outcome.repaired == alone.repaired and outcome.dead == alone.dead and len(outcome.repaired) > 90
+        assert same_arrays(outcome.monitor_batch, alone.monitor_batch)
+        assert outcome.candidate_batch is None and outcome.candidate_refused == len(alone.monitor_batch)
+        assert outcome.candidate_failed.startswith(type(error).__name__)
+    assert len(caplog.records) == 1 and "plan version 4 failed in shadow" in caplog.records[0].getMessage()

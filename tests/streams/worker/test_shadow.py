@@ -94,3 +94,12 @@ def test_a_candidate_that_refused_records_the_active_chain_repaired_is_retired_w
     assert action == "retire" and reason.startswith(
         "retired after 2400 live records: failed refusals: the candidate refused 37 records the active chain "
         "repaired (they would be dead-lettered); passed dependence_e: ")
+
+
+def test_a_candidate_the_policy_cannot_judge_is_retired_once_with_why():
+    plan = Active("plan", 6, "e" * 64, None, None)
+    policy = ShadowPolicy(ShadowConfig(min_records=1000), "shadow-policy@fairstream-adult@host:42")
+    (record,) = policy.retirements([plan], "its statistics cannot be measured: ValueError: x", {"records": 3.0})
+    assert (record.kind, record.version, record.sha256, record.action) == ("plan", 6, "e" * 64, "retire")
+    assert record.reason == "retired: its statistics cannot be measured: ValueError: x"
+    assert record.statistics == {"records": 3.0} and policy.due([plan], 5000) == []
