@@ -338,8 +338,8 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     with _broker(args) as broker:
         control = _control(config, broker.bootstrap)
         if args.action == "publish":
-            record = control.publish_sync(artifact, actor=actor, reason=reason, candidate=promotion != "auto")
-            print(_published_line(record, control.topic, promotion))
+            record = control.publish_sync(artifact, actor=actor, reason=reason, promotion=promotion)
+            print(_published_line(record, control.topic, promotion, control.last_mode.why))
         elif args.action in _DONE:
             record = control.decide_sync(args.kind, args.version, args.action, actor=actor, reason=reason)
             print(f"{_DONE[args.action]} {record.kind} version {record.version} (sha256 {record.sha256[:12]}) as "
@@ -359,11 +359,13 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     return 0
 
 
-def _published_line(record, topic: str, promotion: str) -> str:
-    """What a publish did: served at once (promotion "auto"), or a candidate waiting for its decision."""
+def _published_line(record, topic: str, promotion: str, why: str) -> str:
+    """What a publish did: served at once (and, unless promotion is "auto", why), or a candidate waiting for its
+    decision."""
     how = f"sha256 {record.sha256[:12]}, {'inline' if record.blob_b64 else 'by path'}"
     if not record.candidate:
-        return f"published {record.kind} version {record.version} ({how}) to {topic}"
+        because = "" if promotion == "auto" else f": {why}"
+        return f"published {record.kind} version {record.version} ({how}) to {topic}{because}"
     waits = (f"'fairstream artifacts approve {record.kind} {record.version}' or 'reject'" if promotion == "approve"
              else "the shadow policy's promotion or retirement")
     return (f"published {record.kind} version {record.version} as a candidate ({how}) to {topic}: promotion is "
@@ -396,12 +398,18 @@ def _print_history(control, kind: str | None, as_json: bool) -> None:
 
 def _history_line(entry: dict) -> str:
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["at"])) if entry["at"] is not None else "-"
-    figures = ", ".join(f"{name}={value:.4g}" for name, value in entry["statistics"].items())
-    reason = " ".join((entry["reason"] or "-").split())  # a reason over several lines stays on its line
-    actor = " ".join((entry["actor"] or "-").split())
+    # Whatever a record's texts hold (a reason over several lines, a newline in a statistic's name), it stays on its
+    # line: no record can forge another line of the audit trail.
+    figures = ", ".join(f"{_collapsed(name)}={value:.4g}" for name, value in entry["statistics"].items())
+    reason, actor = _collapsed(entry["reason"] or "-"), _collapsed(entry["actor"] or "-")
     action = "candidate" if entry["candidate"] else entry["action"]  # a publish that does not serve (yet)
     return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}",
                                        f"{action:<9}", actor, reason, figures) if part).rstrip()
+
+
+def _collapsed(text: str) -> str:
+    """``text`` with every run of whitespace (newlines included) collapsed to one space."""
+    return " ".join(text.split())
 
 
 def _print_listing(control) -> None:
@@ -609,11 +617,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the compacted control topic: inline while small, else by a path in the "
                                      "content-addressed artifact store. Every worker swaps to a new version between "
                                      "two batches; a refused artifact leaves the old version serving. Under a "
-                                     "pipeline's promotion \"shadow\" or \"approve\", a publish is a candidate the "
-                                     "workers apply in shadow until the shadow policy or a person decides.")
+                                     "pipeline's promotion \"approve\", a publish is a candidate the workers apply "
+                                     "in shadow until a person decides (the first version too: until then they hold "
+                                     "input); under \"shadow\" too, once a version of the kind served and when the "
+                                     "record chain applies it, until the shadow policy decides.")
     art_sub = art.add_subparsers(dest="action", required=True, metavar="ACTION")
     publish = art_sub.add_parser("publish", help="publish a saved artifact (its manifest .json or .npz path) as the "
-                                                 "next version (a candidate unless the pipeline's promotion is auto)")
+                                                 "next version (a candidate under the pipeline's promotion \"approve\", and under "
+                                                 "\"shadow\" once a version served; it says which)")
     publish.add_argument("file")
     publish.add_argument("--force", action="store_true",
                          help="publish even if the artifact does not fit the pipeline config (every worker refuses it)")

@@ -7,10 +7,12 @@ too: :meth:`ControlClient.publish` proposes the highest version claimed so far p
 reads the log back to its own record and, if an earlier record took that version (another
 publisher at the same moment), withdraws its record and publishes again under the next version.
 
-A candidate (``publish(..., candidate=True)``) waits for a decision: :meth:`ControlClient.decide`
-writes ``approve`` or ``reject`` (a person's) and ``promote`` or ``retire`` (a service's); a new
-candidate retires the pending one first, under the publisher's name. Anything the ledger would
-refuse is refused here before it is written, in one line naming the kind and version.
+A candidate (``publish(..., candidate=True)``, or as :func:`publish_mode` decides from the pipeline's
+``promotion`` and the log) waits for a decision: :meth:`ControlClient.decide` writes ``approve`` or
+``reject`` (a person's) and ``promote`` or ``retire`` (a service's), then reads the log back to it
+(another decision may have come first); a new candidate retires the pending one first, under the
+publisher's name. Anything the ledger would refuse is refused here before it is written, in one line
+naming the kind and version.
 
 The listing is what the workers do, not what the log says alone: a version whose artifact cannot
 be loaded (missing store file, damaged blob, or, with the pipeline's schema, one that does not fit)
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import functools
 import getpass
 import logging
@@ -33,10 +36,11 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from fairstream.models.kinds import load_module
+from fairstream.models.kinds import MODULE_KINDS, load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact
 from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
+from fairstream.streams.config import PROMOTIONS
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
@@ -58,6 +62,7 @@ from .records import (
     encode_control,
     parse_statistics,
     read_message,
+    shown,
 )
 from .registry import build_active, control_consumer, load_refusal, message_limit, module_loaders, open_at_beginning
 from .store import ArtifactStore
@@ -89,6 +94,47 @@ def check_audit(actor: str | None, reason: str | None, names: tuple[str, str] = 
         refusal = None if value is None else audit_text_refusal(value, longest)
         if refusal is not None:
             raise ControlError(f"{name} {refusal}")
+
+
+# --------------------------------------------------------------------------- candidate or not
+
+
+@dataclass(frozen=True)
+class PublishMode:
+    """Whether a publish is a candidate (it serves once promoted or approved) or serves at once, and why."""
+
+    candidate: bool
+    why: str
+
+
+def publish_mode(promotion: str, ledger: VersionLedger, kind: str) -> PublishMode:
+    """Whether a publish of ``kind`` under the pipeline's ``promotion`` is a candidate, from the log's ``ledger``.
+
+    The one place this is decided (the CLI and the re-fit job publish through it). ``"auto"``: never;
+    ``"approve"``: always, the first version too (a person approves it; until then the workers hold
+    input); ``"shadow"``: only when a version of ``kind`` served before (the shadow policy compares
+    the candidate with the active chain) and ``kind`` is applied by the record chain (the only one
+    measured in shadow); otherwise it serves at once, as under ``"auto"`` (its validation decided).
+
+    >>> publish_mode("shadow", VersionLedger(), "plan").why
+    "promotion is 'shadow', but no plan version served yet (there is no active chain to compare it with): it serves at
+    once, as under 'auto'"
+    """
+    if promotion not in PROMOTIONS:
+        raise ControlError(f"promotion must be one of {', '.join(PROMOTIONS)}, got {shown(promotion)}")
+    if promotion == "auto":
+        return PublishMode(False, "promotion is 'auto': it serves at once")
+    if promotion == "approve":
+        return PublishMode(True, "promotion is 'approve': it serves once a person approves it")
+    module = MODULE_KINDS.get(kind)
+    if module is None or module.capabilities.agent != "records":
+        return PublishMode(False, f"promotion is 'shadow', but the shadow policy measures only the record chain, not "
+                                  f"the {kind}: it serves at once, as under 'auto'")
+    if not ledger.ever_served(kind):
+        return PublishMode(False, f"promotion is 'shadow', but no {kind} version served yet (there is no active chain "
+                                  "to compare it with): it serves at once, as under 'auto'")
+    return PublishMode(True, "promotion is 'shadow': the workers shadow it until the shadow policy promotes or "
+                             "retires it")
 
 
 # --------------------------------------------------------------------------- the log as every reader resolves it
@@ -221,6 +267,7 @@ class ControlClient:
         self.loaders = module_loaders(schema or PipelineSchema())  # the workers' loaders, checks included
         self.inline_limit = inline_limit
         self.timeout = timeout
+        self.last_mode: PublishMode | None = None  # what the last publish under a promotion decided, and why
         self._topic_checked = False
 
     @property
@@ -251,7 +298,8 @@ class ControlClient:
         return list((await self.read()).workers.values())
 
     async def publish(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                      statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
+                      statistics: dict[str, float] | None = None, candidate: bool = False,
+                      promotion: str | None = None) -> ControlRecord:
         """Publish ``artifact`` as the next version of its kind; returns the delivered record.
 
         The record carries the audit trail: ``actor`` (default :func:`default_actor`), ``reason`` and
@@ -262,13 +310,19 @@ class ControlClient:
 
         With ``candidate``, the version does not serve: it waits, shadowed by the workers, for a
         decision (see :meth:`decide`). A candidate of the kind still pending is retired first, under
-        the same actor, with the reason "superseded by candidate version N".
+        the same actor, with the reason "superseded by candidate version N". With the pipeline's
+        ``promotion`` instead, :func:`publish_mode` decides from the log whether it is a candidate
+        (``self.last_mode`` then says what it decided and why, for the caller to print).
         """
         audit = _audit(actor, reason, statistics)
+        self.last_mode = None
         async with self._reader() as reader, self._producer() as producer:
             control = ControlLog()
             await reader.read_to_end(control)
             for _ in range(PUBLISH_ATTEMPTS):
+                if promotion is not None:  # decided again on each attempt: another publisher may have changed the log
+                    self.last_mode = publish_mode(promotion, control.ledger, artifact.kind)
+                    candidate = self.last_mode.candidate
                 version = control.ledger.next_version(artifact.kind)
                 if candidate:
                     await self._retire_pending(control, reader, producer, artifact.kind, version, audit["actor"])
@@ -307,26 +361,40 @@ class ControlClient:
 
     async def decide(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
                      statistics: dict[str, float] | None = None) -> ControlRecord:
-        """Write a decision on the pending candidate ``version`` of ``kind``; returns the record written.
+        """Write a decision on the pending candidate ``version`` of ``kind``; returns the record, which takes effect.
 
         ``action``: ``approve`` or ``reject`` (a person), ``promote`` or ``retire`` (a service).
         Whatever every reader would refuse (not the pending candidate, already decided) is refused
         here before anything is written, and so is promoting or approving a candidate no worker can
-        load.
+        load. Then, like :meth:`publish`, the log is read back to the written record: if another
+        decision came first (two people at once, or a person and the shadow policy), every reader
+        ignores this one, and :class:`ControlError` says so and who decided.
         """
         if action not in DECISIONS:
             raise ControlError(f"a decision is one of {', '.join(DECISIONS)}, got {action!r}")
         audit = _audit(actor, reason, statistics)
-        control = await self.read()
-        sha256 = control.ledger.claimed(kind, version) or "0" * 64
-        record = decision_record(kind, version, sha256, action, **audit)
-        refusal = control.ledger.admit(record, control.next_offset)  # the workers' rule, applied before writing
-        if refusal is not None:
-            raise ControlError(f"refusing to {action}: {refusal}")
-        cannot = self._load_refusal(control.published(kind, version)) if action in ACTIVATING else None
-        if cannot is not None:
-            raise ControlError(f"cannot {action} {kind} version {version}: every worker refuses its artifact: {cannot}")
-        await self._send(record)
+        async with self._reader() as reader, self._producer() as producer:
+            control = ControlLog()
+            await reader.read_to_end(control)
+            control.warn_skipped()
+            sha256 = control.ledger.claimed(kind, version) or "0" * 64
+            record = decision_record(kind, version, sha256, action, **audit)
+            # The workers' rule, applied before writing (on a copy: the log read back applies it for real).
+            refusal = copy.deepcopy(control.ledger).admit(record, control.next_offset)
+            if refusal is not None:
+                raise ControlError(f"refusing to {action}: {refusal}")
+            cannot = self._load_refusal(control.published(kind, version)) if action in ACTIVATING else None
+            if cannot is not None:
+                raise ControlError(f"cannot {action} {kind} version {version}: every worker refuses its artifact: "
+                                   f"{cannot}")
+            key, value = self._encoded(record)
+            offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
+            await reader.read_through(control, offset)
+        mine = control.at(offset)
+        refusal = "it was not read back" if mine is None else mine.refusal
+        if refusal is not None:  # written, but every reader ignores it: another decision came first
+            raise ControlError(f"the {action} of {kind} version {version} did not take effect (every reader ignores "
+                               f"it): {refusal}")
         log.info("%s: %s version %d (sha256 %s)", action, kind, version, sha256[:12])
         return record
 
@@ -417,9 +485,10 @@ class ControlClient:
         return asyncio.run(self.workers())
 
     def publish_sync(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                     statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
+                     statistics: dict[str, float] | None = None, candidate: bool = False,
+                     promotion: str | None = None) -> ControlRecord:
         """Blocking :meth:`publish`."""
-        return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate))
+        return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate, promotion))
 
     def decide_sync(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
                     statistics: dict[str, float] | None = None) -> ControlRecord:

@@ -31,9 +31,10 @@ Candidates and decisions. A publish may be a *candidate* (``candidate: true``): 
 by the rule above but does not serve; it is its kind's *pending candidate* until a decision names it
 (kind, version and sha256): ``promote`` (the shadow policy) or ``approve`` (a person) make it serve,
 ``retire`` (the shadow policy, or a publisher superseding it) or ``reject`` (a person) end it. A newer
-candidate supersedes a pending one even without a retire record. Decisions carry no artifact and
-are admitted only for the pending candidate; a rollback names only a version that served (published
-to serve, promoted or approved), never a candidate that was not promoted. See :class:`VersionLedger`.
+version, a candidate or one published to serve, supersedes a pending one even without a retire record
+(so a late decision on it cannot downgrade what serves). Decisions carry no artifact and are admitted
+only for the pending candidate; a rollback names only a version that served (published to serve,
+promoted or approved), never a candidate that was not promoted. See :class:`VersionLedger`.
 
 Besides artifact records the topic carries notices (see :func:`read_message`): events (a re-embed
 after a swap), worker announcements (what one worker serves, keyed per worker so compaction keeps
@@ -66,6 +67,7 @@ ACTIVATING = ("promote", "approve")
 shadow policy's (and a publisher's, superseding its own older candidate)."""
 STATES = ("published", "candidate", "promoted", "approved", "rejected", "retired", "superseded")
 """What the ledger says of a claimed version (:meth:`VersionLedger.state`)."""
+_SERVED = ("published", "promoted", "approved")  # the states of a version that served at some time
 _DECIDED = {"promote": "promoted", "approve": "approved", "reject": "rejected", "retire": "retired"}
 AUDIT_FIELDS = ("actor", "reason", "statistics")
 """The audit trail's fields of a record (who, why, the figures at that moment); optional, bounded."""
@@ -489,16 +491,23 @@ class VersionLedger:
 
     def served(self, kind: str, version: int) -> bool:
         """True when ``version`` of ``kind`` served at some time: a rollback may name it."""
-        return self.state(kind, version) in ("published", "promoted", "approved")
+        return self.state(kind, version) in _SERVED
+
+    def ever_served(self, kind: str) -> bool:
+        """True when some version of ``kind`` served at some time (published to serve, promoted or approved)."""
+        return any(state.name in _SERVED for (named, _), state in self._states.items() if named == kind)
 
     def _claim(self, record: ControlRecord, offset: int) -> None:
+        # A newer version ends the pending candidate, with or without a retire record for it: a newer candidate
+        # replaces it, and one published to serve must not be downgraded by a later decision on the older one.
+        older = self._pending.pop(record.kind, None)
+        if older is not None:
+            by = (f"the publish of candidate version {record.version}" if record.candidate
+                  else f"version {record.version}, published to serve")
+            self._states[(record.kind, older[0])] = VersionState("superseded", by, offset)
         if not record.candidate:
             self._set_state(record, "published", offset)
             return
-        older = self._pending.get(record.kind)
-        if older is not None:  # a newer candidate ends the older one, with or without a retire record for it
-            self._states[(record.kind, older[0])] = VersionState(
-                "superseded", f"the publish of candidate version {record.version}", offset)
         self._pending[record.kind] = (record.version, record.sha256)
         self._set_state(record, "candidate", offset)
 
@@ -601,12 +610,12 @@ def _record(data: dict) -> ControlRecord:
 
 
 def _candidate(data: dict, action: str) -> bool | None:
-    """``candidate``: absent (None) or true, and on a publish only (it is encoded only when true)."""
+    """``candidate``: true on a candidate publish; absent or false (None: not a candidate, encoded as before)."""
     value = data.get("candidate")
-    if value is None:
+    if value is None or value is False:
         return None
     if value is not True:
-        raise ControlError(f"control record field 'candidate' must be true or left out, got {shown(value)}")
+        raise ControlError(f"control record field 'candidate' must be true, false or left out, got {shown(value)}")
     if action != "publish":
         raise ControlError(f"only a publish may be a candidate, not a {action}")
     return True
@@ -723,10 +732,15 @@ def _check_transport(data: dict, action: str) -> None:
     given = [name for name in ("blob_b64", "path") if data.get(name) is not None]
     if action in DECISIONS:
         if given:
-            raise ControlError(f"a {action} decides a candidate already published and carries no artifact, got "
-                               f"{given}")
+            raise ControlError(f"{_article(action)} {action} decision decides a candidate already published and "
+                               f"carries no artifact, got {given}")
         return
     if len(given) != 1:
         raise ControlError(
             f"a control record carries its artifact as exactly one of blob_b64 or path, got {given or 'neither'}"
         )
+
+
+def _article(word: str) -> str:
+    """``a`` or ``an`` before ``word`` (by its first letter: every action's name reads so)."""
+    return "an" if word[:1] in "aeiou" else "a"

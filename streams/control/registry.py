@@ -34,8 +34,8 @@ Candidates: a candidate publish the ledger admits is built like any version (loa
 against the pipeline) and kept beside the active artifacts (:meth:`ArtifactRegistry.served`: one
 immutable :class:`Served` holds both, so a reader never sees a mix) while it waits for a decision;
 ``promote``/``approve`` make the built candidate active (``on_change``), ``reject``/``retire`` or a
-newer candidate drop it; ``on_candidate(kind, candidate or None)`` reports each arrival and
-departure. A worker restarted mid-shadow replays the same records and ends with the same candidate.
+newer version (a candidate or one published to serve) drop it; ``on_candidate(kind, candidate or
+None)`` reports each arrival and departure. A worker restarted mid-shadow replays the same records and ends with the same candidate.
 While it shadows a candidate the announcer also names it (``shadowing``) and, at most every
 :data:`SHADOW_ANNOUNCE_EVERY` seconds when they changed, the live figures of the comparison
 (``shadow``).
@@ -178,7 +178,12 @@ class ArtifactRegistry:
         return self._served
 
     def explain_missing(self, kind: str) -> tuple[int, str]:
-        """(log level, message) saying why ``kind`` has no active artifact: its last refusal, or none published."""
+        """(log level, message) saying why ``kind`` has no active artifact: a first candidate awaiting approval,
+        its last refusal, or none published."""
+        waiting = self.candidate(kind)
+        if waiting is not None:  # under promotion "approve" even the first version serves only once approved
+            return logging.WARNING, (f"no {kind} serves yet: candidate version {waiting.version} awaits approval "
+                                     f"(fairstream artifacts approve {kind} {waiting.version} --by NAME --reason TEXT)")
         refusal = self._refusals.get(kind)
         if refusal is None:
             return logging.WARNING, f"no {kind} artifact loaded yet: holding input until one is published"
@@ -218,8 +223,8 @@ class ArtifactRegistry:
             return self._refuse(label, what, version_refusal)
         if record.action in DECISIONS:
             return self._decide(record, label, what)
-        if record.candidate:
-            self._drop_candidate(record.kind)  # the ledger superseded an older candidate, whether or not this loads
+        if record.action == "publish":  # the ledger superseded any pending candidate, whether or not this loads
+            self._drop_candidate(record.kind)
         try:
             built = build_active(record, self.loaders, self.store)
         except Exception as exc:  # loaders are arbitrary code; whatever they raise is a refusal

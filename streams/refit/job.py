@@ -9,8 +9,10 @@ modules are rebuilt from the control topic exactly as a worker would: an
 published through :class:`~fairstream.streams.control.client.ControlClient` when nothing of its
 kind is active and it beats the trainer's baseline (if it has one), or when the trainer does not
 find it worse than the current module; otherwise nothing is published and the outcome says why,
-with both numbers. Under a pipeline's promotion ``"shadow"`` or ``"approve"`` it is published as a
-*candidate*: the workers apply it in shadow, and it serves only once promoted or approved.
+with both numbers. Under a pipeline's promotion ``"approve"`` it is published as a *candidate*: the
+workers apply it in shadow, and it serves only once approved; under ``"shadow"`` too, once a version
+of its kind served and when the record chain applies it (the client's
+:func:`~fairstream.streams.control.client.publish_mode` decides, and the outcome says why).
 
 Three ways to run it: once (``fairstream refit --kind plan|flow``; a Kubernetes CronJob), on a
 schedule (:mod:`~fairstream.streams.refit.schedule`), or as a service answering the monitor's
@@ -163,9 +165,12 @@ class RefitJob:
             reason = (f"the candidate is identical to the active {self.kind} v{current.version} (payload sha256 "
                       f"{artifact.sha256[:12]}); nothing to publish")
             return self._finish(started, published=False, reason=reason, **base)
-        candidate = self.config.promotion != "auto"
-        record = self.control.publish_sync(artifact, candidate=candidate, **_audit(trigger, score, current_score))
+        record = self.control.publish_sync(artifact, promotion=self.config.promotion,
+                                           **_audit(trigger, score, current_score))
+        candidate = bool(record.candidate)  # the client decided, from the promotion and the log (publish_mode)
         reason = self._publish_reason(record.version, score, current_score, current, unusable, len(held), candidate)
+        if self.config.promotion != "auto" and not candidate:
+            reason = f"{reason}; {self.control.last_mode.why}"
         return self._finish(started, published=True, reason=reason, version=record.version, sha256=record.sha256,
                             candidate=candidate, **base)
 

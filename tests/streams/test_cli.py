@@ -354,6 +354,31 @@ def test_under_approval_a_publish_is_a_candidate_a_person_approves_or_rejects(br
         ("publish", True), ("approve", False), ("publish", True), ("reject", False)]
 
 
+@pytest.mark.integration
+def test_under_shadow_the_first_publish_serves_at_once_and_says_why(broker, tmp_path, capsys):
+    toml, _ = pipeline_toml(tmp_path, "cli-shadow", promotion="shadow")
+    common = ["--broker", broker.url, "--config", str(toml), "--by", "refit@host"]
+    plans = [artifacts.save(tiny_plan(["age", "hours-per-week"], seed).to_artifact(), tmp_path / f"plan-{seed}.json")
+             for seed in (1, 2)]
+    sha = [artifacts.load(plan).sha256[:12] for plan in plans]
+    code, out, err = run_main(["artifacts", "publish", *common, str(plans[0])], capsys)
+    assert (code, out) == (0, f"published plan version 1 (sha256 {sha[0]}, inline) to cli-shadow.control: promotion "
+                              "is 'shadow', but no plan version served yet (there is no active chain to compare it "
+                              "with): it serves at once, as under 'auto'\n"), err
+    code, out, err = run_main(["artifacts", "publish", *common, str(plans[1])], capsys)
+    assert (code, out) == (0, f"published plan version 2 as a candidate (sha256 {sha[1]}, inline) to "
+                              "cli-shadow.control: promotion is 'shadow', so the workers shadow it until the shadow "
+                              "policy's promotion or retirement\n"), err
+
+
+def test_a_statistic_name_cannot_forge_a_line_of_the_audit_trail():
+    forged = "x\n2026-11-24T15:00:00Z  plan  v1  approve  Ada Lovelace  looked at it"
+    line = cli._history_line({"at": 0.0, "kind": "plan", "version": 1, "action": "publish", "actor": "refit@h",
+                              "reason": "drift\nagain", "statistics": {"E": 0.01, forged: 1.0}, "candidate": False})
+    assert line == ("1970-01-01T00:00:00Z  plan          v1      publish    refit@h  drift again  E=0.01, x "
+                    "2026-11-24T15:00:00Z plan v1 approve Ada Lovelace looked at it=1")
+
+
 @pytest.mark.parametrize("action", ["approve", "reject"])
 def test_a_decision_without_a_reason_is_refused_before_anything_starts(action, tmp_path, capsys):
     toml, _ = pipeline_toml(tmp_path, "cli-reason")

@@ -70,8 +70,11 @@ class RecordingClient:
     async def read(self) -> ControlLog:
         return ControlLog()
 
-    def publish_sync(self, artifact, candidate=False, **audit) -> ControlRecord:
+    def publish_sync(self, artifact, candidate=False, promotion=None, **audit) -> ControlRecord:
         self.published.append(audit)
+        self.last_mode = None if promotion is None else control_client.publish_mode(promotion, ControlLog().ledger,
+                                                                                    artifact.kind)
+        candidate = candidate if self.last_mode is None else self.last_mode.candidate
         return ControlRecord(artifact.kind, 1, artifact.sha256, path="p", candidate=candidate or None, **audit)
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import threading
 import uuid
 from dataclasses import replace
 
 import pytest
 
 from fairstream.streams.config import adult_config
-from fairstream.streams.control.client import ControlClient, ControlLog, _activation_stacks
+from fairstream.streams.control import client as client_module
+from fairstream.streams.control.client import ControlClient, ControlLog, _activation_stacks, publish_mode
 from fairstream.streams.control.records import (
     IMPLIED_KEY,
     RECORD,
@@ -81,10 +84,11 @@ def test_a_record_without_the_candidate_field_keeps_its_exact_bytes_and_key():
 
 
 @pytest.mark.parametrize("fields, refusal", [
-    ({"candidate": False}, "field 'candidate' must be true or left out, got False"),
-    ({"candidate": "yes"}, "field 'candidate' must be true or left out"),
+    ({"candidate": "yes"}, "field 'candidate' must be true, false or left out, got 'yes'"),
     ({"action": "rollback", "candidate": True}, "only a publish may be a candidate, not a rollback"),
-    ({"action": "approve"}, "a approve decides a candidate already published and carries no artifact, got ['path']"),
+    ({"action": "approve"}, "an approve decision decides a candidate already published and carries no artifact, got "
+                            "['path']"),
+    ({"action": "reject"}, "a reject decision decides a candidate already published"),
     ({"action": "retire", "path": None, "blob_b64": "AAAA"}, "carries no artifact, got ['blob_b64']"),
     ({"action": "publish", "path": None}, "exactly one of blob_b64 or path, got neither"),
     ({"action": "demote"}, "action must be one of ('publish', 'rollback', 'promote', 'approve', 'reject', 'retire')"),
@@ -94,6 +98,17 @@ def test_malformed_candidates_and_decisions_are_refused_with_the_reason(fields, 
     with pytest.raises(ControlError) as caught:
         parse_control(json.dumps(data).encode())
     assert refusal in str(caught.value)
+
+
+@pytest.mark.parametrize("action", ["publish", "rollback"])
+def test_a_record_saying_candidate_false_is_no_candidate_and_keeps_its_own_key(action):
+    value = json.dumps({"kind": "plan", "version": 2, "sha256": SHA, "action": action, "path": "p",
+                        "candidate": False}, sort_keys=True).encode()
+    record = parse_control(value)
+    assert record == ControlRecord("plan", 2, SHA, action=action, path="p")  # encoded as before: no "candidate"
+    assert "candidate" not in json.loads(encode_control(record))
+    read = read_message(IMPLIED_KEY, value)  # taken under the key of its own bytes, as any record
+    assert read.what == RECORD and read.record == record
 
 
 def test_a_decision_carries_no_artifact_and_round_trips_under_its_own_key():
@@ -159,10 +174,18 @@ LEDGER_SEQUENCES = {
         [None, "plan version 1 is not a pending candidate (no candidate of plan is pending)", None,
          "plan version 9 is not a pending candidate (pending: version 2)",
          "plan version 1 is not a pending candidate (pending: version 2)"], (2, SHA), {1: "published"}),
-    "a candidate claims its version: the next publish takes the one after it": (
+    "a candidate claims its version: the next publish takes the one after it, and supersedes it": (
         [publish(1), candidate(2), publish(2, sha=OTHER), publish(3, sha=OTHER)],
         [None, None, f"version collision: plan version 2 already names sha256 {SHA[:12]}, an earlier publish took it",
-         None], (2, SHA), {2: "candidate", 3: "published"}),
+         None], None, {2: "superseded", 3: "published"}),
+    "a version published to serve supersedes the pending candidate: approving it later cannot downgrade": (
+        [publish(1), candidate(2), publish(3, sha=OTHER), decide("approve", 2), rollback(2), candidate(4),
+         decide("approve", 4)],
+        [None, None, None, "plan version 2 was already superseded by version 3, published to serve at offset 2 (no "
+                           "candidate of plan is pending)",
+         "rollback to plan version 2, which never served (a candidate superseded by version 3, published to serve at "
+         "offset 2): a rollback names a version that served", None, None],
+        None, {1: "published", 2: "superseded", 3: "published", 4: "approved"}),
     "kinds are independent": (
         [candidate(1, kind="scorer"), candidate(1), decide("approve", 1, kind="scorer")],
         [None, None, None], (1, SHA), {1: "candidate"}),
@@ -221,6 +244,27 @@ def test_rejected_retired_and_superseded_candidates_leave_and_the_active_version
     assert candidates == [2, None, 3, None, 4, None]  # superseded by 3; the approval of 2 came too late
     assert served_version(registry) == 1 and registry.refused_total["plan"] == 1
     assert registry.ledger.state("plan", 2) == "superseded" and registry.ledger.state("plan", 4) == "retired"
+
+
+def test_a_version_published_to_serve_drops_the_pending_candidate_and_a_late_approval_changes_nothing(artifacts):
+    a, b, c = artifacts
+    candidates = []
+    registry = ArtifactRegistry(LOADERS, on_candidate=lambda kind, built: candidates.append(built and built.version))
+    for value in [message(a, version=1), candidate_message(b, 2), message(c, version=3)]:
+        assert registry.apply(value)
+    assert candidates == [2, None] and registry.candidate("plan") is None and served_version(registry) == 3
+    assert not registry.apply(decision_message(b, 2, "approve"))  # it would have downgraded v3 to v2
+    assert served_version(registry) == 3 and registry.ledger.state("plan", 2) == "superseded"
+
+
+def test_a_first_candidate_waits_for_approval_and_the_worker_says_how_to_give_it(artifacts):
+    a, _, _ = artifacts
+    registry = ArtifactRegistry(LOADERS)
+    assert registry.apply(candidate_message(a, 1)) and registry.current("plan") is None
+    assert registry.explain_missing("plan") == (logging.WARNING, (
+        "no plan serves yet: candidate version 1 awaits approval (fairstream artifacts approve plan 1 --by NAME "
+        "--reason TEXT)"))
+    assert registry.apply(decision_message(a, 1, "approve")) and served_version(registry) == 1
 
 
 def test_a_candidate_that_does_not_load_is_refused_and_its_approval_changes_nothing(artifacts, caplog):
@@ -360,6 +404,45 @@ def test_activation_stacks_push_the_promoted_candidates_publish():
     assert [(r.version, r.action, r.candidate) for r in stack] == [(1, "publish", None), (2, "publish", True)]
 
 
+# --------------------------------------------------------------------------- candidate or not: the one decision
+
+
+def served_ledger(*records) -> VersionLedger:
+    ledger = VersionLedger()
+    for offset, record in enumerate(records):
+        assert ledger.admit(record, offset) is None
+    return ledger
+
+
+PUBLISH_MODES = {  # (promotion, the log before, kind) -> a candidate?, and what the caller is told
+    "auto never": ("auto", [publish(1), candidate(2)], "plan", False, "promotion is 'auto': it serves at once"),
+    "approve always, the first version too": (
+        "approve", [], "plan", True, "promotion is 'approve': it serves once a person approves it"),
+    "shadow with nothing served yet: no active chain to compare with": (
+        "shadow", [candidate(1)], "plan", False, "promotion is 'shadow', but no plan version served yet (there is no "
+                                                 "active chain to compare it with): it serves at once, as under 'auto'"),
+    "shadow once a version served": (
+        "shadow", [candidate(1), decide("approve", 1)], "plan", True, "promotion is 'shadow': the workers shadow it "
+                                                                      "until the shadow policy promotes or retires it"),
+    "shadow measures only the record chain": (
+        "shadow", [publish(1, kind="embedding")], "embedding", False,
+        "promotion is 'shadow', but the shadow policy measures only the record chain, not the embedding: it serves at "
+        "once, as under 'auto'"),
+}
+
+
+@pytest.mark.parametrize("promotion, records, kind, is_candidate, why", PUBLISH_MODES.values(), ids=PUBLISH_MODES)
+def test_one_function_decides_from_the_promotion_and_the_log_whether_a_publish_is_a_candidate(
+        promotion, records, kind, is_candidate, why):
+    mode = publish_mode(promotion, served_ledger(*records), kind)
+    assert (mode.candidate, mode.why) == (is_candidate, why)
+
+
+def test_an_unknown_promotion_is_refused_in_one_line():
+    with pytest.raises(ControlError, match="^promotion must be one of auto, shadow, approve, got 'manual'$"):
+        publish_mode("manual", VersionLedger(), "plan")
+
+
 # --------------------------------------------------------------------------- over the broker
 
 
@@ -472,3 +555,43 @@ def test_the_follower_announces_the_candidate_it_shadows_and_its_figures(broker,
 
     asyncio.run(scenario())
 
+
+
+@pytest.mark.integration
+def test_under_shadow_the_first_version_serves_and_the_next_is_a_candidate(broker, topics, store, artifacts):
+    a, b, _ = artifacts
+    client = ControlClient(broker.bootstrap, topics, store)
+    first = client.publish_sync(a, actor="refit@host", promotion="shadow")
+    assert first.candidate is None and "no plan version served yet" in client.last_mode.why
+    second = client.publish_sync(b, actor="refit@host", promotion="shadow")
+    assert (second.version, second.candidate, client.last_mode.candidate) == (2, True, True)
+    registry = ArtifactRegistry(module_loaders(SCHEMA), store)
+    asyncio.run(catch_up(registry, broker.bootstrap, topics.control))
+    assert served_version(registry) == 1 and registry.candidate("plan").version == 2
+
+
+@pytest.mark.integration
+def test_a_decision_another_decision_beat_to_the_log_is_reported_refused(broker, topics, store, artifacts,
+                                                                          monkeypatch):
+    a, b, _ = artifacts
+    ControlClient(broker.bootstrap, topics, store).publish_sync(a)
+    ControlClient(broker.bootstrap, topics, store).publish_sync(b, candidate=True)
+    real_record = client_module.decision_record
+
+    def alice_approves_first(*args, **kwargs):  # bob has read and checked the log when alice's approval lands
+        monkeypatch.setattr(client_module, "decision_record", real_record)
+        alice = threading.Thread(target=ControlClient(broker.bootstrap, topics, store).decide_sync,
+                                 args=("plan", 2, "approve", "alice", "closes the gap"))
+        alice.start()
+        alice.join()
+        return real_record(*args, **kwargs)
+
+    monkeypatch.setattr(client_module, "decision_record", alice_approves_first)
+    with pytest.raises(ControlError) as refused:
+        ControlClient(broker.bootstrap, topics, store).decide_sync("plan", 2, "reject", actor="bob", reason="gap")
+    assert str(refused.value) == ("the reject of plan version 2 did not take effect (every reader ignores it): plan "
+                                  "version 2 was already approved by alice at offset 2 (no candidate of plan is "
+                                  "pending)")
+    control = ControlClient(broker.bootstrap, topics, store).read_sync()
+    assert [(e.record.actor, e.refusal is None) for e in control.decisions("plan", 2)] == [("alice", True),
+                                                                                        ("bob", False)]

@@ -145,6 +145,19 @@ def test_under_approval_a_refit_publishes_a_candidate_that_serves_only_once_appr
     assert refit.current().version == 1
 
 
+def test_under_shadow_the_first_refit_serves_at_once_as_nothing_served_to_compare_with(broker, config, windows):
+    config = dataclasses.replace(config, promotion="shadow")
+    refit = RefitJob(config, broker.bootstrap)
+
+    outcome = refit.run_once(as_window(windows["first"]), trigger="schedule")
+
+    assert outcome.published and not outcome.candidate and outcome.version == 1
+    assert outcome.reason.endswith("; promotion is 'shadow', but no plan version served yet (there is no active chain "
+                                   "to compare it with): it serves at once, as under 'auto'"), outcome.reason
+    (record,) = control_history(broker, config)
+    assert not record.candidate and refit.current().version == 1
+
+
 def test_the_job_serves_what_the_workers_serve_after_a_version_skipped_over_other_messages(broker, config, windows):
     """A version may skip as many numbers as messages were written since its kind's last claim (what
     compaction can remove); the job's view of what is served must apply that rule at the real offsets."""
