@@ -363,7 +363,9 @@ class ControlClient:
                      statistics: dict[str, float] | None = None) -> ControlRecord:
         """Write a decision on the pending candidate ``version`` of ``kind``; returns the record, which takes effect.
 
-        ``action``: ``approve`` or ``reject`` (a person), ``promote`` or ``retire`` (a service).
+        ``action``: ``approve`` or ``reject`` (a person), ``promote`` or ``retire`` (a service). Without
+        ``statistics``, the record carries the live shadow figures the candidate's workers last announced
+        (:func:`live_figures`): what the person saw when deciding.
         Whatever every reader would refuse (not the pending candidate, already decided) is refused
         here before anything is written, and so is promoting or approving a candidate no worker can
         load. Then, like :meth:`publish`, the log is read back to the written record: if another
@@ -372,11 +374,11 @@ class ControlClient:
         """
         if action not in DECISIONS:
             raise ControlError(f"a decision is one of {', '.join(DECISIONS)}, got {action!r}")
-        audit = _audit(actor, reason, statistics)
         async with self._reader() as reader, self._producer() as producer:
             control = ControlLog()
             await reader.read_to_end(control)
             control.warn_skipped()
+            audit = _audit(actor, reason, statistics if statistics is not None else live_figures(control, kind, version))
             sha256 = control.ledger.claimed(kind, version) or "0" * 64
             record = decision_record(kind, version, sha256, action, **audit)
             # The workers' rule, applied before writing (on a copy: the log read back applies it for real).
@@ -671,6 +673,13 @@ def check_fits(artifact: Artifact, schema: PipelineSchema, pipeline: str) -> Non
     except IncompatibleArtifact as exc:
         raise IncompatibleArtifact(f"the {artifact.kind} does not fit the pipeline {pipeline}: {exc}; every worker "
                                    "would refuse it at load (--force publishes it anyway)") from None
+
+
+def live_figures(control: ControlLog, kind: str, version: int) -> dict[str, float] | None:
+    """The live shadow figures of candidate ``version`` of ``kind``: those of the worker that measured it on the most
+    records, as it last announced them (None when no worker announced any)."""
+    announced = [status.shadow for status in control.shadow_figures(kind, version).values() if status.shadow]
+    return max(announced, key=lambda figures: figures.get("records", 0.0), default=None)
 
 
 def _audit(actor: str | None, reason: str | None, statistics: dict | None) -> dict:

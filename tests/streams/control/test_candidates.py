@@ -545,7 +545,8 @@ def test_the_follower_announces_the_candidate_it_shadows_and_its_figures(broker,
             assert status.shadowing == (("plan", 2, b.sha256),) and status.shadow == {"records": 42.0}
             assert status.serving == (("plan", 1, a.sha256),)
             assert (await client.read()).shadow_figures("plan", 2) == {worker.name: status}
-            await client.decide("plan", 2, "approve", actor="alice", reason="closes the gap")
+            approval = await client.decide("plan", 2, "approve", actor="alice", reason="closes the gap")
+            assert approval.statistics == {"records": 42.0}  # what alice saw: the figures the worker announced
             status = await announced(lambda s: s.serving == (("plan", 2, b.sha256),))
             assert status.shadowing == () and status.shadow is None
             await wait_until(lambda: served_version(registry) == 2)
