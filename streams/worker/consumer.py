@@ -361,6 +361,9 @@ class BatchConsumer(mode.Service):
         if active is NOT_LOADED:
             return
         messages = self._fetch()
+        # The version active when the batch was taken, not when the (possibly idle, batch_within long) fetch began:
+        # records sent after a swap is visible are applied by the new version. A kind once loaded is never unloaded.
+        active = self._latest(active) if messages else active
         taken_to = self._positions() if messages else {}  # before any reset: where this batch ends
         self._reset_partitions_past_their_end()
         if not messages:
@@ -389,6 +392,11 @@ class BatchConsumer(mode.Service):
         if held:  # nothing was polled meanwhile, so no statistics came: the contact clock starts again
             self._contact_from = time.monotonic()
         return active
+
+    def _latest(self, active):
+        """What to apply now: the artifact active at this moment (``active``, read before the fetch, if none is)."""
+        latest = self.spec.active()
+        return active if latest is NOT_LOADED else latest
 
     def _fetch(self) -> list:
         """The next batch: the messages without errors, of partitions this worker owns."""

@@ -10,6 +10,7 @@ N is settled.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -498,3 +499,18 @@ def test_a_hold_for_a_missing_artifact_does_not_count_as_a_silent_broker(monkeyp
     threading.Timer(0.4, lambda: loaded.append("plan")).start()
     worker._one_batch()
     assert len(scripted.served) == 1
+
+
+def test_a_batch_is_applied_by_the_version_active_when_it_was_taken_not_when_an_idle_fetch_began(monkeypatch):
+    """A swap while the consumer waits in an idle fetch: the records that then arrive are the new version's."""
+    current, applied = ["v1"], []
+
+    def swap_then_deliver(consumer):  # the control topic swaps while consume() waits for records
+        current[0] = "v2"
+        return batch(0, 2)
+
+    worker, _, _ = make(monkeypatch, [swap_then_deliver, batch(2, 1)], active=lambda: current[0])
+    worker.spec = dataclasses.replace(worker.spec, process=lambda messages, active: (
+        applied.append(active), BatchOutcome(repaired=[(m.key(), m.value()) for m in messages], version=1))[1])
+    run(worker, 3)
+    assert applied == ["v2", "v2"]
