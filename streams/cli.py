@@ -341,7 +341,8 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
             record = control.publish_sync(artifact, actor=actor, reason=reason, promotion=promotion)
             print(_published_line(record, control.topic, promotion, control.last_mode.why))
         elif args.action in _DONE:
-            record = control.decide_sync(args.kind, args.version, args.action, actor=actor, reason=reason)
+            record = control.decide_sync(args.kind, args.version, args.action, actor=actor, reason=reason,
+                                         force=getattr(args, "force", False))
             print(f"{_DONE[args.action]} {record.kind} version {record.version} (sha256 {record.sha256[:12]}) as "
                   f"{record.actor}: {_AFTER[args.action]}")
         elif args.action == "report":
@@ -638,6 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in decisions:
         p.add_argument("kind", help="artifact kind, e.g. plan")
         p.add_argument("version", type=_positive_int, help="the pending candidate's version")
+    decisions[0].add_argument("--force", action="store_true",
+                              help="approve even a candidate whose chain failed in shadow on the workers' live records")
     for p in (publish, rollback, *decisions):  # the audit trail: who and why, on the record
         p.add_argument("--by", metavar="NAME", help="who does it, recorded in the audit trail (default: user@host)")
         p.add_argument("--reason", metavar="TEXT", required=p in decisions,

@@ -48,6 +48,8 @@ from fairstream.streams.topics import TopicConfig, ensure_topics_async
 from .records import (
     ACTIVATING,
     ANNOUNCED,
+    CANDIDATE_FAILED,
+    CANDIDATE_REFUSED,
     DECISIONS,
     EVENT,
     MAX_ACTOR,
@@ -360,8 +362,12 @@ class ControlClient:
         log.info("retired candidate %s version %d: superseded by candidate version %d", kind, pending[0], version)
 
     async def decide(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
-                     statistics: dict[str, float] | None = None) -> ControlRecord:
+                     statistics: dict[str, float] | None = None, force: bool = False) -> ControlRecord:
         """Write a decision on the pending candidate ``version`` of ``kind``; returns the record, which takes effect.
+
+        A promotion or approval of a candidate whose workers announced that its chain failed in shadow
+        (:data:`~.records.CANDIDATE_FAILED`) is refused unless ``force``: once serving, it would fail on the live
+        records it failed on in shadow.
 
         ``action``: ``approve`` or ``reject`` (a person), ``promote`` or ``retire`` (a service). Without
         ``statistics``, the record carries the live shadow figures the candidate's workers last announced
@@ -378,7 +384,12 @@ class ControlClient:
             control = ControlLog()
             await reader.read_to_end(control)
             control.warn_skipped()
-            audit = _audit(actor, reason, statistics if statistics is not None else live_figures(control, kind, version))
+            live = live_figures(control, kind, version)
+            if action in ACTIVATING and not force and live and live.get(CANDIDATE_FAILED):
+                raise ControlError(f"refusing to {action} {kind} version {version}: its chain failed in shadow on the "
+                                   f"workers' live records (it refused {live.get(CANDIDATE_REFUSED, 0):.0f} of them); "
+                                   "--force does it anyway")
+            audit = _audit(actor, reason, statistics if statistics is not None else live)
             sha256 = control.ledger.claimed(kind, version) or "0" * 64
             record = decision_record(kind, version, sha256, action, **audit)
             # The workers' rule, applied before writing (on a copy: the log read back applies it for real).
@@ -391,7 +402,12 @@ class ControlClient:
                                    f"{cannot}")
             key, value = self._encoded(record)
             offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
-            await reader.read_through(control, offset)
+            try:
+                await reader.read_through(control, offset)
+            except TimeoutError:
+                raise ControlError(f"the {action} of {kind} version {version} was written at offset {offset} of "
+                                   f"{self.topic}, but it could not be read back to confirm it took effect: see "
+                                   "`fairstream artifacts history`") from None
         mine = control.at(offset)
         refusal = "it was not read back" if mine is None else mine.refusal
         if refusal is not None:  # written, but every reader ignores it: another decision came first
@@ -493,9 +509,9 @@ class ControlClient:
         return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate, promotion))
 
     def decide_sync(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
-                    statistics: dict[str, float] | None = None) -> ControlRecord:
+                    statistics: dict[str, float] | None = None, force: bool = False) -> ControlRecord:
         """Blocking :meth:`decide`."""
-        return asyncio.run(self.decide(kind, version, action, actor, reason, statistics))
+        return asyncio.run(self.decide(kind, version, action, actor, reason, statistics, force))
 
     def read_sync(self) -> ControlLog:
         """Blocking :meth:`read`."""

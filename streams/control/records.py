@@ -65,6 +65,10 @@ ACTIVATING = ("promote", "approve")
 """The decisions that make the candidate serve (``reject`` and ``retire`` end it without serving). Only
 ``approve``, ``reject`` and ``rollback`` are a person's (the CLI); ``promote`` and ``retire`` are the
 shadow policy's (and a publisher's, superseding its own older candidate)."""
+CANDIDATE_REFUSED, CANDIDATE_FAILED = "candidate.refused", "candidate.failed"
+"""Two live shadow figures every reader understands: the records the candidate refused that the serving chain
+repaired, and 1 while its chain has failed in shadow (an error in its code). The shadow policy retires such a
+candidate; a person's approval of a failing one is refused unless forced."""
 STATES = ("published", "candidate", "promoted", "approved", "rejected", "retired", "superseded")
 """What the ledger says of a claimed version (:meth:`VersionLedger.state`)."""
 _SERVED = ("published", "promoted", "approved")  # the states of a version that served at some time

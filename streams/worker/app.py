@@ -64,7 +64,7 @@ from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import PipelineMetrics, serve
 from .monitor import FairnessMonitor, ShadowComparison
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer, Served, as_actives, candidate_of
-from .shadow import REFUSED, ShadowPolicy
+from .shadow import FAILED, REFUSED, ShadowPolicy
 
 log = logging.getLogger(__name__)
 
@@ -434,14 +434,17 @@ class WorkerHooks:
         if self.comparison.failed is not None:
             due = self.policy.due(candidates, self.policy.config.min_records)
             why = f"its statistics cannot be measured: {self.comparison.failed}"
+        elif self.candidate_failure is not None:
+            # At once, not once the window fills: a failure is decisive, and another worker whose partitions never
+            # made the candidate fail could otherwise promote it first.
+            due = self.policy.due(candidates, self.policy.config.min_records)
+            why = (f"its chain failed in shadow ({self.candidate_failure}): it refused {self.candidate_refused} "
+                   "records the active chain repaired")
         else:  # refused records count towards the window: a candidate that refuses most records is still decided
-            due = self.policy.due(candidates, self.comparison.n_records + self.candidate_refused)
-            why = None if self.candidate_failure is None else (
-                f"its chain failed in shadow ({self.candidate_failure}): it refused {self.candidate_refused} records "
-                "the active chain repaired")
+            due, why = self.policy.due(candidates, self.comparison.n_records + self.candidate_refused), None
         if not due:
             return
-        figures = {REFUSED: float(self.candidate_refused), **self.comparison.figures()}
+        figures = self.candidate_figures()
         self.pending_decisions += (self.policy.decisions(due, figures) if why is None
                                    else self.policy.retirements(due, why, figures))
 
@@ -453,7 +456,14 @@ class WorkerHooks:
         """The candidate's gauges (role candidate) and the comparison's figures for the announcer."""
         if self.candidate_monitor.refused is None:
             export_fairness(self.candidate_monitor, self.metrics, role="candidate")
-        self.figures = self.comparison.figures() if self.comparison.n_records else None
+        refused = self.candidate_refused or self.candidate_failure is not None
+        self.figures = self.candidate_figures() if self.comparison.n_records or refused else None
+
+    def candidate_figures(self) -> dict[str, float]:
+        """The comparison's figures, with the records the candidate refused and whether its chain failed in shadow
+        (:data:`~.shadow.FAILED`): what the shadow policy decides on and what a person approving it sees."""
+        failed = {FAILED: 1.0} if self.candidate_failure is not None else {}
+        return {REFUSED: float(self.candidate_refused), **failed, **self.comparison.figures()}
 
     def send_decisions(self) -> None:
         """Send the shadow policy's pending decisions to the control topic; one that cannot be sent now waits."""

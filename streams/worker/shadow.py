@@ -35,13 +35,15 @@ from fairstream.streams.control.records import (
     MAX_STATISTICS,
     decision_record,
 )
+from fairstream.streams.control.records import CANDIDATE_FAILED, CANDIDATE_REFUSED
 from fairstream.streams.schemas import ControlRecord
 
 PROMOTE, RETIRE = "promote", "retire"
-REFUSED = "candidate.refused"
-"""The figure the worker adds to a comparison's: records the active chain delivered and the candidate refused (they
+REFUSED, FAILED = CANDIDATE_REFUSED, CANDIDATE_FAILED
+"""REFUSED: the figure the worker adds to a comparison's: records the active chain delivered and the candidate refused (they
 are compared on neither side; a decision is due once compared and refused records reach ``shadow.min_records``).
-Any refusal retires the candidate."""
+Any refusal retires the candidate. FAILED: 1 while the candidate's chain has failed in shadow (an error in its code):
+the policy retires it at once."""
 
 
 @dataclass(frozen=True)

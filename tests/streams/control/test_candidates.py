@@ -12,6 +12,7 @@ import uuid
 from dataclasses import replace
 
 import pytest
+from aiokafka import AIOKafkaProducer
 
 from fairstream.streams.config import adult_config
 from fairstream.streams.control import client as client_module
@@ -40,6 +41,7 @@ from fairstream.streams.control.registry import (
     module_loaders,
 )
 from fairstream.streams.control.store import ArtifactStore
+from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics
 
@@ -596,3 +598,52 @@ def test_a_decision_another_decision_beat_to_the_log_is_reported_refused(broker,
     control = ControlClient(broker.bootstrap, topics, store).read_sync()
     assert [(e.record.actor, e.refusal is None) for e in control.decisions("plan", 2)] == [("alice", True),
                                                                                         ("bob", False)]
+
+
+@pytest.mark.integration
+def test_approving_a_candidate_whose_chain_failed_in_shadow_is_refused_unless_forced(broker, topics, store, artifacts):
+    """The workers announced that the candidate's code failed on live records: serving it would fail on them too."""
+    a, b, _ = artifacts
+    ensure_topics(broker.bootstrap, topics)
+    client = ControlClient(broker.bootstrap, topics, store)
+    client.publish_sync(a)
+    candidate = client.publish_sync(b, candidate=True)
+    figures = {"records": 0.0, "candidate.refused": 300.0, "candidate.failed": 1.0}
+    status = WorkerStatus("app@host:1", "app", "host", 1, 1.0, 300.0, ("plan",), (("plan", 1, a.sha256),),
+                          shadowing=(("plan", 2, candidate.sha256),), shadow=figures)
+
+    async def announce():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, **aiokafka_options())
+        await producer.start()
+        try:
+            key, value = encode_announcement(status)
+            await producer.send_and_wait(topics.control, value, key=key, partition=0)
+        finally:
+            await producer.stop()
+
+    asyncio.run(announce())
+    with pytest.raises(ControlError, match=r"refusing to approve plan version 2: its chain failed in shadow on the "
+                                           r"workers' live records \(it refused 300 of them\); --force"):
+        client.decide_sync("plan", 2, "approve", actor="alice", reason="looks fine")
+    approval = client.decide_sync("plan", 2, "approve", actor="alice", reason="fixed upstream", force=True)
+    assert approval.statistics == figures  # the figures she overrode are on the record
+
+
+@pytest.mark.integration
+def test_a_decision_written_but_not_read_back_says_so_in_one_line(broker, topics, store, artifacts, monkeypatch):
+    a, b, _ = artifacts
+    ensure_topics(broker.bootstrap, topics)
+    client = ControlClient(broker.bootstrap, topics, store)
+    client.publish_sync(a)
+    client.publish_sync(b, candidate=True)
+
+    async def never_read_back(self, control, offset):
+        raise TimeoutError("could not read up to its end")
+
+    monkeypatch.setattr(client_module._Reader, "read_through", never_read_back)
+    with pytest.raises(ControlError, match=r"^the approve of plan version 2 was written at offset \d+ of "
+                                           r".*, but it could not be read back to confirm it took effect: see "
+                                           r"`fairstream artifacts history`$"):
+        client.decide_sync("plan", 2, "approve", actor="alice", reason="closes the gap")
+    monkeypatch.undo()
+    assert client.read_sync().ledger.state("plan", 2) == "approved"  # it was written, and it took effect

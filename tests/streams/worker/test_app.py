@@ -140,7 +140,8 @@ def errors(pipeline: str, monitor: str) -> float | None:
     return REGISTRY.get_sample_value("fairstream_monitor_errors_total", {"pipeline": pipeline, "monitor": monitor})
 
 
-def test_a_candidate_that_raises_in_shadow_is_retired_for_it_and_the_active_chain_is_unaffected(plans):
+def test_a_candidate_that_raises_in_shadow_is_retired_at_once_and_the_active_chain_is_unaffected(plans):
+    """At once, not when the window fills: another worker whose records never made it fail could promote it first."""
     data, active, candidate = plans
 
     class Raising:
@@ -157,11 +158,13 @@ def test_a_candidate_that_raises_in_shadow_is_retired_for_it_and_the_active_chai
         outcome = repairer.process(batch, served)
         assert len(outcome.repaired) == len(batch)  # delivered whatever the candidate does
         hooks.records_delivered(outcome, served)
-    ((_, key, value),) = hooks.notices.sent  # once the window is full, and once
+    ((_, key, value),) = hooks.notices.sent  # after the first batch it failed on, and once
     record = read_message(key, value).record
-    assert (record.version, record.action) == (4, "retire") and record.statistics["candidate.refused"] == 600
-    assert record.reason == ("retired: its chain failed in shadow (TypeError: bug in the candidate): it refused 600 "
+    assert (record.version, record.action) == (4, "retire") and record.statistics["candidate.refused"] == 200
+    assert record.statistics["candidate.failed"] == 1.0
+    assert record.reason == ("retired: its chain failed in shadow (TypeError: bug in the candidate): it refused 200 "
                              "records the active chain repaired")
+    assert hooks.shadow_figures()["candidate.failed"] == 1.0  # what a person reading the workers' figures sees
     assert errors("raisingtest", "fairness") == 0 and gauge("raisingtest", "active") is not None
 
 
