@@ -222,7 +222,7 @@ class WorkerHooks:
                                          on_candidate=self.candidate_changed)
         self.monitor, self.verification = FairnessMonitor(config), EmbeddingMonitor(config)
         # The candidate chain's own monitor and its comparison with the active chain, afresh for each candidate.
-        self.candidate_monitor = FairnessMonitor(config)
+        self.candidate_monitor = FairnessMonitor(config, role="candidate")
         self.comparison = ShadowComparison(config, config.shadow_statistics)
         self.figures: dict | None = None  # the comparison's figures at its last export, for the announcer
         self.policy = ShadowPolicy(config.shadow, shadow_actor(app_id)) if config.promotion == "shadow" else None
@@ -281,7 +281,7 @@ class WorkerHooks:
         if kind not in self.config.records.chain:
             return  # only the record chain is measured in shadow
         with self.export_lock:
-            self.candidate_monitor = FairnessMonitor(self.config)
+            self.candidate_monitor = FairnessMonitor(self.config, role="candidate")
             self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
             self.figures, self.candidate_refused, self.candidate_failure = None, 0, None
             self.unexported.discard("candidate")

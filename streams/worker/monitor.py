@@ -646,10 +646,14 @@ class BatchStatistics:
 
 
 class FairnessMonitor:
-    """Windows and drift detection for the record chain's versions in use; gauges via ``rows``."""
+    """Windows and drift detection for the record chain's versions in use; gauges via ``rows``.
 
-    def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time):
-        self.config, self.monitor, self.clock = config, config.monitor, clock
+    ``role`` says whose chain it measures in the log: ``"active"`` (the serving chain) or ``"candidate"`` (a candidate
+    chain in shadow, whose versions are not the ones serving).
+    """
+
+    def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active"):
+        self.config, self.monitor, self.clock, self.role = config, config.monitor, clock, role
         self.version: int | None = None
         self.chain_key: tuple | None = None
         self.refused: tuple | None = None  # the chain whose statistics could not be measured (see observe_batch)
@@ -672,7 +676,8 @@ class FairnessMonitor:
         self.chunker = Chunker(m.window_records)
         self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics]
         self.detected = {DETECTED[name][0] for name in m.statistics}  # the accumulators the detectors read
-        log.info("monitoring %s", ", ".join(f"{kind} v{version}" for kind, version in chain.key))
+        log.info("monitoring %s%s", ", ".join(f"{kind} v{version}" for kind, version in chain.key),
+                 "" if self.role == "active" else f" ({self.role} chain, in shadow)")
 
     def observe(self, values: list[bytes], *actives) -> list[DriftEvent]:
         """Update every window with ``records.repaired`` values made by the chain ``actives``; returns drift events."""

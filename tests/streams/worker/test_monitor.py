@@ -97,6 +97,16 @@ def test_nothing_is_reported_before_min_records(adult):
     assert monitor.rows() == [] and monitor.statistic() is None
 
 
+def test_a_candidates_monitor_says_in_the_log_that_its_chain_is_not_the_serving_one(adult, caplog):
+    _, archive, plan, _ = adult
+    values = repaired_values(archive.subset(slice(0, 300)), plan, "role")
+    with caplog.at_level(logging.INFO, logger="fairstream.streams.worker.monitor"):
+        FairnessMonitor(CONFIG).observe(values, plan)
+        FairnessMonitor(CONFIG, role="candidate").observe(values, plan)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("monitoring")]
+    assert lines == ["monitoring plan v1", "monitoring plan v1 (candidate chain, in shadow)"]
+
+
 def test_one_shift_gives_one_drift_event_within_a_bounded_number_of_records(adult):
     _, archive, plan, scorer = adult
     monitor = FairnessMonitor(CONFIG)
