@@ -179,6 +179,11 @@ class EmbeddingConfig(AgentConfig):
         return () if self.artifact == IDENTITY else (self.artifact,)
 
 
+def statistic_names(value: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A statistic key's value as names in order: one name, or a list of them."""
+    return value if isinstance(value, tuple) else (value,)
+
+
 @dataclass(frozen=True)
 class MonitorConfig(_Section):
     """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
@@ -225,7 +230,7 @@ class MonitorConfig(_Section):
         if self.max_event_time_skew > self.window_seconds:
             raise ConfigError(f"monitor.max_event_time_skew must be at most monitor.window_seconds "
                               f"({self.window_seconds!r}), got {self.max_event_time_skew!r}")
-        statistics = self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+        statistics = statistic_names(self.statistic)
         if not statistics or len(set(statistics)) != len(statistics):
             raise ConfigError(f"monitor.statistic must be {_expected(_hints(MonitorConfig)['statistic'])}, "
                               f"got {_found(self.statistic)}")
@@ -244,7 +249,7 @@ class MonitorConfig(_Section):
     @property
     def statistics(self) -> tuple[str, ...]:
         """Every statistic a drift detector watches, in configured order."""
-        return self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+        return statistic_names(self.statistic)
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -281,7 +286,7 @@ class ShadowConfig(_Section):
     @property
     def statistics(self) -> tuple[str, ...]:
         """The configured statistics in order (empty: the monitor's)."""
-        return self.statistic if isinstance(self.statistic, tuple) else (self.statistic,)
+        return statistic_names(self.statistic)
 
 
 @dataclass(frozen=True)

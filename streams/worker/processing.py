@@ -254,7 +254,6 @@ class RecordRepairer:
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
-
     def _shadow_pass(self, outcome: BatchOutcome, candidate: tuple, delivered: Batch, ts: np.ndarray) -> None:
         """The candidate chain in shadow, which can never fail the batch: whatever it raises, the active outputs are
         delivered as they are, and every record counts as refused by the candidate (the shadow policy retires it)."""

@@ -516,13 +516,19 @@ def test_candidates_and_decisions_survive_compaction(broker, topics, store, arti
     assert ControlClient(broker.bootstrap, compacted_topics, store).rollback_sync("plan", 2).version == 2
 
 
-@pytest.mark.integration
-def test_the_follower_announces_the_candidate_it_shadows_and_its_figures(broker, topics, store, artifacts):
+def with_candidate(broker, topics, store, artifacts):
+    """A control topic serving plan version 1 (``a``) with version 2 (``b``) pending as a candidate; the client."""
     a, b, _ = artifacts
     ensure_topics(broker.bootstrap, topics)
     client = ControlClient(broker.bootstrap, topics, store)
     client.publish_sync(a)
     client.publish_sync(b, candidate=True)
+    return client, a, b
+
+
+@pytest.mark.integration
+def test_the_follower_announces_the_candidate_it_shadows_and_its_figures(broker, topics, store, artifacts):
+    client, a, b = with_candidate(broker, topics, store, artifacts)
     registry = ArtifactRegistry(LOADERS, store)
     worker = WorkerIdentity.of("app", adult_config())
 
@@ -603,14 +609,10 @@ def test_a_decision_another_decision_beat_to_the_log_is_reported_refused(broker,
 @pytest.mark.integration
 def test_approving_a_candidate_whose_chain_failed_in_shadow_is_refused_unless_forced(broker, topics, store, artifacts):
     """The workers announced that the candidate's code failed on live records: serving it would fail on them too."""
-    a, b, _ = artifacts
-    ensure_topics(broker.bootstrap, topics)
-    client = ControlClient(broker.bootstrap, topics, store)
-    client.publish_sync(a)
-    candidate = client.publish_sync(b, candidate=True)
+    client, a, b = with_candidate(broker, topics, store, artifacts)
     figures = {"records": 0.0, "candidate.refused": 300.0, "candidate.failed": 1.0}
     status = WorkerStatus("app@host:1", "app", "host", 1, 1.0, 300.0, ("plan",), (("plan", 1, a.sha256),),
-                          shadowing=(("plan", 2, candidate.sha256),), shadow=figures)
+                          shadowing=(("plan", 2, b.sha256),), shadow=figures)
 
     async def announce():
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, **aiokafka_options())
@@ -631,11 +633,7 @@ def test_approving_a_candidate_whose_chain_failed_in_shadow_is_refused_unless_fo
 
 @pytest.mark.integration
 def test_a_decision_written_but_not_read_back_says_so_in_one_line(broker, topics, store, artifacts, monkeypatch):
-    a, b, _ = artifacts
-    ensure_topics(broker.bootstrap, topics)
-    client = ControlClient(broker.bootstrap, topics, store)
-    client.publish_sync(a)
-    client.publish_sync(b, candidate=True)
+    client, _, _ = with_candidate(broker, topics, store, artifacts)
 
     async def never_read_back(self, control, offset):
         raise TimeoutError("could not read up to its end")

@@ -163,6 +163,13 @@ def probe_port(worker: WorkerProcess) -> int:
     return int(re.findall(r"serving Prometheus /metrics on port (\d+)", worker.log_path.read_text())[-1])
 
 
+def metric_samples(worker: WorkerProcess) -> list:
+    """Every sample of the worker's /metrics, now."""
+    status, text = get(probe_port(worker), "/metrics")
+    assert status == 200, text[:500]
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def wait_ready(worker: WorkerProcess, timeout: float = READY_SECONDS) -> None:
     """Until /readyz says the worker consumes (it fails at once if the worker died)."""
     deadline = time.monotonic() + timeout

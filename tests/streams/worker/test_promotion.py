@@ -12,12 +12,10 @@ promoted.
 
 from __future__ import annotations
 
-import urllib.request
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.models.thresholds import GroupThresholds
 from fairstream.repair import datasets
@@ -32,7 +30,7 @@ from tests.polling import wait_for
 from tests.streams.refit.test_flow_refit import balanced_scorer
 
 from .outputs import collect_outputs, send
-from .test_liveness import died, probe_port, wait_ready
+from .test_liveness import died, metric_samples, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -95,9 +93,7 @@ class Pipeline:
             assert np.array_equal(decision[rows], expected), f"thresholds v{version}"
 
     def gauges(self) -> list:
-        with urllib.request.urlopen(f"http://127.0.0.1:{probe_port(self.worker)}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+        return metric_samples(self.worker)
 
     def candidate_version(self) -> float | None:
         return self.version_gauge("fairstream_candidate_version")
@@ -143,22 +139,23 @@ def started(broker, tmp_path_factory, promotion: str):
     return live
 
 
-@pytest.fixture(scope="module")
-def shadow(broker, tmp_path_factory):
-    live = started(broker, tmp_path_factory, "shadow")
+def running(broker, tmp_path_factory, promotion: str):
+    """A started pipeline under ``promotion`` for a module's tests; its (current) worker stopped after them."""
+    live = started(broker, tmp_path_factory, promotion)
     try:
         yield live
     finally:
         live.worker.stop()
+
+
+@pytest.fixture(scope="module")
+def shadow(broker, tmp_path_factory):
+    yield from running(broker, tmp_path_factory, "shadow")
 
 
 @pytest.fixture(scope="module")
 def approve(broker, tmp_path_factory):
-    live = started(broker, tmp_path_factory, "approve")
-    try:
-        yield live
-    finally:
-        live.worker.stop()
+    yield from running(broker, tmp_path_factory, "approve")
 
 
 # --------------------------------------------------------------------------- promotion = "shadow"

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.models.thresholds import GroupThresholds
 from fairstream.repair import datasets
@@ -31,7 +29,7 @@ from fairstream.streams.topics import ensure_topics
 from tests.streams.refit.test_flow_refit import balanced_scorer  # its decisions at 0.5 differ by sex
 
 from .outputs import collect_outputs, send
-from .test_liveness import died, probe_port, wait_ready
+from .test_liveness import died, metric_samples, wait_ready
 
 pytestmark = pytest.mark.integration
 
@@ -108,9 +106,7 @@ def check_decided_by(chain: Chain, records: list[dict], ids: list[str], part) ->
 
 def rate_gap_gauge(worker: WorkerProcess) -> tuple[float | None, float | None]:
     """(dp_difference after the chain over the count window, records in that window) from the worker's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{probe_port(worker)}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    samples = metric_samples(worker)
     gaps = [sample.value for sample in samples
             if sample.name == "fairstream_fairness_rate_gap" and sample.labels.get("statistic") == "dp_difference"
             and sample.labels.get("stage") == "after" and sample.labels.get("window") == "count"
