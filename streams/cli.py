@@ -144,31 +144,66 @@ def _broker_url(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from fairstream.streams.ops.broker import EmbeddedBroker, running_broker, state_path, stop_running_broker
+    from fairstream.streams.ops.broker import EmbeddedBroker, state_path
 
-    if args.action == "stop":
-        stopped = stop_running_broker()
-        print(f"stopped the embedded broker at {stopped.url} (pid {stopped.pid})" if stopped
-              else "no running embedded broker")
-        return 0
-    state = running_broker()
-    if args.action == "status":
-        state = state or _wait_for_broker(args.wait)
-        if state is None:
-            print("no running embedded broker" + (f" after waiting {args.wait:g} s" if args.wait else ""))
-            return 1
-        print(state.url)  # alone on stdout: --broker "$(fairstream broker status)" works
-        print(f"pid {state.pid}, logs in {state.log} (announced in {state_path()})", file=sys.stderr)
-        return 0
-    if state is not None:
-        raise CliError(f"an embedded broker already runs at {state.url} (pid {state.pid}) and every command uses it; "
-                       "'fairstream broker stop' stops it")
+    if args.action != "start":
+        return _stop_or_status(args)
+    _refuse_second_broker()
     with EmbeddedBroker(Path(args.run_dir) / "broker", port=args.port, announce=True) as broker:
         print(f"embedded Kafka-compatible broker at {broker.bootstrap} ({broker.url}); logs: {broker.log_path}")
         print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
               "Ctrl-C or 'fairstream broker stop' stops it", flush=True)
         try:
             broker.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def _stop_or_status(args: argparse.Namespace) -> int:
+    """``broker``/``kafka`` ``stop`` and ``status``: of whichever local broker is announced (embedded or Kafka)."""
+    from fairstream.streams.ops.broker import running_broker, state_path, stop_running_broker
+
+    if args.action == "stop":
+        stopped = stop_running_broker(timeout=30.0)
+        print(f"stopped {stopped.name} at {stopped.url} (pid {', '.join(map(str, (stopped.pid, *stopped.peers)))})"
+              if stopped else "no running local broker")
+        return 0
+    state = running_broker() or _wait_for_broker(args.wait)
+    if state is None:
+        print("no running local broker" + (f" after waiting {args.wait:g} s" if args.wait else ""))
+        return 1
+    print(state.url)  # alone on stdout: --broker "$(fairstream broker status)" works
+    print(f"{state.name}, pid {state.pid}, logs in {state.log} (announced in {state_path()})", file=sys.stderr)
+    return 0
+
+
+def _refuse_second_broker() -> None:
+    from fairstream.streams.ops.broker import running_broker
+
+    if (state := running_broker()) is not None:
+        raise CliError(f"{state.name} already runs at {state.url} (pid {state.pid}) and every command uses it; "
+                       "'fairstream broker stop' stops it")
+
+
+def _cmd_kafka(args: argparse.Namespace) -> int:
+    from fairstream.streams.ops.broker import state_path
+    from fairstream.streams.ops.kafka_cluster import KAFKA_VERSION, KafkaCluster, fetch_kafka
+
+    if args.action == "fetch":
+        print(fetch_kafka())
+        return 0
+    if args.action != "start":
+        return _stop_or_status(args)
+    _refuse_second_broker()
+    print(f"starting Apache Kafka {KAFKA_VERSION} ({args.brokers} KRaft node{'s' * (args.brokers > 1)}; fetched "
+          "through Maven the first time)", file=sys.stderr, flush=True)
+    with KafkaCluster(Path(args.run_dir) / "kafka", nodes=args.brokers, announce=True) as cluster:
+        print(f"Apache Kafka {KAFKA_VERSION} at {cluster.bootstrap} ({cluster.url}); logs: {cluster.run_dir}/node-*/")
+        print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
+              "Ctrl-C or 'fairstream kafka stop' stops it", flush=True)
+        try:
+            cluster.wait()
         except KeyboardInterrupt:
             pass
     return 0
@@ -558,6 +593,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with status: wait up to this long for a broker that is still starting (default: 0)")
     brk.add_argument("--run-dir", default="runs", help="folder for the broker's log and pid file (default: runs)")
     brk.set_defaults(func=_cmd_broker)
+
+    kfk = sub.add_parser("kafka", help="run Apache Kafka locally (KRaft, 1 or 3 nodes on loopback ports)",
+                         description="start: fetch the pinned Apache Kafka release through Maven into the cache "
+                                     "($FAIRSTREAM_CACHE_DIR, else ~/.cache/fairstream; once), format KRaft storage "
+                                     "under --run-dir and run one node or a three-node cluster in the foreground "
+                                     "until Ctrl-C; it is announced like 'broker start', so every command without "
+                                     "--broker uses it. stop, status: as for broker. fetch: only fetch the release "
+                                     "and print where its jars are.")
+    kfk.add_argument("action", nargs="?", choices=("start", "stop", "status", "fetch"), default="start")
+    kfk.add_argument("--brokers", type=int, choices=(1, 3), default=1,
+                     help="nodes, each a combined controller and broker (3: replication 3, min.insync.replicas=2)")
+    kfk.add_argument("--wait", type=_seconds(positive=False), default=0.0, metavar="SECONDS",
+                     help="with status: wait up to this long for a broker that is still starting (default: 0)")
+    kfk.add_argument("--run-dir", default="runs", help="folder for the nodes' storage and logs (default: runs)")
+    kfk.set_defaults(func=_cmd_kafka)
 
     wrk = sub.add_parser("worker", help="run the repair agents of one worker process",
                          description="Run the record and embedding agents. Several worker processes with the same "

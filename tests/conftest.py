@@ -20,3 +20,15 @@ def private_runtime_dir(tmp_path_factory):
         patch.setenv("FAIRSTREAM_RUNTIME_DIR", str(tmp_path_factory.mktemp("runtime")))
         patch.delenv("FAIRSTREAM_BROKER", raising=False)
         yield
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory):
+    """One single-node Apache Kafka (KRaft) for the test session (one per pytest-xdist worker).
+
+    Modules share it; the ``broker`` fixture clears what the module before left (topics, groups).
+    """
+    from fairstream.streams.ops.kafka_cluster import KafkaCluster
+
+    with KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
+        yield cluster

@@ -24,6 +24,7 @@ import socket
 import struct
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -117,10 +118,12 @@ def _process_args(pid: int) -> list[str]:
 
 
 def _looks_like_broker(pid: int) -> bool:
-    """Guard against pid reuse: our broker always runs as ``<binary> broker``, whatever the binary."""
+    """Guard against pid reuse: the embedded broker runs as ``<binary> broker``, a local Kafka node as a JVM
+    running ``kafka.Kafka``."""
     if not Path("/proc").is_dir():
         return True  # no /proc (macOS): trust the pid file rather than refuse to stop
-    return _process_args(pid)[-1:] == ["broker"]
+    args = _process_args(pid)
+    return args[-1:] == ["broker"] or "kafka.Kafka" in args
 
 
 def terminate_process_group(pid: int, timeout: float = 10.0, popen: subprocess.Popen | None = None) -> None:
@@ -166,15 +169,30 @@ def stop_broker_from_pid_file(path: str | os.PathLike, timeout: float = 10.0) ->
 # --------------------------------------------------------------------------- finding a running broker
 
 
+EMBEDDED = "embedded"
+KAFKA = "kafka"
+KIND_NAMES = {EMBEDDED: "the embedded broker", KAFKA: "the local Apache Kafka"}
+
+
 @dataclass(frozen=True)
 class BrokerState:
-    """What ``broker.json`` says of a running embedded broker: its ``--broker`` URL, its pid, its log file, and
-    when that process started (so a pid the system gave to another process later is not taken for it)."""
+    """What ``broker.json`` says of a running local broker: its ``--broker`` URL, its pid, its log file, and
+    when that process started (so a pid the system gave to another process later is not taken for it).
+
+    ``kind`` is ``"embedded"`` (Tansu) or ``"kafka"`` (``fairstream kafka start``, whose other nodes' pids
+    are ``peers``)."""
 
     url: str
     pid: int
     log: str
     started: str = ""  # /proc/PID/stat start time; filled in by write_state
+    kind: str = EMBEDDED
+    peers: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """What the broker is, in words."""
+        return KIND_NAMES.get(self.kind, "the local broker")
 
 
 def _process_start(pid: int) -> str:
@@ -221,7 +239,8 @@ def write_state(state: BrokerState) -> Path:
             raise PermissionError("it belongs to another user")
         partial = directory / f".{STATE_NAME}.{os.getpid()}"
         started = state.started or _process_start(state.pid)
-        partial.write_text(json.dumps({"url": state.url, "pid": state.pid, "log": state.log, "started": started}) + "\n")
+        partial.write_text(json.dumps({"url": state.url, "pid": state.pid, "log": state.log, "started": started,
+                                       "kind": state.kind, "peers": list(state.peers)}) + "\n")
         partial.replace(directory / STATE_NAME)
     except OSError as exc:
         raise BrokerError(f"cannot announce the broker in {directory} ({exc.strerror or exc}); "
@@ -236,7 +255,8 @@ def running_broker() -> BrokerState | None:
         if path.parent.stat().st_uid != os.getuid():
             return None
         fields = json.loads(path.read_text())
-        state = BrokerState(str(fields["url"]), int(fields["pid"]), str(fields["log"]), str(fields.get("started", "")))
+        state = BrokerState(str(fields["url"]), int(fields["pid"]), str(fields["log"]), str(fields.get("started", "")),
+                            str(fields.get("kind", EMBEDDED)), tuple(int(pid) for pid in fields.get("peers", ())))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError):  # half a file, an old format: no broker to be found there
@@ -262,11 +282,14 @@ def remove_state(pid: int) -> None:
 
 
 def stop_running_broker(timeout: float = 10.0) -> BrokerState | None:
-    """Stop the announced embedded broker (``fairstream broker stop``); the stopped one, or None if none ran."""
+    """Stop the announced local broker (``fairstream broker stop``, ``kafka stop``); the stopped one, or None."""
     state = running_broker()
     if state is None:
         return None
-    terminate_process_group(state.pid, timeout)
+    pids = [pid for pid in (*state.peers, state.pid) if is_alive(pid) and _looks_like_broker(pid)]
+    # All nodes at once: one by one, the last Kafka node would wait out its controlled shutdown with no quorum.
+    with ThreadPoolExecutor(max_workers=max(len(pids), 1)) as pool:
+        list(pool.map(lambda pid: terminate_process_group(pid, timeout), pids))
     remove_state(state.pid)
     return state
 

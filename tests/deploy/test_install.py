@@ -124,10 +124,12 @@ def test_every_requirement_is_pinned_and_the_pins_are_what_is_installed():
         assert installed == version, f"{name} {installed} is installed, constraints.txt pins {version}"
 
 
-def test_torch_is_the_cpu_build_the_makefile_installs():
+def test_torch_is_pinned_without_a_local_label_so_a_cpu_build_and_pypis_build_both_satisfy_it():
     torch = pins()["torch"]
-    assert torch.local == "cpu" and torch.public == "2.13.0"  # a CUDA build would carry no +cpu
+    assert torch.public == "2.13.0" and torch.local is None
+    assert all(SpecifierSet(f"=={torch}").contains(build) for build in ("2.13.0", "2.13.0+cpu"))
     assert "torch==2.13.0" in (REPO / "Makefile").read_text()
+    assert any("sed -E 's/^(torch==[^+]+)[+].*/\\1/'" in line for line in make_dry_run("lock"))
 
 
 def test_make_lock_refreshes_the_constraints_from_a_fresh_resolution():
@@ -143,15 +145,18 @@ def test_make_lock_refreshes_the_constraints_from_a_fresh_resolution():
     assert commands[-2:] == ["mv constraints.txt.new constraints.txt", "rm -rf build/lock-venv"]
 
 
-def test_setup_installs_prometheus_alertmanager_and_chromium_once():
+def test_setup_installs_prometheus_alertmanager_chromium_java_and_maven_once():
     makefile = (REPO / "Makefile").read_text()
-    assert re.search(r"^\$\(STAMP\):.*\|\s*\$\(PROMTOOL\) \$\(AMTOOL\) \$\(CHROMIUM\)\s*$", makefile,
-                     flags=re.MULTILINE)
+    assert re.search(r"^\$\(STAMP\):.*\|\s*\$\(PROMTOOL\) \$\(AMTOOL\) \$\(CHROMIUM\) \$\(JAVA\) \$\(MAVEN\)\s*$",
+                     makefile, flags=re.MULTILINE)
+    for binary, package in (("/usr/bin/java", "openjdk-17-jre-headless"), ("/usr/bin/mvn", "maven")):
+        (recipe,) = make_dry_run("-B", binary)
+        assert f"apt-get install -y --no-install-recommends {package})" in recipe
     (recipe,) = make_dry_run("-B", "/usr/bin/amtool")  # -n: printed, not run
     assert recipe.startswith("command -v amtool >/dev/null && command -v prometheus-alertmanager >/dev/null ||")
     assert "apt-get install -y --no-install-recommends prometheus-alertmanager)" in recipe
     (recipe,) = make_dry_run("-B", "/usr/bin/chromium")
     assert recipe.startswith("command -v chromium >/dev/null ||")
     assert "apt-get install -y --no-install-recommends chromium)" in recipe
-    for tool in ("amtool", "prometheus-alertmanager", "promtool", "prometheus", "chromium"):
+    for tool in ("amtool", "prometheus-alertmanager", "promtool", "prometheus", "chromium", "java", "mvn"):
         assert subprocess.run(["sh", "-c", f"command -v {tool}"], check=False, capture_output=True).returncode == 0, tool

@@ -34,7 +34,7 @@ from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.polling import wait_for
 
-COMMANDS = ["repair", "broker", "worker", "replay", "tail", "artifacts", "refit", "demo", "alerts"]
+COMMANDS = ["repair", "broker", "kafka", "worker", "replay", "tail", "artifacts", "refit", "demo", "alerts"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:
@@ -500,14 +500,14 @@ def test_a_started_broker_is_found_and_stopped_from_any_directory(own_runtime_di
         assert fairstream("broker", "status", cwd=elsewhere).stdout == f"{state.url}\n"
         second = fairstream("broker", "start", cwd=elsewhere, check=False)
         assert (second.returncode, second.stdout, second.stderr) == (
-            1, "", f"fairstream broker: error: an embedded broker already runs at {state.url} (pid {state.pid}) and "
+            1, "", f"fairstream broker: error: the embedded broker already runs at {state.url} (pid {state.pid}) and "
                    "every command uses it; 'fairstream broker stop' stops it\n")
         stop = fairstream("broker", "stop", cwd=elsewhere)
         assert stop.stdout == f"stopped the embedded broker at {state.url} (pid {state.pid})\n"
         assert started.wait(timeout=30) == 0
     assert not state_path().exists() and not is_alive(state.pid)
     status = fairstream("broker", "status", cwd=elsewhere, check=False)
-    assert (status.returncode, status.stdout) == (1, "no running embedded broker\n")
+    assert (status.returncode, status.stdout) == (1, "no running local broker\n")
 
 
 def test_a_command_without_a_broker_says_how_to_get_one_and_starts_none(own_runtime_dir, tmp_path):
@@ -579,7 +579,7 @@ def test_broker_status_waits_for_a_broker_that_is_still_starting_and_gives_up_at
     monkeypatch.setattr(broker_module, "running_broker", lambda: None)
     began = time.monotonic()
     code, out, _ = run_main(["broker", "status", "--wait", "0.5"], capsys)
-    assert (code, out) == (1, "no running embedded broker after waiting 0.5 s\n") and time.monotonic() - began >= 0.5
+    assert (code, out) == (1, "no running local broker after waiting 0.5 s\n") and time.monotonic() - began >= 0.5
 
 
 def test_fairstream_config_names_every_commands_default_pipeline(monkeypatch, tmp_path, capsys):

@@ -1,4 +1,7 @@
-"""The embedded broker: start, readiness, addresses, clean stop, pid files, no orphans."""
+"""The embedded broker: start, readiness, addresses, clean stop, pid files, no orphans.
+
+Tansu only: these tests are about the embedded broker process itself.
+"""
 
 from __future__ import annotations
 
@@ -65,6 +68,11 @@ def test_external_option_starts_nothing(tmp_path):
 
 
 # --------------------------------------------------------------------------- a running broker
+
+
+@pytest.fixture(scope="module")
+def broker(embedded_broker):
+    return embedded_broker
 
 
 def test_broker_answers_metadata_with_its_advertised_address(broker):

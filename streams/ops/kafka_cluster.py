@@ -1,0 +1,420 @@
+"""Apache Kafka on this machine: a pinned release fetched through Maven, run as one KRaft node or three.
+
+Production is Apache Kafka; this module runs it locally so the tests, the benchmark and a user's
+trial prove the product there. :func:`fetch_kafka` resolves ``org.apache.kafka:kafka_2.13`` at
+:data:`KAFKA_VERSION` with its runtime dependencies through Maven, checksums enforced (``mvn -C``),
+into a cache outside the checkout (:func:`cache_dir`), once: a second call finds the jars there.
+:class:`KafkaCluster` formats KRaft storage for one or three combined controller+broker nodes on
+loopback ports and starts them, each a :class:`KafkaNode` (a JVM in its own process group that dies
+with its owner, logging to ``<run_dir>/node-N/server.log``). Single-node clusters keep replication
+at 1; three-node clusters are what production runs: replication factor 3,
+``min.insync.replicas=2`` (the internal topics too).
+
+>>> with KafkaCluster("runs/kafka", nodes=3) as cluster:  # doctest: +SKIP
+...     print(cluster.bootstrap)
+127.0.0.1:40123,127.0.0.1:40125,127.0.0.1:40127
+
+The failure tests use the per-node controls: :meth:`KafkaNode.kill` (kill -9),
+:meth:`KafkaNode.pause` and :meth:`KafkaNode.resume` (SIGSTOP, SIGCONT), :meth:`KafkaNode.restart`,
+and :meth:`KafkaCluster.leader_of` and :meth:`KafkaCluster.active_controller` to choose the victim.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .broker import KAFKA, BrokerError, BrokerState, _Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
+from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, port_is_free
+from fairstream.streams.parsing import BrokerAddress
+
+KAFKA_VERSION = "4.1.1"
+"""The Apache Kafka release the project runs and tests against (Scala 2.13 build)."""
+LOG4J_VERSION = "2.24.3"  # the logging backend Kafka 4.1's own distribution ships
+NODE_LOG = "server.log"
+FETCH_TIMEOUT_SECONDS = 900.0
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>io.fairstream</groupId><artifactId>kafka-runtime</artifactId><version>{kafka}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>{kafka}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+# One line a record, INFO for the broker's own life (started, elected, shut down), WARN elsewhere:
+# a test cluster's log stays readable and small.
+_LOG4J = """Configuration:
+  Appenders:
+    Console: {name: STDOUT, PatternLayout: {pattern: "[%d] %p %m (%c)%n"}}
+  Loggers:
+    Root: {level: WARN, AppenderRef: [{ref: STDOUT}]}
+    Logger:
+      - {name: kafka.server, level: INFO}
+      - {name: org.apache.kafka.controller, level: INFO}
+      - {name: kafka.log.LogCleaner, level: INFO}
+"""
+
+
+class KafkaError(BrokerError):
+    """Apache Kafka could not be fetched, formatted, started or stopped."""
+
+
+# --------------------------------------------------------------------------- the release
+
+
+def cache_dir() -> Path:
+    """Where fetched Kafka releases are kept: ``$FAIRSTREAM_CACHE_DIR``, else ``$XDG_CACHE_HOME/fairstream``,
+    else ``~/.cache/fairstream`` (outside the checkout: ``make clean`` keeps it, every checkout shares it)."""
+    if os.environ.get("FAIRSTREAM_CACHE_DIR"):
+        return Path(os.environ["FAIRSTREAM_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fairstream"
+
+
+def fetch_kafka(version: str = KAFKA_VERSION, cache: Path | None = None) -> Path:
+    """The directory of Kafka ``version``'s jars, fetched through Maven the first time (checksums enforced).
+
+    Several processes may ask at once (two test workers): one fetches under a lock, the others wait
+    and find the jars. A fetch that fails leaves nothing behind, so the next call tries again.
+    """
+    home = (cache or cache_dir()) / f"kafka-{version}"
+    libs = home / "libs"
+    if (libs / f"kafka_2.13-{version}.jar").is_file():
+        return libs
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (libs / f"kafka_2.13-{version}.jar").is_file():
+            _maven_copy_dependencies(version, home, libs)
+    return libs
+
+
+def _maven_copy_dependencies(version: str, home: Path, libs: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaError("Apache Kafka is fetched with Maven, which is not installed: apt-get install maven "
+                         "openjdk-17-jre-headless (make setup installs both)")
+    with tempfile.TemporaryDirectory(dir=home) as scratch:
+        pom = Path(scratch) / "pom.xml"
+        pom.write_text(_POM.format(kafka=version, log4j=LOG4J_VERSION))
+        staged = Path(scratch) / "libs"
+        # -C: a checksum that does not match fails the fetch (Maven only warns by default).
+        command = [mvn, "-B", "-q", "-C", "-f", str(pom), "dependency:copy-dependencies",
+                   f"-DoutputDirectory={staged}", "-DincludeScope=runtime"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=FETCH_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise KafkaError(f"fetching Apache Kafka {version} through Maven took over {FETCH_TIMEOUT_SECONDS:g} s") from None
+        if done.returncode != 0:
+            lines = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line] or \
+                (done.stdout + done.stderr).splitlines()[-5:]
+            raise KafkaError(f"fetching Apache Kafka {version} through Maven failed: {' | '.join(lines[:3])}")
+        shutil.rmtree(libs, ignore_errors=True)
+        staged.rename(libs)  # whole or not at all: a reader sees every jar or none
+    (home / "log4j2.yaml").write_text(_LOG4J)
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaError("Apache Kafka needs a Java runtime (17 or later): apt-get install openjdk-17-jre-headless")
+    return java
+
+
+def _run_java(libs: Path, *args: str, timeout: float = 120.0) -> str:
+    done = subprocess.run([_java(), "-cp", f"{libs}/*", *args], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise KafkaError(f"{args[0]} {args[1] if len(args) > 1 else ''} failed: "
+                         f"{' '.join((done.stderr or done.stdout).split())[-400:]}")
+    return done.stdout
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (what ``random-uuid`` prints)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _each(items, action) -> None:
+    """``action`` on every item at once (JVMs start and stop in seconds each); the first error is raised."""
+    with ThreadPoolExecutor(max_workers=max(len(items), 1)) as pool:
+        for future in [pool.submit(action, item) for item in items]:
+            future.result()
+
+
+def _quorum_state(node: "KafkaNode") -> tuple[int, int]:
+    """(election epoch, leader id) as ``node`` last recorded them; (-1, -1) if it has not."""
+    path = node.run_dir / "data" / "__cluster_metadata-0" / "quorum-state"
+    try:
+        state = json.loads(path.read_text())
+        return int(state["leaderEpoch"]), int(state["leaderId"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1, -1
+
+
+# --------------------------------------------------------------------------- one node
+
+
+class KafkaNode(ManagedProcess):
+    """One combined controller+broker of a :class:`KafkaCluster`: its JVM, ports and storage."""
+
+    error = KafkaError
+    start_timeout = 60.0
+    stop_timeout = 30.0  # a controlled shutdown moves leadership away first
+
+    def __init__(self, node_id: int, run_dir: Path, libs: Path, host: str, port: int, controller_port: int,
+                 heap: str):
+        self.node_id, self.run_dir, self.libs, self.host = node_id, run_dir, libs, host
+        self.port, self.controller_port, self.heap = port, controller_port, heap
+        super().__init__(run_dir / NODE_LOG)
+        self.paused = False
+
+    @property
+    def properties(self) -> Path:
+        """The node's ``server.properties``."""
+        return self.run_dir / "server.properties"
+
+    def _command(self) -> list[str]:
+        log4j = self.libs.parent / "log4j2.yaml"
+        return dies_with_owner([_java(), f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
+                                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                                f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{self.libs}/*", "kafka.Kafka",
+                                str(self.properties)])
+
+    def start(self) -> "KafkaNode":
+        """Start the JVM; :meth:`wait_ready` waits for its broker (a node alone cannot elect a controller)."""
+        if not self.running:
+            if not port_is_free(self.host, self.port) or not port_is_free(self.host, self.controller_port):
+                raise KafkaError(f"node {self.node_id}: port {self.port} or {self.controller_port} is taken")
+            self._spawn(f"starting Kafka node {self.node_id} on {self.host}:{self.port}")
+            self.paused = False
+        return self
+
+    def wait_ready(self) -> "KafkaNode":
+        """Return once the node's broker answers Kafka metadata requests."""
+        self._wait_until(lambda: is_kafka_ready(self.host, self.port, timeout=1.0), f"Kafka node {self.node_id}")
+        return self
+
+    def restart(self) -> "KafkaNode":
+        """A clean stop (controlled shutdown) if it runs, then a start on the same ports and storage."""
+        self.stop()
+        self._wait_ports_free()
+        return self.start().wait_ready()
+
+    def _wait_ports_free(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not (port_is_free(self.host, self.port) and port_is_free(self.host, self.controller_port)):
+            if time.monotonic() > deadline:
+                raise KafkaError(f"node {self.node_id}: ports still taken {timeout:g} s after it stopped")
+            time.sleep(0.1)
+
+    def pause(self) -> None:
+        """SIGSTOP: the JVM keeps its sockets but answers nothing (a GC pause, a frozen VM)."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def _signal(self, signum: int) -> None:
+        if self._process is None or self._process.poll() is not None:
+            raise KafkaError(f"node {self.node_id} is not running")
+        os.killpg(self._process.pid, signum)
+
+    def stop(self) -> int | None:
+        if self.paused:  # a stopped JVM cannot act on SIGTERM
+            with contextlib.suppress(KafkaError, ProcessLookupError):
+                self.resume()
+        return super().stop()
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<KafkaNode {self.node_id} {state} at {self.host}:{self.port}>"
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class KafkaCluster(_Reachable):
+    """One or three Apache Kafka nodes in KRaft mode on loopback ports, with storage under ``run_dir``.
+
+    Parameters
+    ----------
+    run_dir : path
+        Where each node keeps its properties, log and data (``node-1/`` ...).
+    nodes : int
+        1 (replication 1) or 3 (replication 3, ``min.insync.replicas=2``).
+    version : str
+        The Apache Kafka release, fetched on first use (:func:`fetch_kafka`).
+    heap : str
+        Each JVM's heap (``-Xmx``).
+    settings : dict
+        Extra broker properties for every node (e.g. ``{"log.cleaner.backoff.ms": 500}``).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, nodes: int = 1, version: str = KAFKA_VERSION, host: str = LOOPBACK,
+                 heap: str = "512m", settings: dict | None = None, announce: bool = False):
+        if nodes not in (1, 3):
+            raise KafkaError(f"a local Kafka cluster has 1 or 3 nodes, not {nodes}")
+        self.run_dir, self.size, self.version, self.host = Path(run_dir), nodes, version, host
+        self.heap, self.settings = heap, dict(settings or {})
+        self.announce = announce  # in broker.json while it runs: every command without --broker then uses it
+        self.nodes: list[KafkaNode] = []
+
+    # --- addresses
+
+    @property
+    def address(self) -> BrokerAddress:
+        """Every node's client listener."""
+        if not self.nodes:
+            raise KafkaError("the Kafka cluster is not started")
+        return BrokerAddress(tuple((node.host, node.port) for node in self.nodes))
+
+    @property
+    def replication(self) -> int:
+        """The replication factor topics of this cluster get (and the internal topics have)."""
+        return self.size
+
+    @property
+    def running(self) -> bool:
+        """True while every node's process runs."""
+        return bool(self.nodes) and all(node.running for node in self.nodes)
+
+    # --- lifecycle
+
+    def start(self) -> "KafkaCluster":
+        """Fetch the release if needed, format every node's storage, start them, and wait until all serve."""
+        if self.running:
+            return self
+        libs = fetch_kafka(self.version)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        ports = self._free_ports(2 * self.size)
+        self.nodes = [KafkaNode(i + 1, self.run_dir / f"node-{i + 1}", libs, self.host, ports[2 * i], ports[2 * i + 1],
+                                self.heap) for i in range(self.size)]
+        cluster_id = _cluster_id()
+        for node in self.nodes:
+            self._write_properties(node)
+        _each(self.nodes, lambda node: _run_java(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+                                                 str(node.properties), "--ignore-formatted"))
+        try:
+            for node in self.nodes:
+                node.start()
+            for node in self.nodes:
+                node.wait_ready()
+            self.wait_for_brokers()
+            if self.announce:
+                write_state(BrokerState(self.url, self.nodes[0].pid, str(self.nodes[0].log_path.resolve()), kind=KAFKA,
+                                        peers=tuple(node.pid for node in self.nodes[1:])))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait(self) -> None:
+        """Block until a node exits (``fairstream kafka stop`` from another shell, or a crash)."""
+        while all(node.running for node in self.nodes):
+            time.sleep(0.5)
+
+    def _free_ports(self, count: int) -> list[int]:
+        ports: list[int] = []
+        while len(ports) < count:
+            port = free_port(self.host)
+            if port not in ports:
+                ports.append(port)
+        return ports
+
+    def _write_properties(self, node: KafkaNode) -> None:
+        voters = ",".join(f"{n.node_id}@{n.host}:{n.controller_port}" for n in self.nodes)
+        replicas = self.size
+        min_isr = 2 if self.size == 3 else 1
+        props = {
+            "process.roles": "broker,controller", "node.id": node.node_id, "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{node.host}:{node.port},CONTROLLER://{node.host}:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{node.host}:{node.port}",
+            "controller.listener.names": "CONTROLLER", "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(node.run_dir / "data"),
+            "default.replication.factor": replicas, "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": replicas, "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            # A local cluster serves one user: fewer internal partitions start faster, and a group's first
+            # join is not held back (Kafka waits 3 s by default for more members).
+            "offsets.topic.num.partitions": 10, "transaction.state.log.num.partitions": 10,
+            "group.initial.rebalance.delay.ms": 0,
+            "num.partitions": 1, "auto.create.topics.enable": "false",
+            **self.settings,
+        }
+        node.run_dir.mkdir(parents=True, exist_ok=True)
+        node.properties.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
+
+    def wait_for_brokers(self, timeout: float = 60.0) -> None:
+        """Until some node's metadata lists every running, unpaused node (the cluster has formed)."""
+        live = {(n.host, n.port) for n in self.nodes if n.running and not n.paused}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if (node.host, node.port) in live:
+                    with contextlib.suppress(OSError, ValueError):
+                        if live <= set(kafka_metadata(node.host, node.port)):
+                            return
+            time.sleep(0.2)
+        raise KafkaError(f"the Kafka cluster did not list all {len(live)} live nodes within {timeout:g} s; "
+                         f"logs under {self.run_dir}")
+
+    def stop(self) -> None:
+        """Stop every node at once (one by one, the last would wait out its controlled shutdown with no quorum)."""
+        first = self.nodes[0].pid if self.nodes else None
+        _each(self.nodes, KafkaNode.stop)
+        if self.announce and first is not None:
+            remove_state(first)
+
+    def node(self, node_id: int) -> KafkaNode:
+        """The node with ``node_id`` (1-based)."""
+        return self.nodes[node_id - 1]
+
+    # --- who does what (for the failure tests)
+
+    def leader_of(self, topic: str, partition: int) -> KafkaNode:
+        """The node that leads ``topic[partition]`` now."""
+        from confluent_kafka.admin import AdminClient
+
+        metadata = AdminClient({"bootstrap.servers": self.bootstrap}).list_topics(topic, timeout=10)
+        leader = metadata.topics[topic].partitions[partition].leader
+        if leader < 0:
+            raise KafkaError(f"{topic}[{partition}] has no leader now")
+        return self.node(leader)
+
+    def active_controller(self) -> KafkaNode:
+        """The node that is the active KRaft controller now."""
+        # Not DescribeCluster: under KRaft it names a random broker. Each voter records the leader it
+        # follows, with the election's epoch, in its quorum-state file; the newest epoch is the truth.
+        epoch, leader = max(_quorum_state(node) for node in self.nodes)
+        if leader < 0:
+            raise KafkaError("the KRaft quorum has no leader now")
+        return self.node(leader)
+
+    def __enter__(self) -> "KafkaCluster":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<KafkaCluster {self.version} nodes={self.nodes or self.size} run_dir={str(self.run_dir)!r}>"
