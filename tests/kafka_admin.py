@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
 
 def clear_cluster(bootstrap: str, timeout: float = 60.0) -> None:
@@ -23,3 +23,13 @@ def clear_cluster(bootstrap: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"topics still listed {timeout:g} s after their deletion")
         time.sleep(0.1)
+
+
+def allow_messages_of(bootstrap: str, topic: str, size: int) -> None:
+    """Raise ``topic``'s ``max.message.bytes`` to ``size`` (Kafka's default refuses records over about 1 MB)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    resource = ConfigResource(ResourceType.TOPIC, topic,
+                              incremental_configs=[ConfigEntry("max.message.bytes", str(size),
+                                                               incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(timeout=30)

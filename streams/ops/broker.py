@@ -297,7 +297,7 @@ def stop_running_broker(timeout: float = 10.0) -> BrokerState | None:
 # --------------------------------------------------------------------------- the embedded broker
 
 
-class _Reachable:
+class Reachable:
     """What clients need of a broker, from its ``address``."""
 
     address: BrokerAddress
@@ -313,7 +313,7 @@ class _Reachable:
         return self.address.url
 
 
-class EmbeddedBroker(_Reachable, ManagedProcess):
+class EmbeddedBroker(Reachable, ManagedProcess):
     """A Tansu broker subprocess on a loopback port, with in-memory storage.
 
     >>> with EmbeddedBroker("runs/dev") as broker:  # doctest: +SKIP
@@ -465,7 +465,7 @@ def _resolve_binary() -> str:
 
 
 @dataclass(frozen=True)
-class ExternalBroker(_Reachable):
+class ExternalBroker(Reachable):
     """A broker someone else runs (Apache Kafka in production); nothing to start or stop."""
 
     address: BrokerAddress

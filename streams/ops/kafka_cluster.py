@@ -35,7 +35,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .broker import KAFKA, BrokerError, BrokerState, _Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
+from .broker import KAFKA, BrokerError, BrokerState, Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
 from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, port_is_free
 from fairstream.streams.parsing import BrokerAddress
 
@@ -252,7 +252,7 @@ class KafkaNode(ManagedProcess):
 # --------------------------------------------------------------------------- the cluster
 
 
-class KafkaCluster(_Reachable):
+class KafkaCluster(Reachable):
     """One or three Apache Kafka nodes in KRaft mode on loopback ports, with storage under ``run_dir``.
 
     Parameters

@@ -555,7 +555,8 @@ def test_the_broker_option_beats_the_environment_which_beats_the_state_file(brok
     toml, _ = pipeline_toml(tmp_path, "cli-found")
     plan = artifacts.save(tiny_plan(["age", "hours-per-week"]).to_artifact(), tmp_path / "plan.json")
     assert run_main(["artifacts", "publish", str(plan), "--broker", broker.url, "--config", str(toml)], capsys)[0] == 0
-    write_state(BrokerState(broker.url, broker.pid, str(broker.log_path)))  # as if it had been started to be shared
+    node = broker.nodes[0]
+    write_state(BrokerState(broker.url, node.pid, str(node.log_path), kind="kafka"))  # as if 'kafka start' had run
     monkeypatch.setattr(EmbeddedBroker, "start", refuse_to_start)
     listing = ["artifacts", "list", "--config", str(toml)]
     code, out, err = run_main(listing, capsys)

@@ -12,6 +12,7 @@ import uuid
 from types import SimpleNamespace
 
 import pytest
+from aiokafka.errors import KafkaError
 
 from fairstream.streams.cli import main
 from fairstream.streams.config import adult_config
@@ -174,8 +175,12 @@ def test_hostile_messages_on_the_topic_stop_no_follower_and_no_listing(broker, t
                                                   poll_ms=50))
         try:
             await asyncio.wait_for(ready.wait(), FOLLOW_TIMEOUT)
-            await write_log(broker.bootstrap, config.topics.control, list(hostile.values()))
-            await wait_until(lambda: sum(registry.refused_total.values()) == len(hostile) or task.done())
+            # Apache Kafka refuses a keyless record on a compacted topic itself: that one never reaches a reader.
+            with pytest.raises(KafkaError):  # INVALID_RECORD, which aiokafka names UnknownError
+                await write_log(broker.bootstrap, config.topics.control, [hostile["no key"]])
+            written = [message for name, message in hostile.items() if name != "no key"]
+            await write_log(broker.bootstrap, config.topics.control, written)
+            await wait_until(lambda: sum(registry.refused_total.values()) == len(written) or task.done())
             assert not task.done() and served_version(registry) == 1
             assert await asyncio.to_thread(main, listing) == 0
             second = await client.publish(plans[1])

@@ -1,9 +1,12 @@
 """A worker is consuming or it has exited non-zero (issue 18, item 1).
 
-First the probes and the log filter on their own; then real ``fairstream worker`` processes on the
-real embedded broker, under the faults of the issue: a worker frozen longer than its session
-(SIGSTOP, SIGCONT), the broker killed with kill -9 and restarted on its port, and a bug that crashes
-processing, with and without ``--supervise``.
+First the probes and the log filter on their own; then real ``fairstream worker`` processes on
+Apache Kafka, under the faults of the issue: a worker frozen longer than its session (SIGSTOP,
+SIGCONT) and a bug that crashes processing, with and without ``--supervise``. Two tests exist for the
+embedded Tansu broker's behaviour only and run on it: its memory-only storage killed and restarted
+under a worker, and the committed offsets beyond the end of the log that such a restart leaves (on
+Kafka the broker itself answers those with OFFSET_OUT_OF_RANGE: tests/streams/worker/test_offset_reset.py
+and the three-node failures in test_broker_failures.py).
 """
 
 from __future__ import annotations
@@ -242,6 +245,7 @@ AWAY_SECONDS = 8.0
 
 @pytest.mark.integration
 def test_a_broker_killed_and_restarted_on_its_port_loses_nothing_it_holds_and_the_log_stays_readable(adult, tmp_path):
+    """Tansu only: its memory-only storage comes back empty (the Kafka failures are in test_broker_failures.py)."""
     archive, plan = adult
     broker = EmbeddedBroker(tmp_path / "broker").start()
     worker = None
@@ -450,8 +454,10 @@ STALE_OFFSET = 500  # per partition, beyond the ~75 records each of the 4 partit
 
 
 @pytest.mark.integration
-def test_committed_offsets_beyond_the_end_of_a_re_created_log_are_reset_and_every_id_comes_out(broker, adult, tmp_path):
-    archive, plan = adult
+def test_committed_offsets_beyond_the_end_of_a_re_created_log_are_reset_and_every_id_comes_out(embedded_broker, adult,
+                                                                                              tmp_path):
+    """Tansu only: it answers a fetch past the log's end with nothing rather than OFFSET_OUT_OF_RANGE."""
+    archive, plan, broker = *adult, embedded_broker
     config = pipeline(tmp_path, "stale", broker.bootstrap, plan)
     group = f"{config.topics.prefix}-{config.name}.records"  # the worker's records group (default app id)
     committed = commit_past_the_end(broker.bootstrap, config.topics.records_in, group, STALE_OFFSET)
