@@ -104,9 +104,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/batch_logic.py
 	$(PY) benchmarks/monitor_cost.py
 
+# `make bench-stream BROKER=kafka` runs both on a local Apache Kafka node instead of the embedded broker.
+BROKER ?= embedded
 bench-stream: $(STAMP)
-	$(PY) benchmarks/stream_throughput.py
-	$(PY) benchmarks/embedding_throughput.py
+	$(PY) benchmarks/stream_throughput.py --broker $(BROKER)
+	$(PY) benchmarks/embedding_throughput.py --broker $(BROKER)
 
 soak: $(STAMP)
 	$(PY) benchmarks/stream_throughput.py --soak-minutes 10 --rate 1000

@@ -32,7 +32,8 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.registry import Active
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import replay
-from fairstream.streams.ops.broker import EmbeddedBroker, free_port
+from fairstream.streams.ops.broker import free_port
+from fairstream.streams.ops.kafka_cluster import LOCAL_BROKERS, local_broker
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from fairstream.streams.worker.processing import EmbeddingRepairer, SimpleMessage
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vectors", type=int, default=20_000)
     parser.add_argument("--dimension", type=int, default=512)
     parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--broker", choices=LOCAL_BROKERS, default="embedded",
+                        help="the embedded Tansu broker (default) or a local Apache Kafka started for the run")
     args = parser.parse_args(argv)
     base = adult_config()
     module = trained_like_module(args.dimension)
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(base, embeddings=EmbeddingConfig(artifact=artifact, dimension=args.dimension,
                                                           batch_size=BATCH))
         results[name] = [in_process(config, batch, mod)]
-    with tempfile.TemporaryDirectory(prefix="fairstream-emb-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
+    with tempfile.TemporaryDirectory(prefix="fairstream-emb-") as tmp, local_broker(args.broker, Path(tmp)) as broker:
+        print(f"broker: {broker.description}", flush=True)
         data = messages(args.vectors, args.dimension, "v")
         for name, artifact, mod in (("identity", "identity", None), ("module", "embedding", module)):
             config = replace(base, artifact_dir=str(Path(tmp) / "artifacts"),

@@ -1,6 +1,7 @@
 """Throughput, latency, scale-out and soak of the repair worker against raw Kafka passthroughs.
 
-One run, one embedded Tansu broker, the same JSON records (Adult archive rows exactly as
+One run, one broker (the embedded Tansu broker, or with ``--broker kafka`` a single-node Apache Kafka
+started for the run), the same JSON records (Adult archive rows exactly as
 ``fairstream replay`` sends them, ~120 bytes, repeated with distinct ids), 6 partitions. The
 contestants, each timed **alone** on its own pre-loaded input (nothing else reads or writes
 meanwhile):
@@ -32,6 +33,7 @@ under --rate records/s for N minutes or until the embedded broker stops serving 
 records on a topic); each worker's RSS, the broker's, lag and p99 latency per minute.
 
     .venv/bin/python benchmarks/stream_throughput.py [--records 200000] [--rate 2000] [--seconds 15]
+    .venv/bin/python benchmarks/stream_throughput.py --broker kafka
     .venv/bin/python benchmarks/stream_throughput.py --soak-minutes 10 --rate 1000
 """
 
@@ -53,6 +55,7 @@ from pathlib import Path
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from fairstream.models.flow_training import refit_flow
 from fairstream.models.scorer import LogisticScorer
@@ -63,7 +66,8 @@ from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.ops.broker import EmbeddedBroker, free_port
+from fairstream.streams.ops.broker import free_port
+from fairstream.streams.ops.kafka_cluster import LOCAL_BROKERS, local_broker
 from fairstream.streams.ops.processes import ManagedProcess
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
@@ -235,6 +239,12 @@ def _report(progress: Path, done: int, last: float) -> float:
     return time.monotonic()
 
 
+def create_topic(bootstrap: str, name: str) -> None:
+    """A passthrough's output topic, created as the pipeline's are (a production Kafka creates none on demand)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept until the answer: a dropped client cancels it
+    admin.create_topics([NewTopic(name, PARTITIONS)])[name].result(timeout=60)
+
+
 class Passthrough(ManagedProcess):
     """This script run as ``_passthrough CLIENT ...`` in its own process group."""
 
@@ -402,6 +412,7 @@ class Bench:
 
     async def throughput_raw(self, client: str, topics: TopicConfig) -> Result:
         n, dst = self.args.records, f"{topics.prefix}.out-{client}"
+        create_topic(self.bootstrap, dst)
         proc = Passthrough(client, self.bootstrap, topics.records_in, dst, self.args.batch_size, self.run_dir).start()
         try:
             cpu0 = [float("nan")]
@@ -447,6 +458,7 @@ class Bench:
     async def latency_raw(self, client: str) -> np.ndarray:
         topics = await self.raw_topics(f"lat{client.replace('-', '')}", 0)
         dst = f"{topics.prefix}.out-{client}"
+        create_topic(self.bootstrap, dst)
         proc = Passthrough(client, self.bootstrap, topics.records_in, dst, self.args.batch_size, self.run_dir).start()
         try:
             await asyncio.sleep(3.0)  # connected and assigned before the load starts
@@ -659,7 +671,8 @@ async def shadow_cost(bench: Bench) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="fairstream-bench-") as tmp, EmbeddedBroker(Path(tmp) / "broker") as broker:
+    with tempfile.TemporaryDirectory(prefix="fairstream-bench-") as tmp, local_broker(args.broker, Path(tmp)) as broker:
+        print(f"broker: {broker.description}", flush=True)
         asyncio.run(run(args, Path(tmp), broker.bootstrap, broker.pid))
     # Other processes on the machine skew a run: compare the load average with the ~1.5-2 this
     # benchmark makes by itself on 2 cores.
@@ -670,6 +683,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--broker", choices=LOCAL_BROKERS, default="embedded",
+                        help="the embedded Tansu broker (default) or a local Apache Kafka started for the run")
     parser.add_argument("--records", type=int, default=200_000, help="records per throughput run (default 200000)")
     parser.add_argument("--rate", type=float, default=2000.0, help="offered load for latency and soak, records/s")
     parser.add_argument("--seconds", type=float, default=15.0, help="duration of each latency run (default 15)")

