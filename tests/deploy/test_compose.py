@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from fairstream.streams.config import PipelineConfig
+from fairstream.streams.ops.kafka_cluster import KAFKA_VERSION
 from fairstream.streams.ops.prometheus import binary
 from fairstream.streams.topics import ensure_topics
 from fairstream.streams.worker.health import HEALTHZ, LOOP_ANSWER_SECONDS, WorkerHealth
@@ -144,6 +145,7 @@ def test_kafka_runs_one_kraft_node_that_the_services_reach():
     assert len(base64.urlsafe_b64decode(env["CLUSTER_ID"] + "==")) == 16  # what `kafka-storage format` accepts
     host_port = advertised["HOST"].rsplit(":", 1)[1]
     assert f"127.0.0.1:{host_port}:{listeners['HOST'].lstrip(':')}" in service("kafka")["ports"]
+    assert service("kafka")["image"] == f"apache/kafka:{KAFKA_VERSION}"  # the release the suite runs on
 
 
 def test_the_topic_init_job_creates_the_pipelines_topics(broker):
