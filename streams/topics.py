@@ -1,9 +1,32 @@
 """Topic names and their explicit creation.
 
 Every topic name comes from one :class:`TopicConfig`, so a deployment can run several pipelines on
-one cluster by changing the prefix. Topics are created explicitly with fixed partition counts
-rather than left to broker auto-creation: Tansu auto-creates with 4 partitions and Apache Kafka
-with ``num.partitions``, and Faust needs the counts it was configured with.
+one cluster by changing the prefix. Topics are created explicitly with the configured partition
+counts rather than left to broker auto-creation (Tansu auto-creates with 4 partitions, Apache Kafka,
+where it is allowed at all, with ``num.partitions``), and the control topic with its configs.
+
+Partitions. ``partitions`` is one number for every data topic, or a table that gives some topics
+their own count (the control topic always has one partition)::
+
+    [topics]
+    prefix = "fairstream"
+    partitions = { default = 4, "records.in" = 12, "records.repaired" = 12 }
+
+The table's keys are ``default`` (4 when left out) and the data topics by their name after the
+prefix (:data:`DATA_TOPICS`); a mistake is a ValueError naming the key (``topics.partitions."recrds.in"``).
+
+What :func:`ensure_topics` accepts of a topic that exists:
+
+* more partitions than configured on a data topic: Kafka only ever adds partitions, so that is an
+  operator's expansion (``kafka-topics.sh --alter --partitions``). It is used as it is, with a
+  warning that the config says fewer. The workers' consumers take the new partitions at their next
+  metadata refresh and rebalance; producers spread keys over them. A worker that (re)starts after an
+  expansion therefore starts, where it used to exit (a restart loop under a supervisor).
+* refused, :class:`TopicConfigError`: the control topic with more than one partition (the version
+  rule needs one order of every record, and readers follow partition 0 only); a data topic with
+  fewer partitions than configured (Kafka cannot remove partitions, so that topic was created with
+  another layout, e.g. auto-created with ``num.partitions``, and the parallelism the config was
+  sized for is not there: expand it, or configure the count it has).
 
 The admin calls use aiokafka (a dependency of Faust, so always present) because it works against
 both Tansu and Apache Kafka, and its async API can run inside a Faust worker's startup as well as
@@ -14,10 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator
+from typing import AsyncIterator, Mapping, Union
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -42,29 +66,74 @@ class TopicConfigError(RuntimeError):
     """Topics could not be created, or exist with a layout the pipeline cannot use."""
 
 
+DATA_TOPICS = ("records.in", "records.repaired", "embeddings.in", "embeddings.repaired", "dlq", "refit.requests",
+               "research")
+"""Every topic but the control topic, by its name after the prefix (the keys of a ``partitions`` table)."""
+CONTROL = "control"
+DEFAULT = "default"
+"""The key of a ``partitions`` table that gives every data topic it does not name its count."""
+DEFAULT_PARTITIONS = 4
+MAX_PARTITIONS = 10_000
+
+Partitions = Union[int, Mapping[str, int]]
+"""One count for every data topic, or ``{"default": n, "<topic>": n, ...}``."""
+
+
 @dataclass(frozen=True)
 class TopicSpec:
-    """One topic as the pipeline needs it."""
+    """One topic as the pipeline needs it.
+
+    ``partitions`` is the count it is created with; an existing topic may have more when
+    ``may_grow`` (an operator's expansion), never fewer.
+    """
 
     name: str
     partitions: int
     replication: int
     configs: dict[str, str] = field(default_factory=dict)
+    may_grow: bool = True
 
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """Names and layout of every topic, all under one prefix (``fairstream.records.in``, ...)."""
+    """Names and layout of every topic, all under one prefix (``fairstream.records.in``, ...).
+
+    ``partitions`` is one count for every data topic or a table with per-topic counts (see the
+    module docstring); it is kept as the int, or as ``(("default", n), (topic, n), ...)`` pairs in
+    :data:`DATA_TOPICS` order without the counts equal to the default, so equal layouts compare equal.
+    """
 
     prefix: str = "fairstream"
-    partitions: int = 4
+    partitions: Partitions = DEFAULT_PARTITIONS
     replication: int = 1
 
     def __post_init__(self) -> None:
         if not self.prefix or self.prefix != self.prefix.strip("."):
             raise ValueError(f"topic prefix {self.prefix!r} must be non-empty, without outer dots")
-        if self.partitions < 1 or self.replication < 1:
-            raise ValueError("partitions and replication must be at least 1")
+        object.__setattr__(self, "partitions", _partitions_setting(self.partitions))
+        if isinstance(self.replication, bool) or not isinstance(self.replication, int) or self.replication < 1:
+            raise ValueError(f"topics.replication must be an integer of at least 1, got {self.replication!r}")
+
+    @property
+    def default_partitions(self) -> int:
+        """The count of every data topic the ``partitions`` table does not name (all of them for one number)."""
+        return self.partitions if isinstance(self.partitions, int) else self.partitions[0][1]
+
+    def partitions_for(self, suffix: str) -> int:
+        """The configured partition count of topic ``suffix`` (its name after the prefix; the control topic has 1)."""
+        if suffix == CONTROL:
+            return 1
+        if suffix not in DATA_TOPICS:
+            raise KeyError(suffix)
+        return dict(self._overrides()).get(suffix, self.default_partitions)
+
+    @property
+    def partitions_setting(self) -> int | dict[str, int]:
+        """``partitions`` as a config file states it: one number, or the table ``{"default": n, topic: n, ...}``."""
+        return self.partitions if isinstance(self.partitions, int) else dict(self.partitions)
+
+    def _overrides(self) -> tuple[tuple[str, int], ...]:
+        return () if isinstance(self.partitions, int) else self.partitions[1:]
 
     def name(self, suffix: str) -> str:
         """The full name of topic ``suffix`` under the prefix."""
@@ -112,19 +181,10 @@ class TopicConfig:
 
     def specs(self) -> list[TopicSpec]:
         """Every topic with its partition count, replication and topic configs."""
-        data_topics = [
-            self.records_in,
-            self.records_repaired,
-            self.embeddings_in,
-            self.embeddings_repaired,
-            self.dlq,
-            self.refit_requests,
-            self.research,
-        ]
-        specs = [TopicSpec(name, self.partitions, self.replication) for name in data_topics]
+        specs = [TopicSpec(self.name(suffix), self.partitions_for(suffix), self.replication) for suffix in DATA_TOPICS]
         # One partition so every worker reads every artifact version in publication order;
         # compacted so a new worker replays only the latest version per artifact kind.
-        specs.append(TopicSpec(self.control, 1, self.replication, dict(COMPACT)))
+        specs.append(TopicSpec(self.control, 1, self.replication, dict(COMPACT), may_grow=False))
         return specs
 
     def spec(self, name: str) -> TopicSpec:
@@ -135,14 +195,49 @@ class TopicConfig:
         raise KeyError(name)
 
 
+def _partitions_setting(value) -> Partitions:
+    """``partitions`` checked and in its kept form (see :class:`TopicConfig`); a ValueError names the key at fault."""
+    if not isinstance(value, (Mapping, tuple)):
+        return _count(value, "topics.partitions", " or a table of topic = count")
+    try:
+        table = dict(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"topics.partitions must be an integer or a table, got {value!r}") from None
+    for key, count in table.items():
+        where = f"topics.partitions.{_toml_key(key)}"
+        if key == CONTROL:
+            raise ValueError(f"{where}: the control topic always has one partition (every reader needs one order of "
+                             "its records); leave it out")
+        if key != DEFAULT and key not in DATA_TOPICS:
+            known = ", ".join(json.dumps(name) for name in (DEFAULT, *DATA_TOPICS))
+            raise ValueError(f"{where} names no topic of the pipeline; known: {known} (names after the prefix)")
+        _count(count, where)
+    default = table.get(DEFAULT, DEFAULT_PARTITIONS)
+    overrides = tuple((name, table[name]) for name in DATA_TOPICS if table.get(name, default) != default)
+    return ((DEFAULT, default), *overrides) if overrides else default
+
+
+def _count(value, where: str, alternative: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PARTITIONS:
+        raise ValueError(f"{where} must be an integer >= 1 and <= {MAX_PARTITIONS}{alternative}, got {value!r}")
+    return value
+
+
+def _toml_key(key) -> str:
+    """``key`` as TOML writes it: bare when it can be, else quoted (a topic name has dots)."""
+    text = str(key)
+    return text if text and text.replace("-", "").replace("_", "").isalnum() and text.isascii() else json.dumps(text)
+
+
 # --------------------------------------------------------------------------- creation
 
 
 def ensure_topics(bootstrap: str, config: TopicConfig = TopicConfig(), timeout: float = 30.0) -> dict[str, int]:
-    """Create the missing topics and check all of them; return ``{name: partitions}``.
+    """Create the missing topics and check all of them; return ``{name: partitions}`` as the broker has them.
 
-    Idempotent: topics that already exist with the right partition count are left alone. Raises
-    :class:`TopicConfigError` when a topic exists with another partition count. Synchronous
+    Idempotent: topics that already exist are left alone. A data topic with more partitions than
+    configured (an operator's expansion) is used as it is, with a warning; :class:`TopicConfigError`
+    when a topic exists with a layout the pipeline cannot use (see the module docstring). Synchronous
     wrapper for the CLI; inside a running event loop await :func:`ensure_topics_async`.
     """
     return asyncio.run(ensure_topics_async(bootstrap, config, timeout))
@@ -159,7 +254,7 @@ async def ensure_topics_async(
         if missing:
             await _create(admin, missing, timeout)
         counts = await _wait_for_partitions(admin, [spec.name for spec in specs], timeout)
-        _check_partition_counts(specs, counts)
+        _check_partition_counts(specs, counts, config.prefix)
         await _warn_about_missing_configs(admin, specs)
         return counts
 
@@ -248,13 +343,24 @@ def _is_ready(topic: dict) -> bool:
     )
 
 
-def _check_partition_counts(specs: list[TopicSpec], counts: dict[str, int]) -> None:
-    wrong = [f"{s.name} has {counts[s.name]}, expected {s.partitions}" for s in specs if counts[s.name] != s.partitions]
+def _check_partition_counts(specs: list[TopicSpec], counts: dict[str, int], prefix: str) -> None:
+    """Refuse the layouts the pipeline cannot use; warn about data topics an operator expanded."""
+    wrong = []
+    for spec in specs:
+        count = counts[spec.name]
+        if count > spec.partitions and spec.may_grow:
+            log.warning("topic %s has %d partitions, more than the %d configured: used as expanded by an operator (the "
+                        "workers take every partition); say so in the config's [topics] partitions table: %s = %d",
+                        spec.name, count, spec.partitions, _toml_key(spec.name.removeprefix(f"{prefix}.")), count)
+        elif count > spec.partitions:
+            wrong.append(f"{spec.name} has {count} partitions, and must have exactly {spec.partitions}: every reader "
+                         "needs one order of its records")
+        elif count < spec.partitions:
+            wrong.append(f"{spec.name} has {count} partitions, fewer than the {spec.partitions} configured: Kafka "
+                         "cannot remove partitions, so it was created with another layout; add partitions "
+                         f"(kafka-topics.sh --alter --partitions {spec.partitions}) or configure {count}")
     if wrong:
-        raise TopicConfigError(
-            "topics exist with the wrong partition count (" + "; ".join(wrong) + "). Delete and re-create "
-            "them, or configure TopicConfig(partitions=...) to match; Faust cannot repartition a live topic."
-        )
+        raise TopicConfigError("topics exist with a layout the pipeline cannot use: " + "; ".join(wrong))
 
 
 async def _warn_about_missing_configs(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
