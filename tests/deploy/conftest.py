@@ -1,4 +1,4 @@
-"""What the deploy tests share: the repository's deploy files, parsed, and the embedded broker.
+"""What the deploy tests share: the repository's deploy files, parsed, and the broker (Apache Kafka).
 
 No container engine or cluster runs here, so these tests check what can be checked without one:
 the files parse and validate against their schemas, every file they name exists, the real tools
@@ -17,7 +17,7 @@ import yaml
 
 from fairstream.streams.cli import build_parser
 from fairstream.streams.ops.prometheus import REPO
-from tests.streams.conftest import broker  # noqa: F401 (the module-scoped embedded broker, for these modules too)
+from tests.streams.conftest import broker  # noqa: F401 (the module's Apache Kafka, for these modules too)
 
 DOCKER = REPO / "docker"
 COMPOSE_YAML = DOCKER / "compose.yaml"

@@ -2,7 +2,7 @@
 
 The schema is the Compose Specification's JSON schema (compose-spec.json next to this file, the copy
 SchemaStore publishes and check-jsonschema vendors). The topic-init job's own command runs here
-against the embedded broker; the other fairstream commands are parsed by the real command line.
+against Apache Kafka; the other fairstream commands are parsed by the real command line.
 """
 
 from __future__ import annotations

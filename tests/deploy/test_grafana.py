@@ -1,6 +1,6 @@
 """The Grafana dashboard asks for what a live worker exports, in valid PromQL, and gets data back.
 
-A real worker (the compose pipeline, with local paths) runs on the embedded broker with a plan;
+A real worker (the compose pipeline, with local paths) runs on Apache Kafka with a plan;
 records flow through it while a real Prometheus scrapes it. Then:
 
 - every metric a panel or annotation names appears in the worker's /metrics scrape, and every label

@@ -1,4 +1,4 @@
-"""The command line as a user runs it: real subprocesses, the real embedded broker."""
+"""The command line as a user runs it: real subprocesses, Apache Kafka (the embedded broker where a command starts one)."""
 
 import contextlib
 import dataclasses
@@ -83,26 +83,26 @@ def test_a_data_sets_default_research_split_fits_the_data_set(tmp_path):
     assert (report["n_research"], report["n_archive"]) == (3083, 6167 - 3083)
 
 
-def test_artifacts_publish_list_and_rollback(tmp_path):
+def test_artifacts_publish_list_and_rollback(broker, tmp_path):
     fairstream("repair", "--dataset", "adult", "--n-research", "500", "--n-q", "30", "--out", "run", "--quiet",
                cwd=tmp_path)
-    with EmbeddedBroker(tmp_path / "broker") as broker:
-        url = ["--broker", broker.url]
-        assert "version 1" in fairstream("artifacts", "publish", "run/plan-v1.json", *url, cwd=tmp_path).stdout
-        assert "version 2" in fairstream("artifacts", "publish", "run/plan-v1.json", *url, cwd=tmp_path).stdout
-        assert "back to version 1" in fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path).stdout
-        rows = fairstream("artifacts", "list", *url, cwd=tmp_path).stdout.splitlines()[1:]
-        assert [(r.split()[1], r.split()[3], r.split()[7]) for r in rows] == [  # kind version sha action via date time
-            ("1", "publish", "-"), ("2", "publish", "-"), ("1", "rollback", "*")]
-        failed = fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path, check=False)
-        assert failed.returncode != 0 and "nothing to roll back to: no plan version was active before version 1" in failed.stderr
-        failed = fairstream("artifacts", "rollback", "plan", "--to", "99", *url, cwd=tmp_path, check=False)
-        assert failed.returncode == 1 and failed.stderr == (
-            "fairstream artifacts: error: plan version 99 was never published on fairstream.control (published: 1, 2); "
-            "a rollback names a version in the history\n")
-        assert "back to version 2" in fairstream("artifacts", "rollback", "plan", "--to", "2", *url, cwd=tmp_path).stdout
-        failed = fairstream("artifacts", "rollback", "nosuchkind", *url, cwd=tmp_path, check=False)
-        assert failed.returncode != 0 and "nosuchkind" in failed.stderr
+    toml, _ = pipeline_toml(tmp_path, "rollback")
+    url = ["--broker", broker.url, "--config", str(toml)]
+    assert "version 1" in fairstream("artifacts", "publish", "run/plan-v1.json", *url, cwd=tmp_path).stdout
+    assert "version 2" in fairstream("artifacts", "publish", "run/plan-v1.json", *url, cwd=tmp_path).stdout
+    assert "back to version 1" in fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path).stdout
+    rows = fairstream("artifacts", "list", *url, cwd=tmp_path).stdout.splitlines()[1:]
+    assert [(r.split()[1], r.split()[3], r.split()[7]) for r in rows] == [  # kind version sha action via date time
+        ("1", "publish", "-"), ("2", "publish", "-"), ("1", "rollback", "*")]
+    failed = fairstream("artifacts", "rollback", "plan", *url, cwd=tmp_path, check=False)
+    assert failed.returncode != 0 and "nothing to roll back to: no plan version was active before version 1" in failed.stderr
+    failed = fairstream("artifacts", "rollback", "plan", "--to", "99", *url, cwd=tmp_path, check=False)
+    assert failed.returncode == 1 and failed.stderr == (
+        "fairstream artifacts: error: plan version 99 was never published on rollback.control (published: 1, 2); "
+        "a rollback names a version in the history\n")
+    assert "back to version 2" in fairstream("artifacts", "rollback", "plan", "--to", "2", *url, cwd=tmp_path).stdout
+    failed = fairstream("artifacts", "rollback", "nosuchkind", *url, cwd=tmp_path, check=False)
+    assert failed.returncode != 0 and "nosuchkind" in failed.stderr
 
 
 # --------------------------------------------------------------------------- user errors: one line, no traceback

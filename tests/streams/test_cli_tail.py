@@ -1,4 +1,4 @@
-"""``fairstream tail`` and ``fairstream replay --research``, as a user runs them, against the embedded broker."""
+"""``fairstream tail`` and ``fairstream replay --research``, as a user runs them, against Apache Kafka."""
 
 import json
 import threading

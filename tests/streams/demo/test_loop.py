@@ -1,8 +1,8 @@
 """Drift -> detection -> Prometheus alert -> re-fit -> hot swap -> recovery, all real.
 
 A real worker (records agent + monitor + /metrics), a real re-fit service on refit.requests, a real
-Prometheus server with the production alert rules (only their ``for:`` durations shortened), the
-embedded broker, and Adult records whose distribution shifts half way: in the college stratum,
+Prometheus server with the production alert rules (only their ``for:`` durations shortened), Apache
+Kafka, and Adult records whose distribution shifts half way: in the college stratum,
 women's hours-per-week rise by 15 while the labelling process keeps feeding the research topic.
 """
 
@@ -15,20 +15,18 @@ from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.loop import OPERATOR, run_fairness_loop, shift_group
-from fairstream.streams.ops.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 
 
-def test_drift_is_detected_alerted_refitted_swapped_and_repaired(tmp_path):
+def test_drift_is_detected_alerted_refitted_swapped_and_repaired(broker, tmp_path):
     research, archive = datasets.load("adult").split(10_000, seed=0)
     shifted = shift_group(archive.subset(slice(10_000, None)), feature=1, group=0, stratum=1, amount=15.0, lo=1, hi=99)
     drifted_research, drifted_stream = shifted.subset(slice(0, 6_000)), shifted.subset(slice(6_000, None))
     config = adult_config(artifact_dir=str(tmp_path / "artifacts")).with_topics(prefix="loop").with_monitor(
         window_records=8000, min_records=500, threshold=0.1, cooldown_seconds=600.0)
-    with EmbeddedBroker(tmp_path / "broker") as broker:
-        report = run_fairness_loop(config, broker.bootstrap, tmp_path / "run", research, archive.subset(slice(0, 10_000)),
-                                   drifted_stream, drifted_research, rate=2000.0, short_for=True, say=lambda _: None)
+    report = run_fairness_loop(config, broker.bootstrap, tmp_path / "run", research, archive.subset(slice(0, 10_000)),
+                               drifted_stream, drifted_research, rate=2000.0, short_for=True, say=lambda _: None)
     timeline = "\n".join(f"{t:7.1f}s  {e}  {d}" for t, e, d in report.events) + "\nseries: " + " ".join(
         f"{t:.0f}:{v:.2f}/v{ver}" for t, v, ver in report.series[::4])
     at = {event: report.first(event) for event in ("drift injected", "drift detected by the monitor",
@@ -46,7 +44,7 @@ def test_drift_is_detected_alerted_refitted_swapped_and_repaired(tmp_path):
     assert [e for _, e, _ in report.events].count("drift detected by the monitor") == 1, timeline
 
 
-def test_under_approve_the_refit_waits_in_shadow_until_a_named_operator_approves_it(tmp_path):
+def test_under_approve_the_refit_waits_in_shadow_until_a_named_operator_approves_it(broker, tmp_path):
     """The third act: the re-fit after the drift is a candidate; the worker serves version 1 until the operator
     approves the candidate on its live shadow statistics, then the approved version, and the statistic recovers."""
     research, archive = datasets.load("adult").split(10_000, seed=0)
@@ -54,10 +52,9 @@ def test_under_approve_the_refit_waits_in_shadow_until_a_named_operator_approves
     drifted_research, drifted_stream = shifted.subset(slice(0, 6_000)), shifted.subset(slice(6_000, None))
     config = replace(adult_config(artifact_dir=str(tmp_path / "artifacts")), promotion="approve").with_topics(
         prefix="approve").with_monitor(window_records=4000, min_records=500, threshold=0.1, cooldown_seconds=600.0)
-    with EmbeddedBroker(tmp_path / "broker") as broker:
-        report = run_fairness_loop(config, broker.bootstrap, tmp_path / "run", research, archive.subset(slice(0, 6_000)),
-                                   drifted_stream, drifted_research, rate=2000.0, prometheus=False, say=lambda _: None)
-        history = ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync()
+    report = run_fairness_loop(config, broker.bootstrap, tmp_path / "run", research, archive.subset(slice(0, 6_000)),
+                               drifted_stream, drifted_research, rate=2000.0, prometheus=False, say=lambda _: None)
+    history = ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync()
     timeline = "\n".join(f"{t:7.1f}s  {e}  {d}" for t, e, d in report.events)
     at = {event: report.first(event) for event in ("drift injected", "drift detected by the monitor", "re-fit published",
                                                    "candidate in shadow", "approved by a named operator",

@@ -1,6 +1,6 @@
 """Flows in the product: the re-fit job fits one in front of the published scorer, a running worker swaps it in.
 
-A real worker process on the embedded broker applies the record chain ``flow`` then ``scorer``;
+A real worker process on Apache Kafka applies the record chain ``flow`` then ``scorer``;
 outputs must carry the flow's features, the scorer's score and decision, and one version of each.
 """
 

@@ -1,4 +1,4 @@
-"""Re-fit jobs against the embedded broker: publish, refuse with reasons, follow a shift, answer requests."""
+"""Re-fit jobs against Apache Kafka: publish, refuse with reasons, follow a shift, answer requests."""
 
 from __future__ import annotations
 

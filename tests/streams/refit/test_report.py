@@ -1,4 +1,4 @@
-"""The candidate report in a real browser: ``write_report`` on the embedded broker, opened by headless Chromium.
+"""The candidate report in a real browser: ``write_report`` on Apache Kafka, opened by headless Chromium.
 
 A pipeline ``plan -> scorer`` under ``promotion = "approve"`` serves a scorer and a plan, has a candidate
 plan pending and a worker's announcement of live shadow figures for it, and a few hundred records on

@@ -1,4 +1,4 @@
-"""The overlapped batch loop on the real embedded broker and a real worker process (issue 19).
+"""The overlapped batch loop on Apache Kafka and a real worker process (issue 19).
 
 Batch N+1 is decoded and applied while N's delivery reports come back (the order of those steps is
 pinned in test_consumer.py); here the rules the overlap must keep, end to end: the outputs of one

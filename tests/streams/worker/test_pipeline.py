@@ -1,4 +1,4 @@
-"""The pipeline end to end against the real embedded broker and a real worker process.
+"""The pipeline end to end on Apache Kafka with a real worker process.
 
 One worker is shared by the whole module (joining a consumer group takes about 30 s); tests use
 distinct record ids and read outputs by id, and run in file order (the hot-swap test advances the
@@ -30,7 +30,6 @@ from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.collect import TopicReader
 from fairstream.streams.demo.replay import bad_messages, interleave, record_messages
 from fairstream.streams.kafka import KAFKA_API_VERSION
-from fairstream.streams.ops.broker import EmbeddedBroker
 from fairstream.streams.ops.prometheus import binary
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.schemas import ControlRecord
@@ -69,25 +68,24 @@ def features(records, config):
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
+def pipeline(broker, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("pipeline")
     config = adult_config(artifact_dir=str(run_dir / "artifacts")).with_topics(prefix="itest")
     data = datasets.load("adult")
     research, archive = data.split(10_000, seed=0)
-    with EmbeddedBroker(run_dir / "broker") as broker:
-        ensure_topics(broker.bootstrap, config.topics)
-        worker = WorkerProcess(config, broker.bootstrap, run_dir).start()
-        try:
-            live = LivePipeline(config, broker.bootstrap, worker, ControlClient(broker.bootstrap, config.topics,
-                                                                               ArtifactStore(config.artifact_dir)),
-                                archive=archive)
-            live.publish(DistributionalRepair(n_q=250, out_of_range="reject").fit(research.X, research.s, research.u))
-            warm = record_messages(archive.subset(slice(0, 1)), config, id_prefix="warmup")
-            live.send(warm)
-            live.outputs({"warmup-0"}, timeout=180)
-            yield live
-        finally:
-            worker.stop()
+    ensure_topics(broker.bootstrap, config.topics)
+    worker = WorkerProcess(config, broker.bootstrap, run_dir).start()
+    try:
+        live = LivePipeline(config, broker.bootstrap, worker, ControlClient(broker.bootstrap, config.topics,
+                                                                           ArtifactStore(config.artifact_dir)),
+                            archive=archive)
+        live.publish(DistributionalRepair(n_q=250, out_of_range="reject").fit(research.X, research.s, research.u))
+        warm = record_messages(archive.subset(slice(0, 1)), config, id_prefix="warmup")
+        live.send(warm)
+        live.outputs({"warmup-0"}, timeout=180)
+        yield live
+    finally:
+        worker.stop()
 
 
 def test_every_record_ends_repaired_or_dead_lettered_exactly_once(pipeline):

@@ -1,4 +1,4 @@
-"""Inputs that stopped a partition for good, through a real worker on the real embedded broker.
+"""Inputs that stopped a partition for good, through a real worker on Apache Kafka.
 
 Each of these killed the consumer, and every restart met the same message again: a dead letter
 over the producer's limit (a 460 KB Kafka key with an invalid value), a valid record whose output

@@ -1,4 +1,4 @@
-"""Candidates proven on live traffic before they serve: each promotion policy with a real worker on the embedded broker.
+"""Candidates proven on live traffic before they serve: each promotion policy with a real worker on Apache Kafka.
 
 The record chain is ``scorer -> thresholds`` on Adult. The serving thresholds were fitted for demographic parity
 with the groups' labels swapped (a fit on mislabelled data), which leaves the decisions' DP gap near 0.16; a

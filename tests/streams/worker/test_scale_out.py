@@ -1,6 +1,6 @@
 """Several worker processes in one group on a 6-partition topic: sharing, crashes, joins, big messages.
 
-Real embedded broker, real ``fairstream worker`` processes. Each test uses its own pipeline (topic
+Apache Kafka, real ``fairstream worker`` processes. Each test uses its own pipeline (topic
 prefix and group), so rebalances of one test never touch another.
 """
 

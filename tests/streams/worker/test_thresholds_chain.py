@@ -1,4 +1,4 @@
-"""A real worker on the embedded broker serving the record chain ``scorer -> thresholds``, end to end.
+"""A real worker on Apache Kafka serving the record chain ``scorer -> thresholds``, end to end.
 
 A scorer v1 and then group thresholds v1 (fitted for DP on the scorer's research-split scores) are
 published through the control client; a worker process replays Adult records. Every output carries the

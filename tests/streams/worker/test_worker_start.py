@@ -1,7 +1,7 @@
 """A worker's start against hostile inputs: a config that disagrees with the plan, a compacted control
 topic with hostile records, a run directory that does not exist, a metrics port that is taken.
 
-Real worker processes on the real embedded broker. None of these workers needs to join its
+Real worker processes on Apache Kafka. None of these workers needs to join its
 consumer group, so each test takes seconds; workers left holding input are killed, not stopped.
 """
 
