@@ -29,6 +29,9 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
     artifact = "identity"    # or "embedding"
     dimension = 8
 
+    [delivery]
+    guarantee = "at_least_once"  # or "exactly_once": one Kafka transaction per batch (Apache Kafka only)
+
 Every key has a type and a valid range, declared once on the dataclass fields below (``Annotated``
 with :class:`msgspec.Meta`): msgspec checks them, and :func:`reference_markdown` renders them as the
 README's configuration reference. A mistake is one :class:`ConfigError` naming the file, the key,
@@ -100,6 +103,8 @@ Statistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...
 ShadowStatistics = Annotated[Union[Literal[STATISTICS], tuple[Literal[STATISTICS], ...]], Meta(extra={
     "expected": f"a statistic ({', '.join(map(repr, STATISTICS))}) or a list of distinct ones ([]: the monitor's)",
     "type": "string or list of strings"})]
+GUARANTEES = ("at_least_once", "exactly_once")
+"""How often a consumed record's outputs reach the output topics (``delivery.guarantee``)."""
 PROMOTIONS = ("auto", "shadow", "approve")
 """How a published candidate comes to serve (``pipeline.promotion``)."""
 Threshold = Annotated[float, Meta(gt=0, le=1e6)]
@@ -305,6 +310,19 @@ class KafkaConfig(_Section):
     ssl_keyfile: str = field(default="", metadata=_doc("the client certificate's key"))
 
 
+@dataclass(frozen=True)
+class DeliveryConfig(_Section):
+    """What the workers promise about each record's outputs: at least once, or exactly once (Kafka transactions)."""
+
+    section: ClassVar[str] = "delivery"
+    guarantee: Literal[GUARANTEES] = field(default="at_least_once", metadata=_doc(
+        "\"at_least_once\": a batch's outputs are acknowledged before its offsets are committed, and a crash or "
+        "a rebalance replays the batch (its duplicates are identical: de-duplicate by id and input_digest); "
+        "\"exactly_once\": a batch's outputs, dead letters and offsets are one Kafka transaction, so readers with "
+        "isolation.level=read_committed see each output once (Apache Kafka only, not the embedded broker; "
+        "agents.*.batch_size is the transaction's size)"))
+
+
 # TopicConfig lives in topics.py (the admin code uses it without a pipeline); its keys' types and
 # ranges are stated here, checked when a pipeline is built, and listed in the reference.
 TOPIC_KEYS: dict[str, tuple[Any, str]] = {
@@ -350,6 +368,7 @@ class PipelineConfig(_Section):
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.valid_ranges, tuple):  # the stored form (a copy made by replace) reads back
@@ -367,7 +386,8 @@ class PipelineConfig(_Section):
 
     def _check_sections(self) -> None:
         for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
-                          ("monitor", MonitorConfig), ("shadow", ShadowConfig), ("kafka", KafkaConfig)):
+                          ("monitor", MonitorConfig), ("shadow", ShadowConfig), ("kafka", KafkaConfig),
+                          ("delivery", DeliveryConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         for key, (hint, _) in TOPIC_KEYS.items():
@@ -434,10 +454,10 @@ class PipelineConfig(_Section):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
         """Validate a parsed pipeline TOML document."""
-        unknown = set(data) - {"pipeline", "topics", "agents", "monitor", "shadow", "kafka"}
+        known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery"}
+        unknown = set(data) - known
         if unknown:
-            raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: "
-                              "['agents', 'kafka', 'monitor', 'pipeline', 'shadow', 'topics']")
+            raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: {sorted(known)}")
         agents = _table(data, "agents")
         unknown_agents = set(agents) - {"records", "embeddings"}
         if unknown_agents:
@@ -452,6 +472,7 @@ class PipelineConfig(_Section):
             monitor=MonitorConfig(**_known(MonitorConfig, _table(data, "monitor"), "monitor")),
             shadow=ShadowConfig(**_known(ShadowConfig, _table(data, "shadow"), "shadow")),
             kafka=KafkaConfig(**_known(KafkaConfig, _table(data, "kafka"), "kafka")),
+            delivery=DeliveryConfig(**_known(DeliveryConfig, _table(data, "delivery"), "delivery")),
         )
 
     def to_toml(self) -> str:
@@ -463,7 +484,8 @@ class PipelineConfig(_Section):
         thresholds = {"monitor.threshold": dict(monitor.pop("threshold"))} if per_statistic else {}
         sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
-                    "monitor": monitor, **thresholds, "shadow": _asdict(self.shadow), "kafka": _asdict(self.kafka)}
+                    "monitor": monitor, **thresholds, "shadow": _asdict(self.shadow), "kafka": _asdict(self.kafka),
+                    "delivery": _asdict(self.delivery)}
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -479,8 +501,12 @@ class PipelineConfig(_Section):
         """A copy with other shadow policy settings."""
         return replace(self, shadow=replace(self.shadow, **changes))
 
+    def with_delivery(self, **changes) -> "PipelineConfig":
+        """A copy with another delivery guarantee."""
+        return replace(self, delivery=replace(self.delivery, **changes))
 
-_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka")
+
+_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery")
 
 
 # --------------------------------------------------------------------------- checking values
@@ -650,7 +676,8 @@ def _toml_value(value) -> str:
 def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(section, key, type, default, valid values, meaning) of every configuration key, section by section."""
     rows = []
-    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, ShadowConfig, KafkaConfig):
+    for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, ShadowConfig, KafkaConfig,
+                DeliveryConfig):
         for f in fields(cls):
             if f.name in _NESTED:
                 continue

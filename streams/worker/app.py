@@ -16,6 +16,11 @@ by (id, input_digest) (the README's de-duplication rule). The active artifact is
 batch, so every output record of a batch carries exactly one version, and a swap published on the
 control topic takes effect between two batches.
 
+Under ``[delivery] guarantee = "exactly_once"`` each batch is one Kafka transaction instead (outputs,
+dead letters and offsets), and readers with ``isolation.level=read_committed`` see every output once;
+each batch consumer's ``transactional.id`` is ``<group>.<host>-<slot>`` (:func:`worker_instance`),
+stable across the worker's restarts, so that a restart aborts what the crashed worker left open.
+
 A worker is consuming or it has exited non-zero: every service hangs in the worker's service tree,
 so an error a batch consumer or a task cannot recover from crashes the Faust worker, which stops
 its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it is ended hard).
@@ -34,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
 import logging
 import math
 import os
@@ -68,6 +75,7 @@ from .shadow import FAILED, REFUSED, ShadowPolicy
 
 log = logging.getLogger(__name__)
 
+MAX_WORKER_SLOTS = 1024  # workers of one app id on one host (slots of their transactional ids)
 FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
 NOTICE_SECONDS = 10.0  # a notice (re-embed event, re-fit request) not acknowledged within this is sent again later
 HELD_LOG_SECONDS = 30.0  # while an input is held for a missing artifact: say why this often
@@ -189,6 +197,37 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     return app
 
 
+_held_slots: list[socket.socket] = []  # the claims of the slots this process holds: open until it exits
+
+
+def worker_instance(app_id: str, bootstrap: str) -> str:
+    """This worker's name among the running workers of ``app_id`` on this host, stable across restarts.
+
+    ``<host>-<slot>``: the slot is the lowest number no live process of this host holds for ``app_id`` on the
+    Kafka cluster at ``bootstrap``, each claimed by binding an abstract Unix socket (Linux), which the kernel
+    releases when the process dies, however it dies. A worker restarted after a crash (by a supervisor,
+    compose or a pod's restart policy) so takes its predecessor's slot, and with it its ``transactional.id``:
+    its ``init_transactions`` aborts what the crashed worker left open at once, rather than after the
+    transaction timeout, during which read_committed readers of its outputs and the group's next owner of
+    its partitions wait. Without abstract sockets (not Linux) it is ``<host>-p<pid>``: unique, not stable.
+    """
+    scope = hashlib.sha256(f"{bootstrap}\0{app_id}".encode()).hexdigest()[:32]
+    for slot in range(MAX_WORKER_SLOTS):
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0fairstream-worker-{scope}-{slot}")
+        except OSError as exc:
+            claim.close()
+            if exc.errno == errno.EADDRINUSE:
+                continue
+            log.warning("no abstract Unix sockets here (%s): this worker's transactional ids end in its pid, so a "
+                        "restart leaves its predecessor's open transaction to the coordinator's timeout", exc)
+            return f"{socket.gethostname()}-p{os.getpid()}"
+        _held_slots.append(claim)
+        return f"{socket.gethostname()}-{slot}"
+    raise RuntimeError(f"{MAX_WORKER_SLOTS} workers of {app_id} already run on this host")
+
+
 class Throttle:
     """``due(key)`` is True at most once per ``seconds`` for each key (the first time always)."""
 
@@ -258,8 +297,11 @@ class WorkerHooks:
                                active=self.no_artifact if identity else self.active_embedding,
                                delivered=self.embeddings_delivered)
         # One group per input, so a worker joining or leaving rebalances each input on its own.
+        # Exactly-once: a transactional id per group and worker, the same after the worker's restart.
+        instance = worker_instance(app_id, bootstrap) if config.delivery.guarantee == "exactly_once" else None
         self.consumers = [BatchConsumer(spec, bootstrap, group_id=f"{app_id}.{spec.agent}", dlq_topic=self.topics.dlq,
-                                        metrics=self.metrics)
+                                        metrics=self.metrics, transactional_id=None if instance is None
+                                        else f"{app_id}.{spec.agent}.{instance}")
                           for spec in (records, embeddings)]
         self.health.watch(self.consumers, self.blockers)
 

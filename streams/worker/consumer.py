@@ -31,12 +31,34 @@ so it is replayed, by this worker on the partitions it still owns (it seeks back
 first offset) and by the new owner on the others; a broker that is away is waited for (consume
 returns nothing, librdkafka reconnects and rejoins; its log lines go through Python logging, where
 the worker's filter keeps one per cause every few seconds). A position past the end of its
-partition's log (the topic was re-created, as by the memory-only embedded broker restarted: the
-group's committed offsets are the old log's) is Kafka's offset out of range, which Tansu does not
-report: the worker resets that partition to the beginning itself (auto.offset.reset=earliest), so
-the new log is replayed rather than skipped up to the old offset. Anything else (a bug, a delivery
-that keeps failing, a fatal or authorisation error, commits that keep failing) ends the loop with
-the exception; mode then crashes the worker and the process exits with a non-zero status.
+partition's log (the topic was re-created, or retention removed records below it) is Kafka's
+OFFSET_OUT_OF_RANGE: the fetch fails and librdkafka applies ``auto.offset.reset=earliest``, moving
+to the log's start, only then. Anything else (a bug, a delivery that keeps failing, a fatal or
+authorisation error, commits that keep failing) ends the loop with the exception; mode then crashes
+the worker and the process exits with a non-zero status.
+
+The embedded broker (Tansu, known by the cluster id it reports in metadata, asked once per consumer)
+has quirks that Apache Kafka has not, and their handlers act there only: a fetch past the log's end
+returns nothing and no error (the worker resets such a partition to offset 0 itself, and does not
+commit offsets past the log's end); a member that leaves while its JoinGroup is held stays the
+group's leader (a close first lets the join end). On Kafka the same code paths do what Kafka's
+contract says: the cached fetch watermarks can be stale (a partition that comes back after another
+member advanced it), so they never move a position.
+
+Exactly-once (``[delivery] guarantee = "exactly_once"``, Apache Kafka only): the same loop, with one
+Kafka transaction per batch on a producer with a ``transactional.id`` stable across the worker's
+restarts (so a restart aborts what its predecessor left open at once)::
+
+    produce N+1: begin the transaction, produce the outputs and dead letters
+    settle N: every delivery report back, send N's offsets to the transaction (with the consumer's
+              group metadata), commit the transaction, hand N to the monitor
+
+The consumer reads with ``isolation.level=read_committed``. Fencing is by the group's generation
+(KIP-447): a worker whose partitions moved while it was paused (a zombie) has its offsets refused,
+and its transaction is aborted. An abortable error (that, a failed delivery, a transaction the
+coordinator timed out) aborts the transaction: nothing of the batch counts, the partitions still
+owned are rewound to the batch's first offsets and it is processed again; a fatal one (fenced by a
+newer producer with the same id) ends the loop, and a supervisor's restart takes over.
 """
 
 from __future__ import annotations
@@ -80,6 +102,10 @@ JOIN_SETTLE_SECONDS = 12.0  # a close in the middle of a group join first waits 
 STOP_SETTLE_SECONDS = 30.0  # a stop waits this long for the batch in flight (the pods' grace period allows it)
 BROKER_LOST_SECONDS = 120.0  # no broker answered for this long while consuming: exit non-zero (a supervisor restarts)
 START_JOIN_SECONDS = 60.0  # a start waits this long for the first assignment (the join takes ~5 s on Tansu)
+EMBEDDED_CLUSTER_ID = "tansu_cluster"  # the cluster id the embedded broker reports: its quirk handlers act there only
+BROKER_KIND_SECONDS = 5.0  # how long the open waits for the metadata that says which broker it is (else: at assignment)
+TRANSACTION_TIMEOUT_MS = DELIVERY_TIMEOUT_MS  # a transaction left open this long is aborted by its coordinator
+TRANSACTION_CALL_SECONDS = 30.0  # init, send offsets, commit, abort: retried while retriable, at most this long
 
 _E = KafkaError
 GROUP_MOVED_ON = frozenset({
@@ -104,6 +130,10 @@ class DeliveryError(RuntimeError):
 
 class BrokerLost(RuntimeError):
     """No Kafka broker answered for BROKER_LOST_SECONDS: the worker exits rather than stay up without consuming."""
+
+
+class UnsupportedBroker(RuntimeError):
+    """The broker cannot give what the configuration asks for (exactly-once on the embedded broker)."""
 
 
 @dataclass(frozen=True)
@@ -194,14 +224,39 @@ def _code(error) -> int | None:
     return error.code() if isinstance(error, KafkaError) else None
 
 
+def _kafka_error(exc: KafkaException) -> KafkaError | None:
+    return exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+
+
 class BatchConsumer(mode.Service):
-    """Consume ``spec.topic`` in ``group_id`` a batch at a time; deliver, then commit (see the module docstring)."""
+    """Consume ``spec.topic`` in ``group_id`` a batch at a time; deliver, then commit (see the module docstring).
+
+    Parameters
+    ----------
+    spec : InputSpec
+        The input: its topic, its batch logic, where its outputs go.
+    bootstrap : str
+        The Kafka bootstrap servers.
+    group_id : str
+        The consumer group the workers of this input share.
+    dlq_topic : str
+        Where dead letters go.
+    metrics : PipelineMetrics
+        The pipeline's metric families.
+    session_timeout_ms : int
+        The group session: a worker silent this long loses its partitions.
+    transactional_id : str or None
+        None: at-least-once (the default). Else exactly-once, one Kafka transaction per batch on a producer with
+        this ``transactional.id``; it must be unique among running workers and stable across a worker's restarts.
+    """
 
     def __init__(self, spec: InputSpec, bootstrap: str, group_id: str, dlq_topic: str, metrics: PipelineMetrics,
-                 session_timeout_ms: int = 10_000, **kwargs):
+                 session_timeout_ms: int = 10_000, transactional_id: str | None = None, **kwargs):
         self.spec, self.bootstrap, self.group_id, self.dlq_topic = spec, bootstrap, group_id, dlq_topic
         self.metrics = metrics  # the pipeline's view of the families (its label filled in)
         self.session_timeout_ms = session_timeout_ms
+        self.transactional_id = transactional_id
+        self._embedded: bool | None = None  # the broker is the embedded Tansu (its quirks' handlers act); None: unknown
         self._consumer: Consumer | None = None
         self._producer: Producer | None = None
         self._stop = threading.Event()  # set by on_stop: the thread finishes its batch and leaves the group
@@ -313,6 +368,8 @@ class BatchConsumer(mode.Service):
             # A short session lets survivors take over a dead worker's partitions within seconds.
             "session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": 1000,
             "max.poll.interval.ms": 300_000, "partition.assignment.strategy": "range",
+            # librdkafka's default, stated: records of a transaction are read once it commits, never if it aborts.
+            "isolation.level": "read_committed",
             "statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats,
             "error_cb": self._on_error, "logger": CLIENT_LOG})
         self._producer = Producer({
@@ -321,8 +378,56 @@ class BatchConsumer(mode.Service):
             "partitioner": "murmur2_random", "acks": "all", "enable.idempotence": True, "linger.ms": 5,
             "message.timeout.ms": DELIVERY_TIMEOUT_MS,
             "message.max.bytes": MAX_OUTPUT_BYTES + 64 * 1024, "queue.buffering.max.messages": 250_000,
-            "error_cb": self._on_error, "logger": CLIENT_LOG})
+            **self._transactional_options(), "error_cb": self._on_error, "logger": CLIENT_LOG})
+        self._detect_broker(BROKER_KIND_SECONDS)
+        if self.transactional_id is not None:
+            self._init_transactions()
         self._consumer.subscribe([self.spec.topic], on_assign=self._on_assign, on_revoke=self._on_revoke)
+
+    def _transactional_options(self) -> dict:
+        if self.transactional_id is None:
+            return {}
+        return {"transactional.id": self.transactional_id, "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS}
+
+    def _detect_broker(self, timeout: float) -> None:
+        """Learn (once) whether the broker is the embedded Tansu, from the cluster id its metadata reports.
+
+        Asked at the open and, while the broker has not answered, at each assignment (before any record is
+        fetched). Until then the consumer behaves as on Kafka: no quirk handler acts.
+        """
+        if self._embedded is not None:
+            return
+        try:
+            cluster_id = self._consumer.list_topics(self.spec.topic, timeout=timeout).cluster_id
+        except KafkaException as exc:
+            self._last_error = _short(exc)
+            return
+        self._embedded = cluster_id == EMBEDDED_CLUSTER_ID
+        log.info("%s: the broker is %s (cluster id %s)", self.spec.agent,
+                 "the embedded Tansu: its quirks are handled" if self._embedded else "Apache Kafka", cluster_id)
+        if self._embedded and self.transactional_id is not None:
+            raise UnsupportedBroker(f"{self.spec.agent}: delivery.guarantee = \"exactly_once\" needs Apache Kafka; "
+                                    "the embedded broker returns the records of aborted transactions to read_committed "
+                                    "readers (use \"at_least_once\" with it)")
+
+    def _init_transactions(self) -> None:
+        """Exactly-once: register the transactional id (aborting what a predecessor with the same id left open)."""
+        self._transact(self._producer.init_transactions)
+        log.info("%s: exactly-once delivery: one transaction per batch, transactional.id %s", self.spec.agent,
+                 self.transactional_id)
+
+    def _transact(self, call: Callable[[float], object]) -> None:
+        """``call(timeout)`` (a transactional API call), again while librdkafka says its error is retriable (bounded)."""
+        deadline = time.monotonic() + TRANSACTION_CALL_SECONDS
+        while True:
+            try:
+                call(TRANSACTION_CALL_SECONDS)
+                return
+            except KafkaException as exc:
+                error = _kafka_error(exc)
+                if error is None or not error.retriable() or time.monotonic() > deadline:
+                    raise
+                self._last_error = _short(exc)
 
     def _close(self) -> None:
         """Leave the group (the others take the partitions at once) and drop the producer."""
@@ -335,6 +440,12 @@ class BatchConsumer(mode.Service):
                 log.warning("%s: leaving group %s: %s", self.spec.agent, self.group_id, _short(exc))
         if self._producer is not None and not self._gave_up:
             self._producer.flush(5.0)  # nothing is pending after a settled batch: returns at once
+        elif self._producer is not None and self.transactional_id is not None:
+            # After a crash: readers need not wait for the coordinator's timeout to see past the open transaction.
+            try:
+                self._producer.abort_transaction(5.0)
+            except KafkaException:  # none open, or the producer is fenced: the coordinator aborts it
+                pass
 
     def _join(self) -> None:
         """Until the first assignment: the group join runs while the artifacts load (what is read meanwhile is the
@@ -347,10 +458,13 @@ class BatchConsumer(mode.Service):
         """Before leaving, let a group join in flight end (bounded): what is read meanwhile is neither processed
         nor committed.
 
-        Tansu keeps a member that leaves while its JoinGroup is held as the group's leader for good, so the
-        group never completes another rebalance (every later worker waits for that leader's SyncGroup).
-        Kafka does not need this; it costs a stop at most one join (about 5 s on Tansu).
+        Tansu only: it keeps a member that leaves while its JoinGroup is held as the group's leader for good, so
+        the group never completes another rebalance (every later worker waits for that leader's SyncGroup). Kafka
+        completes the rebalance without a member that left, so there the consumer leaves at once. It costs a stop
+        on Tansu at most one join (about 5 s).
         """
+        if not self._embedded:
+            return
         deadline = time.monotonic() + JOIN_SETTLE_SECONDS
         while not self._joined and time.monotonic() < deadline:
             self._consumer.consume(self.spec.batching.batch_size, 0.2)
@@ -427,7 +541,12 @@ class BatchConsumer(mode.Service):
     # ------------------------------------------------------------------ delivery
 
     def _produce(self, batch: _Batch) -> None:
-        """Hand every output and dead letter to the producer (non-blocking); batch.reports counts their reports."""
+        """Hand every output and dead letter to the producer (non-blocking); batch.reports counts their reports.
+
+        Exactly-once: in a transaction of the batch's own, begun here (the previous batch's is settled).
+        """
+        if self.transactional_id is not None:
+            self._producer.begin_transaction()
         batch.reports = reports = _Reports(batch.sends)
         produce, report = self._producer.produce, reports.report
         for topic, pairs in ((self.spec.output_topic, batch.outcome.repaired), (self.dlq_topic, batch.outcome.dead)):
@@ -454,9 +573,14 @@ class BatchConsumer(mode.Service):
         offset of ``batch`` (or of ``taken``, the batch read meanwhile, on partitions ``batch`` lacks).
         """
         self._pending = None
-        self._deliver(batch)
-        if not self._commit(batch, [taken, batch] if rewind else None):
-            return False
+        replay = [taken, batch] if rewind else None
+        if self.transactional_id is not None:
+            if not self._commit_transaction(batch, replay):
+                return False
+        else:
+            self._deliver(batch)
+            if not self._commit(batch, replay):
+                return False
         self.metrics.batch_seconds.labels(self.spec.agent).observe(time.perf_counter() - batch.started)
         self._count(batch.outcome)
         self._record_lag(batch.next_offsets)
@@ -513,14 +637,58 @@ class BatchConsumer(mode.Service):
         self._progress_at = time.monotonic()
         return True
 
+    def _commit_transaction(self, batch: _Batch, replay: list | None) -> bool:
+        """Exactly-once: commit the batch's transaction (outputs, dead letters, offsets); False if it was aborted.
+
+        An aborted batch counts nowhere: it is processed again from its first offsets (here, on the partitions
+        still owned; elsewhere by their new owner, from the group's committed offsets). A fatal error (the
+        producer fenced by a newer one with its id) is raised: the loop ends.
+        """
+        self._await_reports(batch.reports)  # librdkafka serves the delivery reports of the transaction here
+        try:
+            if batch.reports.failed:
+                cause = f"delivery failed: {_short(batch.reports.failed[0])}"
+            else:
+                offsets = [TopicPartition(t, p, o) for (t, p), o in batch.next_offsets.items()]
+                group = self._consumer.consumer_group_metadata()
+                self._transact(lambda timeout: self._producer.send_offsets_to_transaction(offsets, group, timeout))
+                self._transact(self._producer.commit_transaction)
+                self._failed_commits = 0
+                self._progress_at = time.monotonic()
+                return True
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            if error is None or error.fatal() or not error.txn_requires_abort():
+                raise
+            cause = _short(exc)
+        self._abort(batch, replay, cause)
+        return False
+
+    def _abort(self, batch: _Batch, replay: list | None, cause: str) -> None:
+        """Abort the batch's transaction and rewind to its first offsets; too many aborts in a row end the loop."""
+        self._transact(self._producer.abort_transaction)
+        self._failed_commits += 1
+        if self._failed_commits >= FAILED_COMMITS_IN_A_ROW:
+            raise DeliveryError(f"{self._failed_commits} transactions in a row were aborted, the last: {cause}")
+        self._last_error = cause
+        replayed = self._rewind([b for b in replay if b is not None]) if replay else []
+        log.warning("%s: the transaction of a batch of %d records was aborted (%s): none of its outputs or offsets "
+                    "count; it is processed again (here from %s; elsewhere by the partitions' new owner)",
+                    self.spec.agent, len(batch.messages), cause, _names(replayed))
+
     def _offsets_the_broker_holds(self, offsets: dict) -> dict:
         """The batch's offsets without those past their partition's highwater (a log that got shorter).
 
-        Committing them would make the group skip the new log up to there. They are not committed, and
-        not replayed either: the broker no longer holds those records, and their outputs were delivered
-        (to the broker that answered the sends: the new one). The reset after the next fetch
-        (:meth:`_reset_partitions_past_their_end`) then replays what the broker holds now.
+        Tansu only (its fetch past the end is no error). Committing them would make the group skip the new
+        log up to there. They are not committed, and not replayed either: the broker no longer holds those
+        records, and their outputs were delivered (to the broker that answered the sends: the new one). The
+        reset after the next fetch (:meth:`_reset_partitions_past_their_end`) then replays what the broker
+        holds now. On Kafka the offsets of records just read are committed as they are: the cached highwater
+        may be older than the records (a partition that came back), and a log that lost them answers the
+        next fetch with OFFSET_OUT_OF_RANGE.
         """
+        if not self._embedded:
+            return offsets
         kept = {}
         for (topic, partition), offset in offsets.items():
             highwater = self._highwater(topic, partition)
@@ -535,7 +703,13 @@ class BatchConsumer(mode.Service):
         return kept
 
     def _watermarks(self, topic: str, partition: int) -> tuple[int | None, int | None]:
-        """The partition's log start and end as the last fetch saw them (Tansu's ListOffsets are wrong: never ask it)."""
+        """The partition's log start and end as the last fetch saw them (Tansu's ListOffsets are wrong: never ask it).
+
+        Good for lag and for "read to the end" on both brokers: every fetch response refreshes them, and the
+        caught-up check also wants the partition's leader to have answered lately. They may be stale (a
+        partition that comes back to this worker keeps what its last fetch here saw), so on Kafka they never
+        move a position.
+        """
         try:
             low, high = self._consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)
         except KafkaException:
@@ -566,6 +740,7 @@ class BatchConsumer(mode.Service):
 
     def _on_assign(self, consumer, partitions) -> None:
         self._rebalanced = self._joined = True
+        self._detect_broker(BROKER_KIND_SECONDS)
         self._up.set()
         self._owned = frozenset((tp.topic, tp.partition) for tp in partitions)
         self._start_offsets = self._committed(partitions)
@@ -631,7 +806,7 @@ class BatchConsumer(mode.Service):
     # ------------------------------------------------------------------ the log's end
 
     def _reset_partitions_past_their_end(self) -> None:
-        """Reset to the beginning every owned partition whose position is past its log's end (its highwater).
+        """Tansu only: reset to the beginning every owned partition whose position is past its log's end.
 
         That is Kafka's offset out of range: the log is shorter than where the group is (the topic was
         re-created, e.g. by the memory-only embedded broker after a restart, or truncated). Kafka answers
@@ -639,7 +814,13 @@ class BatchConsumer(mode.Service):
         it with no records and no error, so the group would wait there and skip every record below its
         position in silence. The reset is the policy the consumer declares ("earliest"): replay what the
         broker holds (at-least-once; duplicates are identical). Cheap: highwater and position are local.
+
+        Never on Kafka: there the highwater compared is the cached one of the last fetch, which is stale for a
+        partition that comes back after another member advanced it, and a seek to 0 would replay the whole
+        retained log; Kafka reports a real out-of-range itself.
         """
+        if not self._embedded:
+            return
         for (topic, partition), position in self._where().items():
             highwater = self._highwater(topic, partition)
             if highwater is None or position is None or position <= highwater or (topic, partition) in self._reset:

@@ -23,7 +23,7 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka"}
+SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 
@@ -97,6 +97,28 @@ def test_to_toml_reads_back_equal(tmp_path):
         path = tmp_path / "pipeline.toml"
         path.write_text(config.to_toml(), encoding="utf-8")
         assert PipelineConfig.from_toml(path) == config
+
+
+# --------------------------------------------------------------------------- the delivery guarantee
+
+
+def test_the_delivery_guarantee_is_at_least_once_unless_exactly_once_is_asked_for(tmp_path):
+    assert PipelineConfig.from_toml(ADULT_TOML).delivery.guarantee == "at_least_once"
+    assert adult_config().delivery.guarantee == "at_least_once"
+    data = adult_data()
+    data["delivery"] = {"guarantee": "exactly_once"}
+    config = PipelineConfig.from_dict(data)
+    assert config.delivery.guarantee == "exactly_once"
+    path = tmp_path / "pipeline.toml"
+    path.write_text(config.to_toml())
+    assert PipelineConfig.from_toml(path) == config == PipelineConfig.from_toml(ADULT_TOML).with_delivery(
+        guarantee="exactly_once")
+
+
+def test_an_unknown_delivery_key_is_named_with_the_allowed_ones():
+    data = adult_data()
+    data["delivery"] = {"guarantee": "exactly_once", "transactions": True}
+    assert config_error(data) == "[delivery] has unknown key(s) ['transactions']; allowed: ['guarantee']"
 
 
 # --------------------------------------------------------------------------- topic names
@@ -344,6 +366,7 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("shadow", "max_decision_rate_change", float("nan"), "a number >= 0 and <= 1"),
     ("shadow", "statistic", "e", "a statistic ('dependence_e', 'w1',"),
     ("shadow", "statistic", ["w1", "w1"], "a list of distinct ones ([]: the monitor's)"),
+    ("delivery", "guarantee", "exactly-once", "'at_least_once' or 'exactly_once'"),
 ], ids=lambda v: str(v)[:20])
 def test_values_outside_their_range_are_named_with_what_was_expected_and_found(section, key, value, expected):
     data = adult_data()
@@ -446,7 +469,7 @@ def test_the_readme_configuration_reference_lists_every_key_with_type_default_an
     keys |= {(section, f.name) for section, obj in (("agents.records", config.records),
                                                     ("agents.embeddings", config.embeddings),
                                                     ("monitor", config.monitor), ("shadow", config.shadow),
-                                                    ("kafka", config.kafka))
+                                                    ("kafka", config.kafka), ("delivery", config.delivery))
              for f in fields(obj)}
     assert documented == keys
     assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())

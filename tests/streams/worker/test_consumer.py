@@ -4,7 +4,8 @@ Outputs are delivered before the batch's offsets are committed; a delivery that 
 commits nothing and stops the loop loudly; a revocation settles the batch in flight. A commit the
 group refuses after a rebalance is recovered in place (the batch is replayed); fatal errors end the
 loop. Batch N+1 is decoded and applied while N's delivery reports come back, and produced only once
-N is settled.
+N is settled. The embedded broker's quirk handlers act only where the metadata names it; under
+exactly-once each batch is one transaction, aborted and processed again on an abortable error.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -28,6 +30,8 @@ from fairstream.streams.worker.processing import BatchOutcome
 
 TP = ("in", 0)
 INVALID = -1001  # librdkafka's "no offset"
+KAFKA = "5L6g3nShT-eMCtK--X86sw"  # an Apache Kafka cluster id: a base64 uuid
+TANSU = consumer_module.EMBEDDED_CLUSTER_ID
 
 
 class Message:
@@ -70,9 +74,11 @@ class ScriptedConsumer:
     ``refusals`` commits fail as after a rebalance; ``owned`` is assigned on the first consume().
     """
 
-    def __init__(self, config, batches, log, refusals=0, refusal=KafkaError.ILLEGAL_GENERATION, owned=(TP,)):
+    def __init__(self, config, batches, log, refusals=0, refusal=KafkaError.ILLEGAL_GENERATION, owned=(TP,),
+                 cluster_id=KAFKA):
         self.config, self.batches, self.log = config, list(batches), log
         self.refusals, self.refusal, self.owned = refusals, refusal, [TopicPartition(*tp) for tp in owned]
+        self.cluster_id = cluster_id  # None: the metadata request times out
         self.commits, self.seeks, self.served = [], [], []
         self.position_at, self.end, self.committed_at = {}, 10, {}
         self.stats = stats()
@@ -129,6 +135,14 @@ class ScriptedConsumer:
         return [TopicPartition(tp.topic, tp.partition, self.committed_at.get((tp.topic, tp.partition), INVALID))
                 for tp in partitions]
 
+    def list_topics(self, topic, timeout):
+        if self.cluster_id is None:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "no metadata"))
+        return SimpleNamespace(cluster_id=self.cluster_id)
+
+    def consumer_group_metadata(self):
+        return "group metadata"
+
     def close(self):
         self.closed = True
         self.log.append("closed")
@@ -168,6 +182,41 @@ class ScriptedProducer:
         return self.flush(timeout)
 
 
+class TransactionalProducer(ScriptedProducer):
+    """A ScriptedProducer with librdkafka's transactional API; ``commit_errors`` are raised by commit_transaction.
+
+    ``committed`` holds what committed transactions delivered; what an aborted one delivered is not in it.
+    """
+
+    def __init__(self, failures: int, log: list, commit_errors=()):
+        super().__init__(failures, log)
+        self.commit_errors, self.committed, self.offsets, self.open = list(commit_errors), [], [], None
+
+    def init_transactions(self, timeout):
+        self.log.append("init transactions")
+
+    def begin_transaction(self):
+        assert self.open is None, "a transaction is already open"
+        self.open, self.delivered_from = [], len(self.sent)
+        self.log.append("begin")
+
+    def send_offsets_to_transaction(self, offsets, group_metadata, timeout):
+        assert self.open is not None and group_metadata == "group metadata"
+        self.open = {(tp.topic, tp.partition): tp.offset for tp in offsets}
+
+    def commit_transaction(self, timeout):
+        if self.commit_errors:
+            raise KafkaException(self.commit_errors.pop(0))
+        self.committed += [value for _, _, value in self.sent[self.delivered_from:]]
+        self.offsets.append(self.open)
+        self.open = None
+        self.log.append("commit transaction")
+
+    def abort_transaction(self, timeout):
+        self.open = None
+        self.log.append("abort")
+
+
 def spec(seen, log, active=lambda: "plan", **counted):
     def delivered(outcome, active):
         seen.append(len(outcome.repaired))
@@ -181,7 +230,7 @@ def spec(seen, log, active=lambda: "plan", **counted):
 
 
 def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", pipeline="consumer-test", counted=None,
-         **script):
+         transactional_id=None, commit_errors=(), **script):
     log: list = []
     made = {}
 
@@ -189,12 +238,17 @@ def make(monkeypatch, batches, failures=0, seen=None, active=lambda: "plan", pip
         made["consumer"] = ScriptedConsumer(config, batches, log, **script)
         return made["consumer"]
 
+    def producer(config):
+        assert config.get("transactional.id") == transactional_id
+        made["producer"] = (ScriptedProducer(failures, log) if transactional_id is None
+                            else TransactionalProducer(failures, log, commit_errors))
+        return made["producer"]
+
     monkeypatch.setattr(consumer_module, "Consumer", consumer)
-    monkeypatch.setattr(consumer_module, "Producer", lambda config: made.setdefault(
-        "producer", ScriptedProducer(failures, log)))
+    monkeypatch.setattr(consumer_module, "Producer", producer)
     monkeypatch.setattr(consumer_module, "SEND_BACKOFF_SECONDS", 0.0)
     worker = BatchConsumer(spec(seen if seen is not None else [], log, active, **(counted or {})), "unused:9092", "g",
-                           "dlq", metrics=PipelineMetrics(pipeline))
+                           "dlq", metrics=PipelineMetrics(pipeline), transactional_id=transactional_id)
     worker._open()
     return worker, made["consumer"], made["producer"]
 
@@ -415,8 +469,9 @@ def test_an_empty_partition_or_one_read_to_its_committed_end_is_caught_up_before
     assert restarted.progress().seconds_since < 5
 
 
-def test_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_out_of_range(monkeypatch, caplog):
-    worker, scripted, _ = make(monkeypatch, [])
+def test_on_tansu_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_out_of_range(monkeypatch,
+                                                                                                     caplog):
+    worker, scripted, _ = make(monkeypatch, [], cluster_id=TANSU)
     # The committed offset of a log the broker lost; the new log is short.
     scripted.committed_at[TP], scripted.end = 500, 75
     with caplog.at_level(logging.WARNING):
@@ -430,13 +485,39 @@ def test_a_position_past_the_end_of_a_shorter_log_is_reset_to_the_beginning_as_o
     assert "in[0] is at offset 500 but its log ends at 75" in caplog.text
 
 
-def test_a_batch_past_the_end_of_a_shorter_log_is_delivered_but_its_offset_not_committed(monkeypatch, caplog):
-    worker, scripted, producer = make(monkeypatch, [batch(498, 2)])
+def test_on_tansu_a_batch_past_the_end_of_a_shorter_log_is_delivered_but_its_offset_not_committed(monkeypatch, caplog):
+    worker, scripted, producer = make(monkeypatch, [batch(498, 2)], cluster_id=TANSU)
     scripted.end = 75  # the broker lost the log while the batch was in flight; the sends reached the new one
     with caplog.at_level(logging.WARNING):
         run(worker, 2)
     assert [value for _, _, value in producer.sent] == [b"V498", b"V499"] and scripted.commits == []
     assert "the delivered batch ends at offset 500 but the partition's log now ends at 75" in caplog.text
+
+
+def test_on_kafka_a_position_past_a_stale_cached_highwater_is_left_where_it_is(monkeypatch):
+    """A partition back from another member: its committed offset is past what this consumer's last fetch saw.
+
+    Kafka answers a fetch that is really out of range with OFFSET_OUT_OF_RANGE and librdkafka applies
+    auto.offset.reset; the cached highwater is only stale, and a seek to 0 would replay the retained log.
+    """
+    worker, scripted, producer = make(monkeypatch, [])
+    scripted.committed_at[TP], scripted.end = 500, 75
+    worker._one_batch()
+    scripted.batches.append(batch(500, 2))  # the fetch from the committed offset answers with what follows it
+    run(worker, 2)
+    assert scripted.seeks == [] and scripted.commits == [{TP: 502}]
+    assert [value for _, _, value in producer.sent] == [b"V500", b"V501"]
+
+
+def test_the_broker_is_told_apart_by_its_cluster_id_and_asked_again_at_assignment_while_unknown(monkeypatch):
+    kafka, _, _ = make(monkeypatch, [])
+    tansu, _, _ = make(monkeypatch, [], cluster_id=TANSU)
+    assert (kafka._embedded, tansu._embedded) == (False, True)
+    unknown, scripted, _ = make(monkeypatch, [], cluster_id=None)  # the metadata did not come within the open
+    assert unknown._embedded is None
+    scripted.cluster_id = TANSU
+    unknown._one_batch()  # the first assignment
+    assert unknown._embedded is True
 
 
 def test_a_start_ends_once_the_group_assigned_partitions_and_what_was_read_while_joining_is_processed(monkeypatch):
@@ -458,10 +539,12 @@ def test_a_start_ends_once_the_group_assigned_partitions_and_what_was_read_while
     assert scripted.commits == [{TP: 2}] and [value for _, _, value in producer.sent] == [b"V0", b"V1"]
 
 
-def test_a_stop_while_the_start_still_waits_for_the_group_join_ends_with_the_thread_not_after_the_timeout(monkeypatch):
+@pytest.mark.parametrize("cluster_id", [TANSU, KAFKA])
+def test_a_stop_while_the_start_still_waits_for_the_group_join_ends_with_the_thread_not_after_the_timeout(
+        monkeypatch, cluster_id):
     # SIGTERM a worker a second after it started: its consumers are still joining, the batch loop's task never ran.
     monkeypatch.setattr(consumer_module, "JOIN_SETTLE_SECONDS", 0.2)
-    worker, scripted, _ = make(monkeypatch, [])
+    worker, scripted, _ = make(monkeypatch, [], cluster_id=cluster_id)
     worker._open = lambda: None
     scripted.assigned = True  # the join never ends: no assignment comes
 
@@ -475,6 +558,19 @@ def test_a_stop_while_the_start_still_waits_for_the_group_join_ends_with_the_thr
 
     assert asyncio.run(stop_during_start()) < 5  # was the whole 30 s settle timeout, with an ERROR line
     assert scripted.closed
+
+
+def test_a_close_waits_for_a_join_in_flight_on_tansu_only(monkeypatch):
+    """Tansu keeps a member that leaves mid-join as the group's leader; Kafka rebalances without it."""
+    monkeypatch.setattr(consumer_module, "JOIN_SETTLE_SECONDS", 0.3)
+    waited = {}
+    for cluster_id in (TANSU, KAFKA):
+        worker, scripted, _ = make(monkeypatch, [], cluster_id=cluster_id)
+        scripted.assigned = True  # the join never ends
+        began = time.monotonic()
+        worker._close()
+        waited[cluster_id] = time.monotonic() - began
+    assert waited[TANSU] >= 0.3 > waited[KAFKA]
 
 
 def test_a_worker_whose_brokers_stay_silent_ends_its_loop_instead_of_staying_up_unconsuming(monkeypatch):
@@ -514,3 +610,58 @@ def test_a_batch_is_applied_by_the_version_active_when_it_was_taken_not_when_an_
         applied.append(active), BatchOutcome(repaired=[(m.key(), m.value()) for m in messages], version=1))[1])
     run(worker, 3)
     assert applied == ["v2", "v2"]
+
+
+# --------------------------------------------------------------------------- exactly-once
+
+
+def test_exactly_once_each_batch_is_one_transaction_of_its_outputs_and_offsets_committed_before_the_monitor_sees_it(
+        monkeypatch):
+    seen = []
+    worker, scripted, producer = make(monkeypatch, [batch(0, 3), batch(3, 2)], seen=seen, transactional_id="g.h-0")
+    run(worker, 3)
+    assert scripted.log == [
+        "init transactions",
+        "processed 0", "begin", "produced", "produced", "produced",
+        "processed 3",  # batch 2 decoded and applied while batch 1's transaction is open: the pipelining stays
+        "reported", "reported", "reported", "commit transaction",
+        "begin", "produced", "produced", "reported", "reported", "commit transaction"]
+    assert producer.offsets == [{TP: 3}, {TP: 5}] and scripted.commits == []  # offsets go through the transaction
+    assert producer.committed == [b"V0", b"V1", b"V2", b"V3", b"V4"] and seen == [3, 2]
+
+
+def test_exactly_once_an_aborted_transaction_counts_nowhere_and_its_batch_is_processed_again(monkeypatch, caplog):
+    seen = []
+    fenced = KafkaError(KafkaError.ILLEGAL_GENERATION, "the group moved on", txn_requires_abort=True)
+    worker, scripted, producer = make(monkeypatch, [batch(4, 3)], seen=seen, transactional_id="g.h-0",
+                                      commit_errors=[fenced])
+    with caplog.at_level(logging.WARNING):
+        run(worker, 4)  # taken; its transaction aborted (rewound); the same batch again; committed
+    assert "abort" in scripted.log and scripted.seeks == [(TP, 4)]
+    assert producer.committed == [b"V4", b"V5", b"V6"] and producer.offsets == [{TP: 7}]
+    assert seen == [3]  # the monitor counts the batch once, after the commit that counted
+    assert "transaction of a batch of 3 records was aborted (ILLEGAL_GENERATION" in caplog.text
+
+
+def test_exactly_once_a_fatal_producer_error_ends_the_loop_with_nothing_committed(monkeypatch):
+    fenced = KafkaError(KafkaError._FENCED, "fenced by a newer producer with the same transactional.id", fatal=True)
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2)], transactional_id="g.h-0", commit_errors=[fenced])
+    worker._one_batch()
+    with pytest.raises(KafkaException, match="fenced by a newer producer"):
+        worker._one_batch()
+    assert producer.committed == [] and "abort" not in scripted.log
+
+
+def test_exactly_once_transactions_aborted_again_and_again_end_the_loop(monkeypatch):
+    again = KafkaError(KafkaError._MSG_TIMED_OUT, "broker away", txn_requires_abort=True)
+    aborts = consumer_module.FAILED_COMMITS_IN_A_ROW
+    worker, scripted, producer = make(monkeypatch, [batch(0, 2)], transactional_id="g.h-0",
+                                      commit_errors=[again] * aborts)
+    with pytest.raises(DeliveryError, match=f"{aborts} transactions in a row were aborted, the last: _MSG_TIMED_OUT"):
+        run(worker, 3 * aborts)
+    assert producer.committed == [] and len(scripted.seeks) == aborts - 1
+
+
+def test_exactly_once_is_refused_on_the_embedded_broker(monkeypatch):
+    with pytest.raises(consumer_module.UnsupportedBroker, match='exactly_once" needs Apache Kafka'):
+        make(monkeypatch, [], transactional_id="g.h-0", cluster_id=TANSU)
