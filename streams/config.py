@@ -19,7 +19,7 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
 
     [topics]
     prefix = "fairstream"
-    partitions = 4
+    partitions = 4           # or per topic: { default = 4, "records.in" = 12 }
 
     [agents.records]
     artifact = "plan"        # or a chain applied in order: ["flow", "scorer"], ["plan", "scorer"]
@@ -329,9 +329,23 @@ TOPIC_KEYS: dict[str, tuple[Any, str]] = {
     "prefix": (Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=200, extra={
         "expected": "a topic name prefix of letters, digits, '_', '-' and inner dots (at most 200 characters)",
         "type": "string"})], "every topic is named <prefix>.<topic>"),
-    "partitions": (Annotated[int, Meta(ge=1, le=10_000)], "partitions of every data topic (control has one)"),
+    "partitions": (Annotated[int, Meta(ge=1, le=10_000, extra={
+        "type": "integer or table",
+        "range": "an integer >= 1 and <= 10000, or a table of topic = count: { default = 4, \"records.in\" = 12 } "
+                 "(keys: \"default\" and data topics by their name after the prefix)"})],
+        "partitions of every data topic (control has one), or a table giving some their own count; a topic an "
+        "operator expanded beyond its count is used as it is (with a warning), one with fewer partitions is refused"),
     "replication": (Annotated[int, Meta(ge=1, le=100)], "replication factor of every topic"),
 }
+PARTITION_TABLE = Annotated[dict[str, Annotated[int, Meta(ge=1, le=10_000)]], Meta(extra={
+    "expected": "a table of topic = count (counts >= 1 and <= 10000; keys: \"default\" and data topics by their "
+                "name after the prefix, e.g. \"records.in\")"})]
+"""``topics.partitions`` as a table: TopicConfig then checks its keys (naming the one at fault)."""
+
+
+def _topic_hint(key: str, value):
+    """What ``topics.<key>`` = ``value`` is checked against: ``partitions`` is a count or a table of counts."""
+    return PARTITION_TABLE if key == "partitions" and isinstance(value, dict) else TOPIC_KEYS[key][0]
 
 
 @dataclass(frozen=True)
@@ -390,8 +404,9 @@ class PipelineConfig(_Section):
                           ("delivery", DeliveryConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
-        for key, (hint, _) in TOPIC_KEYS.items():
-            check_value(getattr(self.topics, key), hint, f"topics.{key}")
+        for key in TOPIC_KEYS:
+            value = self.topics.partitions_setting if key == "partitions" else getattr(self.topics, key)
+            check_value(value, _topic_hint(key, value), f"topics.{key}")
         self._check_statistics("monitor.statistic", self.monitor.statistics)
         self._check_statistics("shadow.statistic", self.shadow.statistics)
 
@@ -482,7 +497,8 @@ class PipelineConfig(_Section):
         monitor = _asdict(self.monitor)
         per_statistic = isinstance(self.monitor.threshold, tuple)  # a [monitor.threshold] table
         thresholds = {"monitor.threshold": dict(monitor.pop("threshold"))} if per_statistic else {}
-        sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": _asdict(self.topics),
+        topics = {**_asdict(self.topics), "partitions": self.topics.partitions_setting}  # a number or an inline table
+        sections = {"pipeline": pipeline, "pipeline.valid_ranges": dict(ranges), "topics": topics,
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
                     "monitor": monitor, **thresholds, "shadow": _asdict(self.shadow), "kafka": _asdict(self.kafka),
                     "delivery": _asdict(self.delivery)}
@@ -648,8 +664,11 @@ def _topics(section: dict) -> TopicConfig:
     if unknown:
         raise ConfigError(f"[topics] has unknown key(s) {sorted(unknown)}; allowed: {sorted(TOPIC_KEYS)}")
     # Checked here first: TopicConfig's own checks would compare a string with an int.
-    checked = {key: check_value(value, TOPIC_KEYS[key][0], f"topics.{key}") for key, value in section.items()}
-    return TopicConfig(**checked)
+    checked = {key: check_value(value, _topic_hint(key, value), f"topics.{key}") for key, value in section.items()}
+    try:
+        return TopicConfig(**checked)
+    except ValueError as exc:  # a partitions table naming the control topic or no topic at all: names the key
+        raise ConfigError(str(exc)) from None
 
 
 def _asdict(obj) -> dict:
@@ -667,6 +686,8 @@ def _toml_value(value) -> str:
         return repr(value)  # inf and -inf are TOML floats too; NaN is refused by the checks
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string literal is a valid TOML basic string
+    if isinstance(value, dict):  # an inline table: { default = 4, "records.in" = 12 }
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
     return "[" + ", ".join(_toml_value(v) for v in value) + "]"
 
 

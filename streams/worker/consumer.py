@@ -92,10 +92,21 @@ MAX_FETCH_BYTES = 4 * 1024 * 1024
 SEND_ATTEMPTS = 5  # a batch whose delivery fails this many times stops the worker (nothing is committed)
 SEND_BACKOFF_SECONDS = 0.2  # before the n-th re-send: this times 2**n, at most 5 s
 DELIVERY_TIMEOUT_MS = 30_000  # a broker away shows up as a failed delivery report within this
+SOCKET_TIMEOUT_MS = 10_000
+"""How long a request may go unanswered before the client drops the connection and asks the cluster again.
+librdkafka waits 60 s by default: a frozen broker (a GC pause, a stopped VM) keeps its connections open and
+answers nothing, so the worker stalled for a minute while the cluster had moved its leaderships away within
+the brokers' session (test_broker_failures.py, a leader under SIGSTOP). Below the transaction timeout."""
 LATENCY_SAMPLES = 50  # record latencies observed per batch: keeps the histogram O(1) per batch
 FAILED_COMMITS_IN_A_ROW = 10  # a group that refuses this many commits in a row is not a rebalance: exit
 HOLD_SECONDS = 0.05  # while no artifact is loaded: how often to look again (records wait meanwhile: latency)
 FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if its broker answered this recently
+METADATA_REFRESH_MS = 10_000
+"""How often the worker's clients refresh topic metadata (librdkafka's default: 5 min). An operator's partition
+expansion of the input is seen within this and taken at the rebalance it starts."""
+TOPIC_GONE_MS = 5_000
+"""How long the producer holds the outputs for a topic missing from the metadata (deleted) before failing their
+delivery (librdkafka's topic.metadata.propagation.max.ms, 30 s by default)."""
 STATS_INTERVAL_MS = 1000  # librdkafka's statistics (broker round trips) for the freshness above
 COMMITTED_TIMEOUT_SECONDS = 10.0
 JOIN_SETTLE_SECONDS = 12.0  # a close in the middle of a group join first waits this long for the join to end
@@ -368,6 +379,7 @@ class BatchConsumer(mode.Service):
             # A short session lets survivors take over a dead worker's partitions within seconds.
             "session.timeout.ms": self.session_timeout_ms, "heartbeat.interval.ms": 1000,
             "max.poll.interval.ms": 300_000, "partition.assignment.strategy": "range",
+            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS, "socket.timeout.ms": SOCKET_TIMEOUT_MS,
             # librdkafka's default, stated: records of a transaction are read once it commits, never if it aborts.
             "isolation.level": "read_committed",
             "statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": self._on_stats,
@@ -376,7 +388,9 @@ class BatchConsumer(mode.Service):
             "bootstrap.servers": self.bootstrap, **librdkafka_options(), "client.id": f"fairstream-{self.group_id}",
             # murmur2 as the Java clients and aiokafka: an output's partition follows from its key as before.
             "partitioner": "murmur2_random", "acks": "all", "enable.idempotence": True, "linger.ms": 5,
-            "message.timeout.ms": DELIVERY_TIMEOUT_MS,
+            "message.timeout.ms": DELIVERY_TIMEOUT_MS, "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+            "socket.timeout.ms": SOCKET_TIMEOUT_MS,
+            "topic.metadata.propagation.max.ms": TOPIC_GONE_MS,
             "message.max.bytes": MAX_OUTPUT_BYTES + 64 * 1024, "queue.buffering.max.messages": 250_000,
             **self._transactional_options(), "error_cb": self._on_error, "logger": CLIENT_LOG})
         self._detect_broker(BROKER_KIND_SECONDS)
