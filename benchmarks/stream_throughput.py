@@ -16,7 +16,9 @@ meanwhile):
 (d) the shadow cost: one plan worker with a candidate plan in shadow (``promotion = "approve"``, so
     it stays a candidate for the whole run): the worker applies and monitors both plans on every
     batch, and delivers the serving plan's outputs only. ``--shadow-only`` runs (c)'s one plan worker
-    and (d) alone.
+    and (d) alone;
+(e) with ``--exactly-once`` (on ``--broker kafka``) alone: one plan worker at least once and exactly once
+    (one Kafka transaction per batch, outputs read back read_committed), per ``--transaction-sizes``.
 
 Throughput: outputs are read back only after the contestant has finished (its progress is polled:
 a counter file for the passthroughs, ``/metrics`` for workers), and the rate is taken from the
@@ -34,6 +36,7 @@ records on a topic); each worker's RSS, the broker's, lag and p99 latency per mi
 
     .venv/bin/python benchmarks/stream_throughput.py [--records 200000] [--rate 2000] [--seconds 15]
     .venv/bin/python benchmarks/stream_throughput.py --broker kafka
+    .venv/bin/python benchmarks/stream_throughput.py --broker kafka --exactly-once [--transaction-sizes 100 1000]
     .venv/bin/python benchmarks/stream_throughput.py --soak-minutes 10 --rate 1000
 """
 
@@ -133,10 +136,13 @@ class Output:
     value: bytes
 
 
-async def read_outputs(bootstrap: str, topics: list[str], count: int, timeout: float) -> list[Output]:
-    """The first ``count`` messages of ``topics`` (all partitions), read from the beginning."""
+async def read_outputs(bootstrap: str, topics: list[str], count: int, timeout: float,
+                       committed: bool = False) -> list[Output]:
+    """The first ``count`` messages of ``topics`` (all partitions), read from the beginning (with ``committed``,
+    as a downstream reader of an exactly-once pipeline reads: isolation.level=read_committed)."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=10, max_partition_fetch_bytes=FETCH_BYTES)
+                                fetch_max_wait_ms=10, max_partition_fetch_bytes=FETCH_BYTES,
+                                isolation_level="read_committed" if committed else "read_uncommitted")
     await consumer.start()
     try:
         consumer.assign([TopicPartition(t, p) for t in topics for p in range(PARTITIONS)])
@@ -379,17 +385,20 @@ class Bench:
     modules: dict  # kind -> the fitted module published for it
     broker_pid: int | None = None  # the embedded broker's process (its RSS in the soak)
 
-    def config(self, prefix: str, chain: tuple = ("plan",), promotion: str = "auto"):
+    def config(self, prefix: str, chain: tuple = ("plan",), promotion: str = "auto", guarantee: str = "at_least_once",
+               batch_size: int | None = None):
         config = adult_config(artifact_dir=str(self.run_dir / "artifacts")).with_topics(prefix=prefix,
                                                                                         partitions=PARTITIONS)
         artifact = chain if len(chain) > 1 else chain[0]
         return replace(config, promotion=promotion,
-                       records=replace(config.records, batch_size=self.args.batch_size, artifact=artifact))
+                       records=replace(config.records, batch_size=batch_size or self.args.batch_size,
+                                       artifact=artifact)).with_delivery(guarantee=guarantee)
 
-    async def pipeline(self, prefix: str, preload: int, chain: tuple = ("plan",), shadow: bool = False):
+    async def pipeline(self, prefix: str, preload: int, chain: tuple = ("plan",), shadow: bool = False, **options):
         """A pipeline's topics, the chain's modules published (and, with ``shadow``, a candidate of its first kind
-        that waits for an approval for the whole run), and ``preload`` records on its input."""
-        config = self.config(prefix, chain, promotion="approve" if shadow else "auto")
+        that waits for an approval for the whole run), and ``preload`` records on its input; ``options`` go to
+        :meth:`config` (the delivery guarantee, the batch size)."""
+        config = self.config(prefix, chain, promotion="approve" if shadow else "auto", **options)
         await ensure_topics_async(self.bootstrap, config.topics)
         control = ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir))
         for kind in chain:  # with a scorer the monitor also tracks the decisions' DP, EOpp (and MDP after a plan)
@@ -425,10 +434,10 @@ class Bench:
         return Result(f"raw {client} passthrough", rate, cores_cpu / ((n - 1) / rate))
 
     async def throughput_workers(self, n_workers: int, event_loop: str = "asyncio", chain: tuple = ("plan",),
-                                 shadow: bool = False, tag: str = "") -> Result:
+                                 shadow: bool = False, tag: str = "", **options) -> Result:
         n = self.args.records
         prefix = f"bench{n_workers}{event_loop}{''.join(k[0] for k in chain)}{'-shadow' * shadow}{tag}"
-        config = await self.pipeline(prefix, n, chain, shadow)
+        config = await self.pipeline(prefix, n, chain, shadow, **options)
         workers = Workers(config, self.bootstrap, self.run_dir, n_workers,
                           env={"FAIRSTREAM_EVENT_LOOP": event_loop}).start()
         try:
@@ -447,7 +456,7 @@ class Bench:
         finally:
             workers.stop()
         outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,
-                                     self.args.timeout)
+                                     self.args.timeout, committed=config.delivery.guarantee == "exactly_once")
         rate = rate_of(outputs)
         name = f"{' + '.join(chain)} worker x{n_workers}" + ("" if event_loop == "asyncio" else f" ({event_loop})") + \
             (" + candidate in shadow" if shadow else "")
@@ -466,23 +475,24 @@ class Bench:
         finally:
             proc.stop()
 
-    async def latency_worker(self) -> np.ndarray:
-        config = await self.pipeline("latw", 0)
+    async def latency_worker(self, tag: str = "", **options) -> np.ndarray:
+        config = await self.pipeline(f"latw{tag}", 0, **options)
         workers = Workers(config, self.bootstrap, self.run_dir, 1).start()
         try:
             if not workers.workers[0].wait_for_log("caught up with", timeout=90):
                 raise RuntimeError(f"the worker did not join its group:\n{workers.workers[0].log_tail()}")
             return await self._offer_and_measure(config.topics.records_in, workers,
-                                                 [config.topics.records_repaired, config.topics.dlq])
+                                                 [config.topics.records_repaired, config.topics.dlq],
+                                                 committed=config.delivery.guarantee == "exactly_once")
         finally:
             workers.stop()
 
-    async def _offer_and_measure(self, src: str, contestant, outputs: list[str]) -> np.ndarray:
+    async def _offer_and_measure(self, src: str, contestant, outputs: list[str], committed: bool = False) -> np.ndarray:
         count = int(self.args.rate * self.args.seconds)
         records = [(k, json.loads(v)) for k, v in build_records(self.archive, self.config("x"), count, "lat")]
         await offered_load(self.bootstrap, src, records, self.args.rate)
         await wait_done(contestant, count, self.args.timeout)
-        return latencies_of(await read_outputs(self.bootstrap, outputs, count, self.args.timeout))
+        return latencies_of(await read_outputs(self.bootstrap, outputs, count, self.args.timeout, committed))
 
     # ------------------------------------------------------------------ soak
 
@@ -609,6 +619,9 @@ async def run(args, run_dir: Path, bootstrap: str, broker_pid: int | None = None
     if args.shadow_only:
         await shadow_cost(bench)
         return
+    if args.exactly_once:
+        await exactly_once_cost(bench)
+        return
     raw_topics = await bench.raw_topics("benchraw", args.records)
     print(f"pre-loaded {args.records:,} records on {PARTITIONS} partitions", flush=True)
     results = []
@@ -668,6 +681,30 @@ async def shadow_cost(bench: Bench) -> None:
           f"{with_candidate / without:.2f} x (target >= 0.6 x)")
 
 
+async def exactly_once_cost(bench: Bench) -> None:
+    """One plan worker at least once and exactly once (a Kafka transaction a batch), per batch size: records/s
+    (alternated twice, the machine's load drifts over a run) and the p99 latency at ``--rate``, as ratios."""
+    args, rows = bench.args, []
+    for batch in args.transaction_sizes:
+        rates: dict[str, list[float]] = {"at_least_once": [], "exactly_once": []}
+        for run, guarantee in enumerate(("at_least_once", "exactly_once", "exactly_once", "at_least_once")):
+            result = await bench.throughput_workers(1, tag=f"-b{batch}-{run}", guarantee=guarantee, batch_size=batch)
+            rates[guarantee].append(result.rate)
+            print(f"  batch {batch}, {guarantee}: {result.rate:,.0f} records/s", flush=True)
+        p99 = {}
+        for guarantee in rates:
+            latencies = await bench.latency_worker(tag=f"b{batch}{guarantee[0]}", guarantee=guarantee, batch_size=batch)
+            p99[guarantee] = float(np.percentile(latencies, 99))
+            print(f"  batch {batch}, {guarantee}: p99 {p99[guarantee]:.3f} s at {args.rate:,.0f} records/s", flush=True)
+        rows.append((batch, np.mean(rates["at_least_once"]), np.mean(rates["exactly_once"]), p99["at_least_once"],
+                     p99["exactly_once"]))
+    print(f"\n{args.records:,} records, {PARTITIONS} partitions, one plan worker; p99 at {args.rate:,.0f} records/s "
+          f"offered for {args.seconds:.0f} s; exactly once = one transaction per batch (read_committed readers)")
+    print(f"{'batch':>6}{'ALO rec/s':>11}{'EOS rec/s':>11}{'EOS/ALO':>9}{'ALO p99 s':>11}{'EOS p99 s':>11}{'p99 x':>7}")
+    for batch, alo, eos, alo_p99, eos_p99 in rows:
+        print(f"{batch:6d}{alo:11,.0f}{eos:11,.0f}{eos / alo:9.2f}{alo_p99:11.3f}{eos_p99:11.3f}{eos_p99 / alo_p99:7.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
@@ -695,7 +732,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--shadow-only", action="store_true",
                         help="only the shadow cost: one plan worker without and with a candidate in shadow")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for a phase")
-    return parser.parse_args(argv)
+    parser.add_argument("--exactly-once", action="store_true",
+                        help="only the exactly-once cost: one plan worker at least once and exactly once (needs "
+                             "--broker kafka), per --transaction-sizes")
+    parser.add_argument("--transaction-sizes", type=int, nargs="+", default=[100, 1000],
+                        help="with --exactly-once: the batch sizes (records per transaction) to compare (default 100 1000)")
+    args = parser.parse_args(argv)
+    if args.exactly_once and args.broker != "kafka":
+        parser.error("--exactly-once needs --broker kafka: the embedded broker has no transactions it keeps")
+    return args
 
 
 if __name__ == "__main__":
