@@ -144,19 +144,24 @@ def _broker_url(args: argparse.Namespace) -> tuple[str | None, str]:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    from fairstream.streams.ops.broker import EmbeddedBroker, state_path
+    from fairstream.streams.ops.broker import EmbeddedBroker
 
     if args.action != "start":
         return _stop_or_status(args)
     _refuse_second_broker()
     with EmbeddedBroker(Path(args.run_dir) / "broker", port=args.port, announce=True) as broker:
-        print(f"embedded Kafka-compatible broker at {broker.bootstrap} ({broker.url}); logs: {broker.log_path}")
-        print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
-              "Ctrl-C or 'fairstream broker stop' stops it", flush=True)
-        try:
-            broker.wait()
-        except KeyboardInterrupt:
-            pass
+        return _serve_in_foreground(broker, "embedded Kafka-compatible broker", broker.log_path, "broker")
+
+
+def _serve_in_foreground(broker, what: str, logs, command: str) -> int:
+    """Say where the announced ``broker`` is, then block until it exits, Ctrl-C or ``fairstream COMMAND stop``."""
+    from fairstream.streams.ops.broker import state_path
+
+    print(f"{what} at {broker.bootstrap} ({broker.url}); logs: {logs}")
+    print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
+          f"Ctrl-C or 'fairstream {command} stop' stops it", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        broker.wait()
     return 0
 
 
@@ -187,7 +192,6 @@ def _refuse_second_broker() -> None:
 
 
 def _cmd_kafka(args: argparse.Namespace) -> int:
-    from fairstream.streams.ops.broker import state_path
     from fairstream.streams.ops.kafka_cluster import KAFKA_VERSION, KafkaCluster, fetch_kafka
 
     if args.action == "fetch":
@@ -199,14 +203,7 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
     print(f"starting Apache Kafka {KAFKA_VERSION} ({args.brokers} KRaft node{'s' * (args.brokers > 1)}; fetched "
           "through Maven the first time)", file=sys.stderr, flush=True)
     with KafkaCluster(Path(args.run_dir) / "kafka", nodes=args.brokers, announce=True) as cluster:
-        print(f"Apache Kafka {KAFKA_VERSION} at {cluster.bootstrap} ({cluster.url}); logs: {cluster.run_dir}/node-*/")
-        print(f"every fairstream command without --broker uses it, from any directory ({state_path()}); "
-              "Ctrl-C or 'fairstream kafka stop' stops it", flush=True)
-        try:
-            cluster.wait()
-        except KeyboardInterrupt:
-            pass
-    return 0
+        return _serve_in_foreground(cluster, f"Apache Kafka {KAFKA_VERSION}", f"{cluster.run_dir}/node-*/", "kafka")
 
 
 def _wait_for_broker(seconds: float):
