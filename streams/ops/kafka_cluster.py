@@ -308,7 +308,7 @@ class KafkaCluster(Reachable):
         ports = self._free_ports(2 * self.size)
         self.nodes = [KafkaNode(i + 1, self.run_dir / f"node-{i + 1}", libs, self.host, ports[2 * i], ports[2 * i + 1],
                                 self.heap) for i in range(self.size)]
-        cluster_id = _cluster_id()
+        cluster_id = self._stored_cluster_id() or _cluster_id()
         for node in self.nodes:
             self._write_properties(node)
         _each(self.nodes, lambda node: _run_java(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
@@ -331,6 +331,19 @@ class KafkaCluster(Reachable):
         """Block until a node exits (``fairstream kafka stop`` from another shell, or a crash)."""
         while all(node.running for node in self.nodes):
             time.sleep(0.5)
+
+    def _stored_cluster_id(self) -> str | None:
+        """The id of the cluster whose storage ``run_dir`` already holds (a second ``kafka start`` there keeps its
+        topics), or None; storage of a cluster of another size is refused (its quorum has other voters)."""
+        stored = sorted(path.parent.parent.name for path in self.run_dir.glob("node-*/data/meta.properties"))
+        if not stored:
+            return None
+        if stored != [node.run_dir.name for node in self.nodes]:
+            raise KafkaError(f"{self.run_dir} holds the storage of a {len(stored)}-node Kafka cluster, not of "
+                             f"{self.size}: remove it or give another run directory")
+        fields = dict(line.split("=", 1) for line in (self.nodes[0].run_dir / "data" / "meta.properties")
+                      .read_text().splitlines() if "=" in line and not line.startswith("#"))
+        return fields.get("cluster.id")
 
     def _free_ports(self, count: int) -> list[int]:
         ports: list[int] = []

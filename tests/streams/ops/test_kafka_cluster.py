@@ -72,6 +72,17 @@ def test_a_topic_nobody_created_is_not_created_by_asking_for_it(kafka_cluster):
 
 
 @pytest.mark.integration
+def test_a_second_start_in_the_same_run_directory_keeps_the_cluster_and_its_topics(tmp_path):
+    with KafkaCluster(tmp_path) as cluster:
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic("kept", 2, 1)])["kept"].result(timeout=30)
+    with KafkaCluster(tmp_path) as again:  # new ports, the same storage and cluster id
+        assert "kept" in AdminClient({"bootstrap.servers": again.bootstrap}).list_topics(timeout=10).topics
+    with pytest.raises(KafkaError, match="holds the storage of a 1-node Kafka cluster, not of 3: remove it"):
+        KafkaCluster(tmp_path, nodes=3).start()
+
+
+@pytest.mark.integration
 def test_kafka_start_announces_a_three_node_cluster_that_every_command_finds_and_stop_ends(own_runtime_dir, tmp_path):
     here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
     with background("kafka", "start", "--brokers", "3", cwd=here) as started:

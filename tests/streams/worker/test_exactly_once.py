@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import pytest
@@ -111,7 +112,36 @@ def test_a_worker_takes_the_lowest_slot_no_live_worker_holds_so_a_restart_gets_i
             process.wait()
 
 
-KILL_RATE = 2000.0  # records a second: a transaction is open almost all the time
+KILL_RATE = 2000.0  # records a second: a transaction is open most of the time
+
+
+def open_transaction_in_the_outputs(bootstrap: str, config) -> bool:
+    """Records of a transaction neither committed nor aborted lie in an output partition: its end is past its
+    last stable offset (what a read_committed consumer is told is the end)."""
+    ends = {}
+    for isolation in ("read_uncommitted", "read_committed"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": isolation})
+        try:
+            topic = config.topics.records_repaired
+            ends[isolation] = [consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+                               for p in range(partition_count(bootstrap, topic))]
+        finally:
+            consumer.close()
+    return ends["read_uncommitted"] != ends["read_committed"]
+
+
+def freeze_in_an_open_transaction(worker: WorkerProcess, bootstrap: str, config, tries: int = 40) -> None:
+    """SIGSTOP the worker at a moment its outputs hold records of its open transaction (seen twice, 0.5 s apart:
+    not a commit whose markers were still on their way), so that a kill then leaves that transaction open."""
+    for _ in range(tries):
+        os.kill(worker.pid, signal.SIGSTOP)
+        if open_transaction_in_the_outputs(bootstrap, config):
+            time.sleep(0.5)
+            if open_transaction_in_the_outputs(bootstrap, config):
+                return
+        os.kill(worker.pid, signal.SIGCONT)
+        time.sleep(0.1)
+    raise AssertionError(f"the worker was never caught with an open transaction in {tries} tries")
 
 
 def test_a_worker_killed_mid_batch_then_restarted_delivers_every_id_once_to_read_committed_readers(
@@ -125,7 +155,8 @@ def test_a_worker_killed_mid_batch_then_restarted_delivers_every_id_once_to_read
         sender = threading.Thread(target=send, args=(broker.bootstrap, config, messages, KILL_RATE))
         sender.start()
         wait_for(lambda: taken(worker) >= 2000, 30, "2000 records taken before the kill")
-        worker.kill()  # SIGKILL in the middle of the stream: its open transaction is left behind
+        freeze_in_an_open_transaction(worker, broker.bootstrap, config)
+        worker.kill()  # SIGKILL in the middle of a transaction: its records in the log are left open
         worker.start()  # its slot again, so its transactional.id: init_transactions aborts what was left open
         sender.join()
         aborted = committed_once_and_aborted(broker.bootstrap, config, ids_of(messages))
