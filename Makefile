@@ -122,9 +122,10 @@ reproduce: $(STAMP)
 	$(PY) -c 'import fairlearn' 2>/dev/null || $(PIP) install -q $(PIN) $(EDITABLE) '.[reproduce]'; $(PY) benchmarks/reproduce_thresholds.py
 
 # Mutation testing of the math (not part of `make test`; 1.5 to 4 min a module on 2 cores, over 30 for
-# models/flow_training.py, whose every mutant re-runs the fit tests): mutmut
+# src/fairstream/models/flow_training.py, whose every mutant re-runs the fit tests): mutmut
 # mutates one module at a time in a scratch copy under build/mutation/<module>/ (the checkout is
-# never touched) and runs only that module's tests, tests/<dir>/test_<name>*.py as the layout mirrors.
+# never touched) and runs only that module's tests, tests/<dir>/test_<name>*.py as the layout mirrors. A module
+# is named by its path under src/fairstream/.
 # `make mutation MUTATION_MODULES=repair/measure/mdp.py` runs one; the score and the surviving
 # mutants of each are in build/mutation/<module>/results.txt (see docs/mutation.md).
 MUTATION_MODULES ?= repair/measure/mdp.py repair/measure/metrics.py models/centroid.py models/flow_training.py \
@@ -136,7 +137,7 @@ mutation: $(STAMP)
 	set -e; for module in $(MUTATION_MODULES); do \
 	  ws=$(MUTATION_ROOT)/$$(echo $$module | tr / _ | sed 's/\.py$$//'); \
 	  rm -rf $$ws; mkdir -p $$ws/fairstream; touch $$ws/fairstream/__init__.py; \
-	  cp -r repair models streams $$ws/fairstream/; cp -r tests $$ws/; \
+	  cp -r src/fairstream/repair src/fairstream/models src/fairstream/streams $$ws/fairstream/; cp -r tests $$ws/; \
 	  printf '%s\n' '' 'def pytest_collection_modifyitems(items):  # mutmut 3.7 reads a name pytest 9 dropped' \
 	    '    for item in items:' '        item._nodeid = item.nodeid' >> $$ws/tests/conftest.py; \
 	  { cat pyproject.toml; echo; echo '[tool.mutmut]'; echo 'source_paths = ["fairstream"]'; \

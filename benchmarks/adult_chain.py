@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.streams.control.registry import Active
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from adult_chain import adult_chain
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec import decode_records, encode_repaired, provenance
 from fairstream.streams.config import AgentConfig, PipelineConfig, adult_config

@@ -25,7 +25,7 @@ import ot
 
 from fairstream.repair import datasets
 from fairstream.repair.density import silverman_bandwidth
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 
 
 class RowLoopRepair:

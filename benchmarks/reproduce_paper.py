@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.geometric import geometric_repair
 from fairstream.repair.measure.evaluation import evaluate_repair
 from fairstream.repair.measure.metrics import dependence_e, dependence_e_noise_floor, permute_within_strata

@@ -63,7 +63,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from fairstream.models.flow_training import refit_flow
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient

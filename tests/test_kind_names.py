@@ -16,9 +16,9 @@ import pytest
 
 from fairstream.models.kinds import MODULE_KINDS
 
-from .test_layers import ROOMS, ROOT, room_files
+from .test_layers import ROOMS, PACKAGE, room_files
 
-KINDS_TABLE = ROOT / "models" / "kinds.py"
+KINDS_TABLE = PACKAGE / "models" / "kinds.py"
 
 
 def own_modules() -> set[Path]:
@@ -50,7 +50,7 @@ def kind_comparisons(source: str, kinds: set) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_no_code_outside_the_kinds_table_and_the_kinds_own_modules_compares_a_kind_name(room):
     kinds, allowed = set(MODULE_KINDS), own_modules()
-    comparisons = [f"{path.relative_to(ROOT)}:{line} compares with kind {name!r}"
+    comparisons = [f"{path.relative_to(PACKAGE)}:{line} compares with kind {name!r}"
                    for path, _ in room_files(room) if path.resolve() not in allowed
                    for line, name in kind_comparisons(path.read_text(), kinds)]
     assert not comparisons, "ask the kind's capabilities instead:\n" + "\n".join(comparisons)
@@ -65,4 +65,4 @@ def test_the_walk_finds_every_form_of_comparison_and_nothing_else():
               'match kind:\n    case "flow": pass\n')
     assert kind_comparisons(source, {"plan", "flow", "scorer", "embedding"}) == [
         (1, "scorer"), (2, "scorer"), (3, "flow"), (3, "plan"), (4, "embedding"), (7, "flow")]
-    assert (ROOT / "models" / "scorer.py").resolve() in own_modules() and KINDS_TABLE.resolve() in own_modules()
+    assert (PACKAGE / "models" / "scorer.py").resolve() in own_modules() and KINDS_TABLE.resolve() in own_modules()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "fairstream"  # the rooms are its folders
 ROOMS = {"repair": "fairstream.repair", "models": "fairstream.models", "streams": "fairstream.streams"}
 STREAM_CLIENTS = ("faust", "kafka", "aiokafka", "mode", "river", "prometheus_client")
 # The estimator-convention tests use scikit-learn and `make reproduce` compares with Fairlearn (which brings
@@ -51,15 +51,15 @@ def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
 
 
 def room_files(room: str):
-    for path in sorted((ROOT / room).rglob("*.py")):
-        parts = path.relative_to(ROOT / room).with_suffix("").parts[:-1]
+    for path in sorted((PACKAGE / room).rglob("*.py")):
+        parts = path.relative_to(PACKAGE / room).with_suffix("").parts[:-1]
         yield path, ".".join([ROOMS[room], *parts])
 
 
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_imports_point_down_only(room):
     broken = [
-        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
         for path, package in room_files(room)
         for line, name in imports_of(path, package)
         if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[room])
@@ -69,7 +69,7 @@ def test_imports_point_down_only(room):
 
 def streams_room(path: Path) -> str | None:
     """The room inside streams/ a file of it belongs to: its folder, ``shared`` at the top, None for cli.py."""
-    parts = path.relative_to(ROOT / "streams").parts
+    parts = path.relative_to(PACKAGE / "streams").parts
     if len(parts) > 1:
         return parts[0]
     return None if parts[0] == "cli.py" else "shared"
@@ -82,12 +82,12 @@ def streams_room_violations(path: Path, package: str, room: str) -> list[str]:
         parts = (name or "").split(".")
         if parts[:2] == ["fairstream", "streams"] and len(parts) > 2 and parts[2] in STREAMS_ROOMS \
                 and parts[2] != room and parts[2] not in STREAMS_ROOMS[room]:
-            broken.append(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}:{line} imports {name}")
+            broken.append(f"{path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path}:{line} imports {name}")
     return broken
 
 
 def test_every_folder_of_streams_is_a_room_with_rules():
-    folders = {path.name for path in (ROOT / "streams").iterdir() if (path / "__init__.py").exists()}
+    folders = {path.name for path in (PACKAGE / "streams").iterdir() if (path / "__init__.py").exists()}
     assert folders == STREAMS_ROOMS.keys() - {"shared"}
 
 

@@ -11,7 +11,7 @@ import ast
 
 import pytest
 
-from .test_layers import ROOMS, ROOT, room_files
+from .test_layers import ROOMS, PACKAGE, room_files
 
 
 def is_private(name: str) -> bool:
@@ -56,7 +56,7 @@ def private_uses(source: str, package: str) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_no_module_imports_another_modules_private_name(room):
     crossing = [
-        f"{path.relative_to(ROOT)}:{line} uses {what}"
+        f"{path.relative_to(PACKAGE)}:{line} uses {what}"
         for path, package in room_files(room)
         for line, what in private_uses(path.read_text(), package)
     ]

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

@@ -87,7 +87,7 @@ def test_the_dockerfile_has_no_second_list_of_dependencies():
     copied = [args.split()[:-1] for op, args in instructions(text) if op == "COPY" and "--from" not in args]
     sources = {source.rstrip("/") for sources in copied for source in sources}
     # Everything `make install` reads is in the build, and every COPY source exists.
-    package_dirs = set(PYPROJECT["tool"]["setuptools"]["package-dir"].values())
+    package_dirs = set(PYPROJECT["tool"]["setuptools"]["packages"]["find"]["where"])
     assert {"Makefile", "pyproject.toml", "constraints.txt", PYPROJECT["project"]["readme"]} | package_dirs <= sources
     assert all((REPO / source).exists() for source in sources), sources
 

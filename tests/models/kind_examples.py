@@ -21,7 +21,7 @@ from fairstream.models.flow_training import refit_flow
 from fairstream.models.scorer import LogisticScorer
 from fairstream.models.scorer_training import fit_scorer
 from fairstream.models.thresholds import GroupThresholds
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.embedding_datasets import simulate_train_test
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.protocol import Batch, PipelineSchema

@@ -391,7 +391,7 @@ def mutate(name: str, arrays: dict, mutation: str, index: int, parameters: dict)
     if mutation == "dtype":  # floats as integers, everything else as floats
         return np.round(array).astype(np.int64) if kind == "f" else np.arange(array.size, dtype=float).reshape(
             array.shape) if kind == "U" else array.astype(np.float64)
-    if kind == "b":  # all-false masks are the plan's own reproduction (tests/repair/test_distributional.py)
+    if kind == "b":  # all-false masks are the plan's own reproduction (tests/models/test_plan.py)
         return Valid("a bool has no NaN, infinity or sign; truncate, dtype and shape cover it")
     if mutation == "nan" and kind != "f":
         return out_of_range(name, arrays, index, parameters)

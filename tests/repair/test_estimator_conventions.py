@@ -7,7 +7,7 @@ import pytest
 from sklearn.base import clone
 
 from fairstream.repair.validation import RepairInputError
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.estimator import Estimator, FrozenPartsEstimator
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.posterior import GroupPosterior

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from scipy.stats import wasserstein_distance
 
 from fairstream.repair import artifacts
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import Applied, Batch, IncompatibleArtifact, PipelineSchema, apply_chain
 
 

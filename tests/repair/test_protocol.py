@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from fairstream.repair.validation import RepairInputError
 from fairstream.repair.artifacts import ArtifactError
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import (
     MODULE_ERRORS,
     Applied,

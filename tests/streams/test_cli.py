@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from fairstream.repair import artifacts
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams import cli
 from fairstream.streams.cli import build_parser, main
 from fairstream.streams.config import adult_config

@@ -16,7 +16,7 @@ from fairstream.models.embedding import FairnessModule
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import ArtifactError
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import PipelineSchema
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import ControlError, control_key, encode_control, parse_control

@@ -7,7 +7,7 @@ import base64
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import Batch, PipelineSchema
 from fairstream.streams.control.records import encode_control
 from fairstream.streams.control.registry import ArtifactRegistry, module_loaders

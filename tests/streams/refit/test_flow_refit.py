@@ -151,7 +151,7 @@ def test_a_flow_is_refused_for_a_wider_gap_or_a_real_accuracy_loss(candidate, cu
 
 def test_a_scorer_refit_trains_on_the_chain_output_and_publishes_a_scorer_with_its_group_map(broker, adult, tmp_path):
     from fairstream.models.scorer import Scorer
-    from fairstream.repair.distributional import DistributionalRepair
+    from fairstream.models.plan import DistributionalRepair
 
     research, _ = adult
     config = adult_config(artifact_dir=str(tmp_path / "artifacts"), records=AgentConfig(artifact=("plan", "scorer")),

@@ -163,7 +163,7 @@ def test_the_job_serves_what_the_workers_serve_after_a_version_skipped_over_othe
     compaction can remove); the job's view of what is served must apply that rule at the real offsets."""
     import asyncio
 
-    from fairstream.repair.distributional import DistributionalRepair
+    from fairstream.models.plan import DistributionalRepair
     from tests.streams.control.test_registry import message, send_raw
 
     publish_first_plan(broker, config, windows["first"])

@@ -4,7 +4,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.records import read_message
 from fairstream.streams.control.registry import Active, Served

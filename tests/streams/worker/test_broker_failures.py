@@ -32,7 +32,7 @@ import time
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.ops.kafka_cluster import KafkaCluster
 from tests.polling import wait_for
 

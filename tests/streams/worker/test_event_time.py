@@ -10,7 +10,7 @@ import json
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages

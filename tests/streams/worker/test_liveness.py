@@ -27,7 +27,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from fairstream.models.flow import FlowPreprocessor
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.streams.codec import RepairedBatch, decode_repaired
 from fairstream.streams.config import AgentConfig, adult_config

@@ -14,7 +14,7 @@ import pytest
 
 from fairstream.models.embedding import FairnessModule
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import EmbeddingConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages

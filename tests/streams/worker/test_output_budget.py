@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.codec import MAX_DEAD_LETTER_KEY, MAX_ID_CHARS, MAX_OUTPUT_BYTES, input_digest, output_bytes
 from fairstream.streams.config import EmbeddingConfig, adult_config
 from fairstream.streams.control.registry import Active

@@ -22,7 +22,7 @@ from kafka import KafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from fairstream.repair import artifacts, datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import control_key, encode_control

@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 from kafka import KafkaProducer
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.codec import MAX_DEAD_LETTER_KEY, MAX_OUTPUT_BYTES, input_digest, output_bytes
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient

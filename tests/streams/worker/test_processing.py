@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import IncompatibleArtifact
 from fairstream.streams.config import AgentConfig, ConfigError, adult_config
 from fairstream.streams.control.registry import Active

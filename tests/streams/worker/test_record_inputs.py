@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.codec import input_digest
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.registry import Active

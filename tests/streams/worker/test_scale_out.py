@@ -18,7 +18,7 @@ import pytest
 from kafka import KafkaProducer
 
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

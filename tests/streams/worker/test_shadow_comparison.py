@@ -16,7 +16,7 @@ import pytest
 
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.measure.accumulators import HistogramDependenceAccumulator, WassersteinAccumulator
 from fairstream.streams.codec import RepairedBatch
 from fairstream.streams.config import adult_config

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from fairstream.streams.parsing import parse_duration, parse_time
 
-REPO = Path(__file__).resolve().parents[2]  # the checkout: deploy/ sits next to streams/ (this is streams/ops/)
+REPO = Path(__file__).resolve().parents[4]  # the checkout: deploy/ sits next to src/ (this is src/fairstream/streams/ops/)
 DEPLOY = REPO / "deploy" / "prometheus"
 ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"

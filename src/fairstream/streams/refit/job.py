@@ -198,7 +198,7 @@ class RefitJob:
 
     def _score_current(self, current, held: ResearchWindow, actives: Mapping) -> tuple[Validation | None, str | None]:
         """The current module's score (or the trainer's baseline when none is active), or why it cannot serve."""
-        from fairstream.repair.distributional import RepairInputError
+        from fairstream.models.plan import RepairInputError
 
         if current is None:
             baseline = getattr(self.trainer, "baseline", None)

@@ -201,7 +201,7 @@ class PlanTrainer(RecordTrainer):
         The posterior Pr[s | x, u] (most of a fit's time) is fitted only for a pipeline that imputes a missing s:
         a plan without it is refused, with that reason, by a pipeline that starts imputing.
         """
-        from fairstream.repair.distributional import DistributionalRepair
+        from fairstream.models.plan import DistributionalRepair
 
         return DistributionalRepair(n_q=self.n_q, out_of_range=self.out_of_range, repair_amount=self.repair_amount,
                                     columns=list(self.config.features), posterior=self.config.imputes_s,

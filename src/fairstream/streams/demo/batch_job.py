@@ -1,7 +1,7 @@
 """The batch repair job: fit plans on a research split, repair the archive, report E, save the artifact.
 
 This is the offline half of the product (and the main job until the stream runs): the same
-:class:`~fairstream.repair.distributional.DistributionalRepair` the workers apply, fitted on a
+:class:`~fairstream.models.plan.DistributionalRepair` the workers apply, fitted on a
 labelled research window and frozen into an artifact.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fairstream.repair import artifacts, datasets
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.geometric import geometric_repair
 from fairstream.repair.measure.evaluation import evaluate_repair
 

@@ -26,7 +26,7 @@ fairstream.repair.protocol.IncompatibleArtifact: the embedding module takes vect
 from __future__ import annotations
 
 from fairstream.repair.artifacts import Artifact, ArtifactError
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import PLACES, Capabilities, FrozenModule, PipelineSchema, check_probe
 
 from .embedding import FairnessModule

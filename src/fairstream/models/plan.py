@@ -32,8 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import artifacts
-from .artifacts import (
+from fairstream.repair import artifacts
+from fairstream.repair.artifacts import (
     ArrayLayout,
     ArraySpec,
     Check,
@@ -46,13 +46,13 @@ from .artifacts import (
     nonempty,
     sorted_labels,
 )
-from .density import bin_position, group_pmfs_stack
-from .estimator import Estimator
-from .hashing import keys_to_uint64, uniforms
-from .posterior import GroupPosterior, missing_mask
-from .protocol import Applied, Batch, Capabilities, IncompatibleArtifact, PipelineSchema, check_labels_cover
-from .transport import MonotonePlan, barycenter
-from .validation import (
+from fairstream.repair.density import bin_position, group_pmfs_stack
+from fairstream.repair.estimator import Estimator
+from fairstream.repair.hashing import keys_to_uint64, uniforms
+from fairstream.repair.posterior import GroupPosterior, missing_mask
+from fairstream.repair.protocol import Applied, Batch, Capabilities, IncompatibleArtifact, PipelineSchema, check_labels_cover
+from fairstream.repair.transport import MonotonePlan, barycenter
+from fairstream.repair.validation import (
     RepairInputError,
     as_2d,
     as_labels,

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 from scipy.stats import norm, wasserstein_distance
 
 from fairstream.repair.validation import RepairInputError
-from fairstream.repair.distributional import DistributionalRepair
+from fairstream.models.plan import DistributionalRepair
 
 
 def paper_simulation(n, seed):
@@ -492,7 +492,8 @@ def test_every_stratum_and_feature_is_estimated_in_one_stack_as_it_would_be_alon
     # One stacked computation for all (stratum, feature) pairs replaced a loop over them: the plans must
     # stay those of the pair-by-pair estimate (pooled thin strata, groups alone in the others; integer
     # and fractional features), to L1 1e-8 per pmf.
-    from fairstream.repair import datasets, distributional, posterior
+    from fairstream.models import plan as plan_kind
+    from fairstream.repair import datasets, posterior
 
     if data == "thin and thick":
         X, s, u = thin_and_thick(20)
@@ -501,7 +502,7 @@ def test_every_stratum_and_feature_is_estimated_in_one_stack_as_it_would_be_alon
         research = datasets.load(data).split(2000, seed=1)[0]
         X, s, u = research.X, research.s, research.u
     calls = {"pmfs": 0, "newton": 0}
-    stacked = ((distributional, "group_pmfs_stack", "pmfs"), (posterior, "fit_logistic_stack", "newton"))
+    stacked = ((plan_kind, "group_pmfs_stack", "pmfs"), (posterior, "fit_logistic_stack", "newton"))
     for module, name, key in stacked:
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, _f=original, _k=key, **kw: calls.__setitem__(_k, calls[_k] + 1)
@@ -518,7 +519,7 @@ def test_every_stratum_and_feature_is_estimated_in_one_stack_as_it_would_be_alon
 def test_distinct_values_count_each_groups_rows_per_stratum_and_value():
     from collections import Counter
 
-    from fairstream.repair.distributional import distinct_values
+    from fairstream.models.plan import distinct_values
 
     rng = np.random.default_rng(21)
     u, s = rng.integers(0, 3, 500), rng.integers(0, 2, 500)
