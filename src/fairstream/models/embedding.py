@@ -43,7 +43,19 @@ def normalise(vectors) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FairnessModule:
-    """Residual MLP ``z + W2 relu(W1 z + b1) + b2`` on L2-normalised vectors, frozen."""
+    """Residual MLP ``z + W2 relu(W1 z + b1) + b2`` on L2-normalised vectors, frozen.
+
+    Parameters
+    ----------
+    w1 : ndarray of shape (hidden, d)
+        First layer's weights.
+    b1 : ndarray of shape (hidden,)
+        First layer's bias.
+    w2 : ndarray of shape (d, hidden)
+        Second layer's weights.
+    b2 : ndarray of shape (d,)
+        Second layer's bias.
+    """
 
     w1: np.ndarray  # (hidden, d)
     b1: np.ndarray  # (hidden,)
@@ -75,7 +87,20 @@ class FairnessModule:
 
     @classmethod
     def identity(cls, dimension: int, hidden: int | None = None) -> FairnessModule:
-        """The module that only L2-normalises, with zero weights of the usual shapes (hidden = 2d)."""
+        """The module that only L2-normalises, with zero weights of the usual shapes (hidden = 2d).
+
+        Parameters
+        ----------
+        dimension : int
+            Vector length d.
+        hidden : int or None, default=None
+            Hidden layer width; None is 2d.
+
+        Returns
+        -------
+        FairnessModule
+            The module that only normalises.
+        """
         if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) or dimension < 1:
             raise RepairInputError(f"dimension must be a positive integer, got {dimension!r}")
         hidden = hidden or 2 * dimension
@@ -86,6 +111,18 @@ class FairnessModule:
 
         ``dtype=np.float32`` computes the MLP in single precision: about 3-4x faster at d = 512 and
         ample for cosine scores of float32 embeddings; the default float64 is the reference result.
+
+        Parameters
+        ----------
+        vectors : array-like of shape (n, d) or (d,)
+            Embedding vectors.
+        dtype : numpy dtype, default=numpy.float64
+            Precision of the MLP's computation.
+
+        Returns
+        -------
+        ndarray of shape (n, d)
+            The L2-normalised outputs.
         """
         v = np.atleast_2d(np.asarray(vectors, dtype=np.float64))
         if v.ndim != 2 or v.shape[1] != self.dimension:
@@ -160,7 +197,18 @@ class FairnessModule:
 
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> FairnessModule:
-        """Rebuild the module from an ``embedding`` artifact, every array checked against :meth:`array_layout` first."""
+        """Rebuild the module from an ``embedding`` artifact, every array checked against :meth:`array_layout` first.
+
+        Parameters
+        ----------
+        artifact : Artifact
+            An artifact of kind ``embedding``.
+
+        Returns
+        -------
+        FairnessModule
+            The frozen module.
+        """
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         a = artifact.arrays

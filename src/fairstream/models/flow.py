@@ -100,6 +100,37 @@ class FlowPreprocessor:
     n_layers, out) for the j-th linear layer of the scale MLPs; likewise for the shift MLPs.
     ``groups`` are the sorted group labels: flow ``k`` serves group ``groups[k]`` when the flow is
     group-aware; a blind flow keeps the groups it was fitted on as provenance only.
+
+    Parameters
+    ----------
+    columns : tuple of str
+        Feature names, in order.
+    groups : ndarray of shape (n_groups,)
+        Sorted group labels; flow ``k`` serves ``groups[k]`` when ``group_aware``.
+    group_aware : bool
+        One flow per group (True) or one shared flow (False).
+    mean : ndarray of shape (n_features,)
+        Standardisation centre, in feature units.
+    scale : ndarray of shape (n_features,)
+        Standardisation scale, in feature units.
+    masks : ndarray of shape (n_layers, n_features)
+        Coupling mask of each layer (1: the features the layer conditions on).
+    scale_weights : tuple of ndarray
+        Weights of the scale MLPs, ``scale_weights[j]`` of shape (n_flows, n_layers, out, in).
+    scale_biases : tuple of ndarray
+        Biases of the scale MLPs, ``scale_biases[j]`` of shape (n_flows, n_layers, out).
+    shift_weights : tuple of ndarray
+        Weights of the shift MLPs, shaped as ``scale_weights``.
+    shift_biases : tuple of ndarray
+        Biases of the shift MLPs, shaped as ``scale_biases``.
+    data_min : ndarray of shape (n_features,)
+        Smallest training value of each feature.
+    data_max : ndarray of shape (n_features,)
+        Largest training value of each feature.
+    named : bool, default=True
+        Whether ``columns`` were given by name (False: numbered from a feature count).
+    training : dict, default={}
+        Provenance: how the flow was trained (JSON).
     """
 
     columns: tuple[str, ...]
@@ -132,7 +163,32 @@ class FlowPreprocessor:
     def identity(cls, columns: Sequence[str] | int, groups: Sequence = (0, 1), group_aware: bool = True,
                  n_blocks: int = 10, hidden: Sequence[int] = (20, 20), mean=None, scale=None,
                  seed: int = 0) -> "FlowPreprocessor":
-        """A flow that maps every row to itself (zero output layers), e.g. the first version of a pipeline."""
+        """A flow that maps every row to itself (zero output layers), e.g. the first version of a pipeline.
+
+        Parameters
+        ----------
+        columns : sequence of str or int
+            Feature names, or the number of features.
+        groups : sequence, default=(0, 1)
+            Group labels.
+        group_aware : bool, default=True
+            One flow per group (True) or one shared flow.
+        n_blocks : int, default=10
+            Number of coupling layers.
+        hidden : sequence of int, default=(20, 20)
+            Hidden layer widths of the scale and shift MLPs.
+        mean : array-like of shape (n_features,) or None, default=None
+            Standardisation centre; None is 0.
+        scale : array-like of shape (n_features,) or None, default=None
+            Standardisation scale; None is 1.
+        seed : int, default=0
+            Seed of the masks and of the (inert) hidden weights.
+
+        Returns
+        -------
+        FlowPreprocessor
+            The identity flow.
+        """
         named = not isinstance(columns, (int, np.integer))
         names = column_names(int(columns), None) if not named else [str(c) for c in columns]
         d = len(names)
@@ -276,14 +332,40 @@ class FlowPreprocessor:
         return Applied(X=values, ok=ok, reasons=reasons, out_of_range=outside)
 
     def transform(self, X, s=None) -> np.ndarray:
-        """``T_s(x)`` for every row (a 1-D ``X`` is one row); raises naming the first row it cannot map."""
+        """``T_s(x)`` for every row (a 1-D ``X`` is one row); raises naming the first row it cannot map.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features.
+        s : array-like of shape (n_rows,) or None, default=None
+            Group of each row; needed by a group-aware flow.
+
+        Returns
+        -------
+        ndarray of shape (n_rows, n_features)
+            The mapped rows, in feature units.
+        """
         result = self.map_rows(X, s)
         if not result.ok.all():
             raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
         return result.X
 
     def inverse_transform(self, X, s=None) -> np.ndarray:
-        """``T_s^{-1}(x)``: undoes :meth:`transform` (to rounding)."""
+        """``T_s^{-1}(x)``: undoes :meth:`transform` (to rounding).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Mapped features.
+        s : array-like of shape (n_rows,) or None, default=None
+            Group of each row; needed by a group-aware flow.
+
+        Returns
+        -------
+        ndarray of shape (n_rows, n_features)
+            The original rows (to rounding).
+        """
         result = self.map_rows(X, s, inverse=True)
         if not result.ok.all():
             raise RepairInputError(result.reasons[int(np.argmin(result.ok))])
@@ -389,7 +471,18 @@ class FlowPreprocessor:
 
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> "FlowPreprocessor":
-        """Rebuild the frozen flow; every array is checked against :meth:`array_layout` first."""
+        """Rebuild the frozen flow; every array is checked against :meth:`array_layout` first.
+
+        Parameters
+        ----------
+        artifact : Artifact
+            An artifact of kind ``flow``.
+
+        Returns
+        -------
+        FlowPreprocessor
+            The frozen module.
+        """
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         params, a = artifact.parameters, artifact.arrays

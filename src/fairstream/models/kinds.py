@@ -40,7 +40,18 @@ MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair,
 
 
 def module_class(kind: str) -> type:
-    """The class serving ``kind``; an unknown kind is an :class:`ArtifactError` naming the known ones."""
+    """The class serving ``kind``; an unknown kind is an :class:`ArtifactError` naming the known ones.
+
+    Parameters
+    ----------
+    kind : str
+        An artifact kind (a key of ``MODULE_KINDS``).
+
+    Returns
+    -------
+    type
+        The :class:`~fairstream.repair.protocol.FrozenModule` class of that kind.
+    """
     try:
         return MODULE_KINDS[kind]
     except KeyError:
@@ -106,6 +117,18 @@ def load_module(artifact: Artifact, schema: PipelineSchema) -> FrozenModule:
 
     The probe (:func:`~fairstream.repair.protocol.check_probe`) applies the module to a few of its own
     ordinary inputs: arrays that are each in their domain but overflow together are refused here.
+
+    Parameters
+    ----------
+    artifact : Artifact
+        A verified artifact of any known kind.
+    schema : PipelineSchema
+        What the pipeline promises the module.
+
+    Returns
+    -------
+    FrozenModule
+        The module, probed and checked, ready to apply.
     """
     module = module_class(artifact.kind).from_artifact(artifact)
     check_probe(module)

@@ -83,6 +83,21 @@ class RepairResult:
     marks repaired feature k of row i as outside its stratum's grid (clamped or rejected);
     ``imputed[i]`` says row i had no s and was repaired under the drawn ``s[i]`` (``s`` holds
     the s each row was repaired under, or its input value when it was not repaired).
+
+    Parameters
+    ----------
+    values : ndarray of shape (n_rows, n_features)
+        Repaired rows where ``ok``, the original rows elsewhere.
+    ok : ndarray of bool, shape (n_rows,)
+        Which rows were repaired.
+    reasons : list of (str or None), length n_rows
+        Why each row was not repaired; None for repaired rows.
+    out_of_range : ndarray of bool, shape (n_rows, n_features)
+        Repaired values outside their stratum's grid (clamped or rejected).
+    imputed : ndarray of bool, shape (n_rows,), or None, default=None
+        Rows repaired under a drawn s; None when ``impute_s`` was off.
+    s : ndarray of shape (n_rows,) or None, default=None
+        The s each row was repaired under (its input value when not repaired).
     """
 
     values: np.ndarray
@@ -118,53 +133,53 @@ class DistributionalRepair(Estimator):
 
     Parameters
     ----------
-    n_q:
+    n_q : int, default=250
         Grid nodes per (stratum, feature). Integer-valued features whose range fits in ``n_q``
         nodes get the integer lattice instead, so repaired values stay integers.
-    repair_amount:
+    repair_amount : float, default=1.0
         0 leaves data unchanged, 1 moves every group onto the barycentre; values in between move
         each record part of the way along its transport geodesic, ``x + t * (T(x) - x)``.
-    group_weights:
+    group_weights : mapping of group to float or None, default=None
         Weight of each protected group in the barycentre, ``{s_value: weight}``; equal by default
         (the paper's t = 1/2 for two groups).
-    smoothing:
+    smoothing : {"auto", "kde", "empirical"} or float, default="auto"
         How the source pmfs are estimated (see :mod:`fairstream.repair.density`): ``"auto"``
         (Dirichlet-process blends that keep atoms where the data support them), ``"kde"`` (KDE
         only: the paper's estimator with ``pooling="none"``), ``"empirical"`` (each group's own
         values), or a fixed weight in [0, 1] of the ``"kde"`` estimate against the own values.
-    prior_strength:
+    prior_strength : float or "auto", default="auto"
         Strength of the Dirichlet-process blends (the smooth part's weight is ``n0 / (n0 + n)``),
         or ``"auto"``: chosen per stratum and feature by empirical Bayes.
-    pooling:
+    pooling : {"tilt", "none"}, default="tilt"
         ``"tilt"``: in a thin stratum (see ``pool_below``) a group's pmf is the stratum's pooled
         research sample reweighted by Pr[s | x_k, u], so thin groups borrow their stratum's shape;
         ``"none"``: each group alone everywhere.
-    pool_below:
+    pool_below : int or None, default=2000
         A stratum is thin, and pooled, when its smallest planned group has fewer research rows
         than this; in the others each group is estimated alone, which costs no posterior fit. None
         pools every stratum (as plans written before this parameter were fitted). At 2,000 rows a
         group gains nothing from pooling: on Adult's research splits (n_R = 10,000) pooled pmfs of
         groups with 1,000-2,000 rows are 11% closer (L1) to the archive's than each group's own,
         of groups above 2,000 rows 0.4%.
-    bandwidth_scale:
+    bandwidth_scale : float, default=1.5
         Multiplies Silverman's bandwidth (1.5: best excess-E reduction on the paper's simulation;
         empirical Bayes returns to the data's own values where smoothing does not fit them).
-    posterior:
+    posterior : bool, default=True
         Fit and keep Pr[s | x, u] (all columns of X, per stratum), which ``impute_s`` draws from.
         It is most of a fit's time (its cross-validated calibration check refits it per fold): pass
         False where the pipeline does not impute s; pipelines that do refuse a plan without it.
-    pad:
+    pad : float, default=0.0
         Grid padding on each side, as a fraction of the research range.
-    out_of_range:
+    out_of_range : {"clamp", "reject"}, default="clamp"
         ``"clamp"``: values outside the grid use the end row and are flagged in the result;
         ``"reject"``: such rows are not repaired and get a reason (the stream dead-letters them).
-    features:
+    features : sequence of int or None, default=None
         Indices of the columns to repair; the other columns pass through. Default: all.
-    discrete:
+    discrete : "auto" or sequence of bool, default="auto"
         ``"auto"`` (integer-valued research data), or one bool per repaired feature.
-    min_group_size:
+    min_group_size : int, default=2
         A (u, s) cell with fewer research rows gets no plan; its records are refused with a reason.
-    columns:
+    columns : sequence of str or None, default=None
         Column names, used in error messages and reports.
     """
 
@@ -205,8 +220,22 @@ class DistributionalRepair(Estimator):
     # ------------------------------------------------------------------ fit (Algorithm 1)
 
     def fit(self, X, s, u) -> "DistributionalRepair":
-        """Design the grids, barycentres and plans on research data: features ``X`` (n, d), protected attribute
-        ``s`` and strata ``u`` (n,). Returns self."""
+        """Design the grids, barycentres and plans on research data.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Research features.
+        s : array-like of shape (n_rows,)
+            Protected attribute of each row.
+        u : array-like of shape (n_rows,)
+            Unprotected attribute (stratum) of each row.
+
+        Returns
+        -------
+        self : DistributionalRepair
+            The fitted estimator.
+        """
         self._check_parameters()
         X = as_2d(X, columns=self.columns)
         names = column_names(X.shape[1], self.columns)
@@ -459,6 +488,24 @@ class DistributionalRepair(Estimator):
         by its position in this call, so the same row in another batch may come out differently.
         A missing s (None or NaN) is a reason too, unless ``impute_s``: then s is drawn from the
         plan's Pr[s | x, u] with the record's key, and ``imputed`` marks the row.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features, in the fitted column order.
+        s : array-like of shape (n_rows,)
+            Protected attribute of each row.
+        u : array-like of shape (n_rows,)
+            Unprotected attribute (stratum) of each row.
+        keys : array-like of shape (n_rows,) or None, default=None
+            Record keys that seed the per-record draws; None keys each row by its position in this call.
+        impute_s : bool, default=False
+            Repair rows without s under an s drawn from the plan's Pr[s | x, u] instead of refusing them.
+
+        Returns
+        -------
+        RepairResult
+            The repaired values and, per row, whether it was repaired and why not.
         """
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
@@ -513,6 +560,22 @@ class DistributionalRepair(Estimator):
         The draws are keyed by ``keys``: with keys, a record's output is a deterministic function of
         (plan, key), bit for bit, whatever batch it comes in. Without keys, the draws are per call (each
         row is keyed by its position in this call), so the same row in another batch may come out differently.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features, in the fitted column order.
+        s : array-like of shape (n_rows,)
+            Protected attribute of each row.
+        u : array-like of shape (n_rows,)
+            Unprotected attribute (stratum) of each row.
+        keys : array-like of shape (n_rows,) or None, default=None
+            Record keys that seed the per-record draws; None keys each row by its position in this call.
+
+        Returns
+        -------
+        ndarray of shape (n_rows, n_features)
+            The repaired rows, in the units of ``X``.
         """
         result = self.repair(X, s, u, keys)
         if not result.ok.all():
@@ -640,7 +703,22 @@ class DistributionalRepair(Estimator):
         }
 
     def to_artifact(self, version: int = 1, metrics: dict | None = None, data_fingerprint: str | None = None):
-        """Freeze the fitted plans into an :class:`~fairstream.repair.artifacts.Artifact` of kind ``plan``."""
+        """Freeze the fitted plans into an :class:`~fairstream.repair.artifacts.Artifact` of kind ``plan``.
+
+        Parameters
+        ----------
+        version : int, default=1
+            The artifact's version number.
+        metrics : dict or None, default=None
+            Fit-time metrics to record in the manifest (JSON numbers).
+        data_fingerprint : str or None, default=None
+            Fingerprint of the fit data (see :func:`~fairstream.repair.artifacts.fingerprint_arrays`).
+
+        Returns
+        -------
+        Artifact
+            An artifact of kind ``plan``.
+        """
         self._check_fitted()
         arrays = {name.rstrip("_"): np.asarray(getattr(self, name)) for name in self._LEARNED}
         arrays["n_features_in"] = np.array(self.n_features_in_)
@@ -686,6 +764,16 @@ class DistributionalRepair(Estimator):
 
         Every array is checked against :meth:`array_layout` and the parameters as ``fit`` checks
         them, so a plan that could not serve a batch is refused here, not on every batch.
+
+        Parameters
+        ----------
+        artifact : Artifact
+            An artifact of kind ``plan``.
+
+        Returns
+        -------
+        DistributionalRepair
+            The frozen module.
         """
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")

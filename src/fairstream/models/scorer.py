@@ -94,7 +94,30 @@ class Scorer:
     @classmethod
     def from_weights(cls, weights: Sequence, biases: Sequence, mean, scale, columns: Sequence[str] | None = None,
                      group_map: GroupTransportMap | None = None, training: dict | None = None) -> Scorer:
-        """A scorer from its layers' weights (in, out) and biases, and the features' standardisation."""
+        """A scorer from its layers' weights (in, out) and biases, and the features' standardisation.
+
+        Parameters
+        ----------
+        weights : sequence of ndarray
+            One (in, out) weight matrix per layer; the last has one output column (the logit).
+        biases : sequence of ndarray
+            One (out,) bias per layer.
+        mean : array-like of shape (n_features,)
+            Standardisation centre, in feature units.
+        scale : array-like of shape (n_features,)
+            Standardisation scale, in feature units.
+        columns : sequence of str or None, default=None
+            Feature names; None numbers them.
+        group_map : GroupTransportMap or None, default=None
+            The frozen transport map between the groups (for matched DP).
+        training : dict or None, default=None
+            Provenance: how the scorer was trained (JSON).
+
+        Returns
+        -------
+        Scorer
+            The frozen scorer.
+        """
         scorer = cls.__new__(cls)
         mean, scale = np.asarray(mean, dtype=np.float64), np.asarray(scale, dtype=np.float64)
         scorer.weights_ = tuple(np.ascontiguousarray(w, dtype=np.float64) for w in weights)
@@ -136,7 +159,18 @@ class Scorer:
             raise AttributeError(f"{name} exists for a fitted scorer without hidden layers only")
 
     def decision_function(self, X) -> np.ndarray:
-        """The logit of each row, shape (n,): bit-identical whatever batch the row is in (row-wise products)."""
+        """The logit of each row, shape (n,): bit-identical whatever batch the row is in (row-wise products).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features.
+
+        Returns
+        -------
+        ndarray of shape (n_rows,)
+            The logits.
+        """
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
         check_finite(X, self.columns_)
@@ -152,11 +186,35 @@ class Scorer:
         return rowwise_matmul(z, self.weights_[-1])[:, 0] + self.biases_[-1][0]
 
     def predict_proba(self, X) -> np.ndarray:
-        """Pr[y = 1 | x] of each row, shape (n,); a 1-D ``X`` of length d is one row."""
+        """Pr[y = 1 | x] of each row, shape (n,); a 1-D ``X`` of length d is one row.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features.
+
+        Returns
+        -------
+        ndarray of shape (n_rows,)
+            Pr[y = 1 | x], in [0, 1].
+        """
         return expit(self.decision_function(X))
 
     def decision(self, X, threshold: float = 0.5) -> np.ndarray:
-        """0/1 decisions (int64): 1 where ``predict_proba(X) >= threshold``."""
+        """0/1 decisions (int64): 1 where ``predict_proba(X) >= threshold``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features.
+        threshold : float, default=0.5
+            Probability at or above which the decision is 1, in [0, 1].
+
+        Returns
+        -------
+        ndarray of int64, shape (n_rows,)
+            The 0/1 decisions.
+        """
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.integer, np.floating)) \
                 or not 0.0 <= threshold <= 1.0:
             raise RepairInputError(f"threshold must be a number in [0, 1], got {threshold!r}")
@@ -306,6 +364,16 @@ class Scorer:
 
         Every array is checked against :meth:`array_layout` first, so a scorer that could not score
         a batch is refused at load.
+
+        Parameters
+        ----------
+        artifact : Artifact
+            An artifact of kind ``scorer``.
+
+        Returns
+        -------
+        Scorer
+            The frozen module.
         """
         _check_kind(artifact)
         artifacts.check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
@@ -362,12 +430,12 @@ class LogisticScorer(Scorer, Estimator):
 
     Parameters
     ----------
-    l2:
+    l2 : float, default=1e-3
         Ridge penalty on the standardised coefficients (>= 0); it keeps the fit finite on
         separable data.
-    max_iter:
+    max_iter : int, default=50
         Newton steps at most.
-    tol:
+    tol : float, default=1e-8
         Stop when the largest change of a parameter in a step is below ``tol``.
     """
 
@@ -387,7 +455,22 @@ class LogisticScorer(Scorer, Estimator):
             raise RepairInputError(f"tol must be a positive finite number, got {self.tol!r}")
 
     def fit(self, X, y, columns: Sequence[str] | None = None) -> LogisticScorer:
-        """Fit on features ``X`` (n, d) and binary labels ``y``; ``columns`` name the features in errors."""
+        """Fit on features ``X`` and binary labels ``y``.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_rows, n_features)
+            Features.
+        y : array-like of shape (n_rows,)
+            Binary labels (0 or 1).
+        columns : sequence of str or None, default=None
+            Feature names, used in error messages.
+
+        Returns
+        -------
+        self : LogisticScorer
+            The fitted scorer.
+        """
         self._check_params()
         X = as_2d(X, columns=columns)
         names = column_names(X.shape[1], columns)
@@ -419,6 +502,22 @@ class LogisticScorer(Scorer, Estimator):
                     data_fingerprint: str | None = None) -> artifacts.Artifact:
         """Freeze the fitted scorer into an :class:`~fairstream.repair.artifacts.Artifact` of kind ``scorer``.
 
+        Parameters
+        ----------
+        version : int, default=1
+            The artifact's version number.
+        metrics : dict or None, default=None
+            Fit-time metrics to record in the manifest (JSON numbers).
+        data_fingerprint : str or None, default=None
+            Fingerprint of the fit data (see :func:`~fairstream.repair.artifacts.fingerprint_arrays`).
+
+        Returns
+        -------
+        Artifact
+            An artifact of kind ``scorer``.
+
+        Examples
+        --------
         >>> import numpy as np
         >>> scorer = LogisticScorer().fit([[0.0], [1.0], [2.0], [3.0]], [0, 1, 0, 1])
         >>> copy = LogisticScorer.from_artifact(scorer.to_artifact(version=3))

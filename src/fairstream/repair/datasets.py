@@ -69,6 +69,33 @@ class Dataset:
     ``s`` and ``u`` hold integer codes; ``s_labels`` and ``u_labels`` map every code to a readable
     label. ``y`` is a binary outcome, or None for unlabelled (simulated) data.
 
+    Parameters
+    ----------
+    name : str
+        Name of the data set.
+    X : array-like of shape (n_rows, n_features)
+        Feature values; must be finite.
+    feature_names : list of str
+        Name of each column of ``X``.
+    s : array-like of shape (n_rows,)
+        Protected attribute, integer codes.
+    s_name : str
+        What ``s`` means (e.g. ``"sex"``).
+    s_labels : dict of int to str
+        Readable label of every code of ``s``.
+    u : array-like of shape (n_rows,)
+        Unprotected attribute (stratum), integer codes.
+    u_name : str
+        What ``u`` means.
+    u_labels : dict of int to str
+        Readable label of every code of ``u``.
+    y : array-like of shape (n_rows,) or None, default=None
+        Binary outcome (0 or 1), or None for unlabelled data.
+    y_name : str or None, default=None
+        What ``y`` means.
+
+    Examples
+    --------
     >>> ds = Dataset("toy", [[1.0], [2.0]], ["x"], [0, 1], "sex", {0: "female", 1: "male"},
     ...              [1, 1], "college", {0: "no", 1: "yes"})
     >>> ds.X.shape, ds.group_counts()
@@ -215,6 +242,18 @@ def _header(filename: str) -> list[str]:
 def available_columns(name: str) -> list[str]:
     """Column names of a real data set's CSV, to pick other ``features=`` for its loader.
 
+    Parameters
+    ----------
+    name : str
+        A real data set's name (of ``DATASET_NAMES``, not the simulation).
+
+    Returns
+    -------
+    list of str
+        The CSV's column names.
+
+    Examples
+    --------
     >>> "hours-per-week" in available_columns("adult")
     True
     """
@@ -495,6 +534,18 @@ def load_adult(features: Sequence[str] = _SPECS["adult"].features) -> Dataset:
     follows the public port of the method. ``y`` is income above 50K. The default features are the
     paper's, age and hours-per-week, as raw integers; any numeric column can be chosen instead.
 
+    Parameters
+    ----------
+    features : sequence of str, default=('age', 'hours-per-week')
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
+
+    Examples
+    --------
     >>> adult = load_adult()
     >>> len(adult), adult.feature_names
     (45222, ['age', 'hours-per-week'])
@@ -510,6 +561,16 @@ def load_compas(features: Sequence[str] = _SPECS["compas"].features) -> Dataset:
     Hispanic and others). ``u`` is the degree of the current charge, 1 = felony, 0 = misdemeanour:
     an unprotected attribute that legitimately bears on the features. Default features are the
     number of prior offences and age in years; ``y`` is re-offending within two years.
+
+    Parameters
+    ----------
+    features : sequence of str, default=the priors count and age
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
     """
     return _load("compas", features)
 
@@ -522,6 +583,16 @@ def load_german(features: Sequence[str] = _SPECS["german"].features) -> Dataset:
     unskilled or unemployed (A171/A172), playing the role education plays for Adult. Default
     features are the loan duration in months and the credit amount; ``y`` is the file's
     ``credit-label``, 1 for the 300 applicants rated a bad credit risk.
+
+    Parameters
+    ----------
+    features : sequence of str, default=the duration and credit amount
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
     """
     return _load("german", features)
 
@@ -535,6 +606,16 @@ def load_crime(features: Sequence[str] = _SPECS["crime"].features) -> Dataset:
     almost entirely 0 or 1, so the exact threshold moves few rows). Default features are median
     income and unemployment rate; ``y`` is ``high_crime``, scaled violent crimes per population
     above 0.25.
+
+    Parameters
+    ----------
+    features : sequence of str, default=median income and unemployment
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
     """
     return _load("crime", features)
 
@@ -546,6 +627,16 @@ def load_law(features: Sequence[str] = _SPECS["law"].features) -> Dataset:
     ones are pooled so no row is dropped). ``u`` is sex, 1 = male (LSAC code 2), 0 = female (code
     1): besides race it is the only categorical attribute in the file. Default features are the
     LSAT score and undergraduate GPA; ``y`` is ``PF_1``, passing the bar exam at the first attempt.
+
+    Parameters
+    ----------
+    features : sequence of str, default=LSAT and undergraduate GPA
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
     """
     return _load("law", features)
 
@@ -558,6 +649,18 @@ def load_health(features: Sequence[str] = _SPECS["health"].features, year: str |
     over (the file's bands named ``age_65``, ``age_75`` and ``age_85`` hold ages 60-69, 70-79 and 80+). Default
     features are the numbers of claims and of providers; ``y`` is ``Charlson>0``, a positive
     Charlson comorbidity index. The ``CharlsonIndexI_*`` columns define ``y`` and would leak it.
+
+    Parameters
+    ----------
+    features : sequence of str, default=the numbers of claims and providers
+        Numeric columns of the file to use as features, in order (see :func:`available_columns`).
+    year : {"Y1", "Y2", "Y3"} or None, default=None
+        Keep only that year's rows (one per member); None keeps every year.
+
+    Returns
+    -------
+    Dataset
+        The rows without missing values, with ``s``, ``u`` and ``y`` as described above.
     """
     return _load("health", features, year)
 
@@ -580,6 +683,20 @@ def simulate_paper(n: int = 5500, seed: int | np.random.Generator | None = None)
     (1,1) -> [0,0]. The paper uses n = 5,500 split 500 research / 5,000 archive. There is no
     outcome, so ``y`` is None. The same seed gives the same data.
 
+    Parameters
+    ----------
+    n : int, default=5500
+        Number of rows.
+    seed : int, numpy.random.Generator or None, default=None
+        Seed or generator of the draws; None draws fresh entropy.
+
+    Returns
+    -------
+    Dataset
+        ``n`` rows with two features, ``s``, ``u`` and ``y=None``.
+
+    Examples
+    --------
     >>> sim = simulate_paper(1000, seed=0)
     >>> sim.X.shape, sorted(sim.group_counts())
     ((1000, 2), [(0, 0), (0, 1), (1, 0), (1, 1)])
@@ -622,6 +739,20 @@ DATASET_NAMES = tuple(_LOADERS)
 def load(name: str, **kwargs) -> Dataset:
     """Load a data set by name; keyword arguments go to its loader.
 
+    Parameters
+    ----------
+    name : str
+        One of ``DATASET_NAMES`` (case-insensitive), e.g. ``"adult"`` or ``"simulation"``.
+    **kwargs
+        Keyword arguments of that data set's loader (``features=``, ``n=``, ``seed=``, ...).
+
+    Returns
+    -------
+    Dataset
+        The loaded data set.
+
+    Examples
+    --------
     >>> load("simulation", n=100, seed=0).X.shape
     (100, 2)
     """

@@ -41,7 +41,30 @@ def barycentric_projection(x_from: np.ndarray, x_to: np.ndarray) -> np.ndarray:
 
 def geometric_repair(X, s, u, repair_amount: float = 1.0, group_weights: Mapping | None = None,
                      columns=None) -> np.ndarray:
-    """Repair the research sample itself; returns a repaired copy of ``X`` (all columns)."""
+    """Repair the research sample itself (the on-sample baseline): a repaired copy of every column of ``X``.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        The research sample's features.
+    s : array-like of shape (n_rows,)
+        Protected attribute (group) of each row.
+    u : array-like of shape (n_rows,)
+        Unprotected attribute (stratum) of each row; groups are repaired towards each other within a
+        stratum.
+    repair_amount : float, default=1.0
+        How far each point moves towards its target, in [0, 1]: 0 leaves ``X`` unchanged, 1 is a full
+        repair.
+    group_weights : mapping of group to float or None, default=None
+        Weight of each group in the barycentre; None weighs the groups equally.
+    columns : sequence of str or None, default=None
+        Column names of ``X``, used in error messages; None names the columns by position.
+
+    Returns
+    -------
+    ndarray of shape (n_rows, n_features)
+        The repaired copy of ``X``, in the units of ``X``.
+    """
     X = as_2d(X, columns=columns)
     check_finite(X, column_names(X.shape[1], columns))
     s = normalise_labels(as_labels(s, len(X), "s"))

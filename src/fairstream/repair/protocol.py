@@ -75,6 +75,20 @@ class PipelineSchema:
     Empty fields are not checked (an embedding pipeline has no features; a record one no dimension).
     ``impute_s``: some input of the pipeline imputes a missing protected attribute, so a plan
     must carry the posterior Pr[s | x, u] to serve it.
+
+    Parameters
+    ----------
+    features : tuple of str, default=()
+        Names of the record features, in the order of the columns of ``Batch.X``; empty for an embedding
+        pipeline.
+    groups : tuple of int or str, default=()
+        The values the protected attribute s may take.
+    strata : tuple of int or str, default=()
+        The values the unprotected attribute u may take.
+    dimension : int or None, default=None
+        Length of every embedding vector; None for a record pipeline.
+    impute_s : bool, default=False
+        Whether some input of the pipeline imputes a missing s (a plan must then carry Pr[s | x, u]).
     """
 
     features: tuple[str, ...] = ()
@@ -112,6 +126,31 @@ class Capabilities:
     - ``counterparts``: instances carry ``group_map_`` (None when the artifact holds no map) and answer
       ``matched_counterparts(X, s)`` and ``predict_proba(X)`` (matched DP).
 
+    Parameters
+    ----------
+    agent : {"records", "embeddings"}
+        The input the module is applied to.
+    reads : frozenset of str
+        The columns (of ``COLUMNS``) ``apply`` reads.
+    writes : frozenset of str
+        The columns (of ``COLUMNS``) ``apply`` writes.
+    place : {"repair", "score", "post"} or None, default=None
+        The module's place in a record chain; None for an embedding module.
+    needs_s : bool, default=False
+        Whether ``apply`` reads the protected attribute s.
+    needs_labels : bool, default=False
+        Whether training needs the labels y.
+    needs_group_map : bool, default=False
+        Whether training fits a transport map between the groups.
+    trainer : str or None, default=None
+        ``"module:Class"`` path of the re-fit trainer; None when the kind cannot be re-fitted.
+    fitted_range : bool, default=False
+        Whether instances answer ``fitted_range()``.
+    counterparts : bool, default=False
+        Whether instances carry ``group_map_`` and answer ``matched_counterparts(X, s)``.
+
+    Examples
+    --------
     >>> caps = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
     ...                     place="repair")
     >>> caps.adds
@@ -152,6 +191,25 @@ class Batch:
     ``columns`` names the columns of ``X`` (the pipeline's features) in the reasons rows are refused
     with; None: they are named by position. ``added`` holds the per-row columns earlier modules of a
     chain added (a scorer's ``score`` for a module placed after it).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_rows, n_columns)
+        Record features or embedding vectors, one row per message.
+    keys : ndarray of shape (n_rows,)
+        The record keys (ids) that seed every deterministic draw.
+    s : ndarray of shape (n_rows,) or None, default=None
+        Protected attribute of each row; a missing entry is None or NaN.
+    u : ndarray of shape (n_rows,) or None, default=None
+        Unprotected attribute (stratum) of each row.
+    y : ndarray of shape (n_rows,) or None, default=None
+        Binary label of each row, when records carry one.
+    impute_s : bool, default=False
+        Repair rows without s under an imputed s (True) or refuse them (False).
+    columns : tuple of str or None, default=None
+        Names of the columns of ``X``, used in refusal reasons; None names them by position.
+    added : dict of str to ndarray of shape (n_rows,), default={}
+        Per-row columns added by earlier modules of a chain (e.g. ``"score"``).
     """
 
     X: np.ndarray
@@ -199,6 +257,23 @@ class Applied:
     the module's fitted range (clamped or refused), and ``columns`` the per-row outputs a module adds.
     Modules that read the protected attribute also report ``imputed`` (rows whose missing s was
     imputed: provenance) and ``s`` (the s each row was processed under); None when they do not.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n_rows, n_columns)
+        Output values; refused rows keep their input values.
+    ok : ndarray of bool, shape (n_rows,)
+        Which rows were processed.
+    reasons : list of (str or None), length n_rows
+        Why each refused row was refused; None for processed rows.
+    out_of_range : ndarray of bool, shape (n_rows,)
+        Which rows had a value outside the module's fitted range.
+    columns : dict of str to ndarray of shape (n_rows,), default={}
+        Per-row columns the module adds (a score, a decision).
+    imputed : ndarray of bool, shape (n_rows,), or None, default=None
+        Rows whose missing s was imputed; None for modules that do not read s.
+    s : ndarray of shape (n_rows,) or None, default=None
+        The s each row was processed under; None for modules that do not read s.
     """
 
     X: np.ndarray
@@ -235,13 +310,41 @@ class FrozenModule(Protocol):
     @classmethod
     def from_artifact(cls, artifact: Artifact) -> "FrozenModule":
         """Rebuild the frozen module from an artifact of this kind; raise :class:`ArtifactError` if any array
-        does not fit :meth:`array_layout`."""
+        does not fit :meth:`array_layout`.
+
+        Parameters
+        ----------
+        artifact : Artifact
+            An artifact of this kind, already verified against its manifest's hash.
+
+        Returns
+        -------
+        FrozenModule
+            The module, ready to ``apply``.
+        """
 
     def check_compatible(self, schema: PipelineSchema) -> None:
-        """Raise :class:`IncompatibleArtifact` if the module cannot serve a pipeline of ``schema``."""
+        """Raise :class:`IncompatibleArtifact` if the module cannot serve a pipeline of ``schema``.
+
+        Parameters
+        ----------
+        schema : PipelineSchema
+            What the pipeline promises: features, groups, strata, vector length.
+        """
 
     def apply(self, batch: Batch) -> Applied:
-        """Process every row of ``batch``; per-row failures are reasons, never exceptions."""
+        """Process every row of ``batch``; per-row failures are reasons, never exceptions.
+
+        Parameters
+        ----------
+        batch : Batch
+            The decoded rows.
+
+        Returns
+        -------
+        Applied
+            The output values and, per row, whether it was processed and why not.
+        """
 
     def probe(self) -> Batch:
         """A few deterministic rows the module must serve with finite outputs (checked at load)."""
@@ -258,6 +361,19 @@ def apply_chain(modules: Sequence[FrozenModule], batch: Batch) -> Applied:
     applied to its halves, and theirs, until only the rows that raise are left; they are refused with
     the exception's message, the others get exactly what the whole batch would have given them
     (a row's output does not depend on its batch).
+
+    Parameters
+    ----------
+    modules : sequence of FrozenModule
+        The chain, in application order (repair, then score, then post).
+    batch : Batch
+        The decoded rows.
+
+    Returns
+    -------
+    Applied
+        The chain's output: the last module's values, the first refusal reason of each row and every
+        column the modules added.
     """
     n = len(batch)
     result = Applied(X=batch.X.copy(), ok=np.ones(n, dtype=bool), reasons=[None] * n,

@@ -135,7 +135,21 @@ class _Section:
 
 @dataclass(frozen=True)
 class AgentConfig(_Section):
-    """Batching and the artifact kind one agent applies."""
+    """Batching and the artifact kind one agent applies.
+
+    Parameters
+    ----------
+    artifact : str or tuple of str
+        Artifact kind the agent applies, or a chain applied in order (e.g. ["flow", "scorer"]); the columns its
+        modules add are fields of every output record: a scorer's score and decision (a module after it, e.g.
+        group thresholds, replaces the decision).
+    batch_size : int, default=1000
+        Most messages taken per batch. Valid: an integer >= 1 and <= 100000.
+    batch_within : float, default=0.05
+        Seconds to wait for a batch to fill before processing what is there. Valid: a number > 0 and <= 60.
+    missing_s : str, default='dead_letter'
+        Records without s: dead-lettered, or repaired under a drawn s. Valid: 'dead_letter' or 'impute'.
+    """
 
     section: ClassVar[str] = "agents.records"
     artifact: RecordChain = field(metadata=_doc(
@@ -161,7 +175,31 @@ class AgentConfig(_Section):
 
 @dataclass(frozen=True)
 class EmbeddingConfig(AgentConfig):
-    """The embedding agent: the module it applies (or the identity) and the vector length."""
+    """The embedding agent: the module it applies (or the identity) and the vector length.
+
+    Parameters
+    ----------
+    artifact : str, default='identity'
+        The identity (L2 normalisation) or the published embedding module.
+    batch_size : int, default=1000
+        Most messages taken per batch. Valid: an integer >= 1 and <= 100000.
+    batch_within : float, default=0.05
+        Seconds to wait for a batch to fill before processing what is there. Valid: a number > 0 and <= 60.
+    missing_s : str, default='dead_letter'
+        Records without s: dead-lettered, or repaired under a drawn s. Valid: 'dead_letter' or 'impute'.
+    dimension : int, default=8
+        Length of every vector. Valid: an integer >= 1 and <= 65536.
+    far : float, default=0.001
+        False accept rate at which the verification monitor sets each embedding module version's threshold, on
+        the pooled impostor pairs of its window (FNMR, BFAR and BFRR are reported there). Valid: a number > 0
+        and < 1.
+    reference_vectors : int, default=200
+        Labelled vectors kept per group, each new labelled vector is paired with these for FAR/FNMR. Valid: an
+        integer >= 1 and <= 100000.
+    bfar_threshold : float, default=2.0
+        BFAR (max over geometric mean of the groups' FARs) above which the embeddings count as unfair (alert).
+        Valid: a number >= 1 and <= 1000000.
+    """
 
     section: ClassVar[str] = "agents.embeddings"
     artifact: Literal[(IDENTITY, *kinds_for("embeddings"))] = field(
@@ -191,7 +229,41 @@ def statistic_names(value: str | tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class MonitorConfig(_Section):
-    """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests."""
+    """The fairness monitor: windows, drift detection, the metrics endpoint, and re-fit requests.
+
+    Parameters
+    ----------
+    metrics_port : int or "off", default=0
+        The worker's Prometheus /metrics port: 0 = any free port (logged), "off" = no endpoint; `fairstream
+        worker --metrics-port` overrides it per worker. Valid: an integer >= 0 and <= 65535 or 'off'.
+    window_records : int, default=8000
+        Count-based window of the statistics. Valid: an integer >= 1 and <= 10000000.
+    window_seconds : float, default=120.0
+        Time-based window of the statistics. Valid: a number > 0 and <= 604800.
+    buckets : int, default=10
+        Windows slide by 1/buckets of their length; at most window_records. Valid: an integer >= 1 and <= 1000.
+    statistic : str or tuple of str, default='dependence_e'
+        The statistic(s) after the chain fed to drift detectors, one detector each; decision statistics (dp_*,
+        conditional_dp, eopp) need a chain that writes a decision (its last module's: a scorer's, or group
+        thresholds after it), mdp and otf one that writes a score (mdp: by a scorer that carries a group map),
+        eopp needs labels. Valid: a statistic ('dependence_e', 'w1', 'dp_difference', 'dp_ratio',
+        'conditional_dp', 'eopp', 'mdp', 'otf') or a non-empty list of distinct ones.
+    detector : str, default='adwin'
+        River drift detector. Valid: 'adwin', 'page_hinkley' or 'kswin'.
+    threshold : float or dict, default=0.1
+        Fairness gap above which a statistic counts as unfair (dp_ratio: 1 - ratio); the alert rules are
+        rendered from these values (`fairstream alerts`). Valid: a number in (0, 1e6], or a table of statistic =
+        number for every monitored statistic.
+    cooldown_seconds : float, default=60.0
+        Hysteresis: at most one drift event per cooldown. Valid: a number >= 0 and <= 86400.
+    min_records : int, default=500
+        No statistic is reported before the window holds this many records; at most window_records. Valid: an
+        integer >= 1 and <= 10000000.
+    max_event_time_skew : float, default=60.0
+        Seconds a record's ts may be from the worker's clock (either way); the time window files a record with a
+        ts further off at its arrival time (Kafka timestamp, else now) and counts it
+        (fairstream_records_event_time_skewed_total); at most window_seconds. Valid: a number > 0 and <= 604800.
+    """
 
     section: ClassVar[str] = "monitor"
     metrics_port: Port = field(default=0, metadata=_doc(
@@ -266,7 +338,27 @@ class MonitorConfig(_Section):
 
 @dataclass(frozen=True)
 class ShadowConfig(_Section):
-    """The shadow promotion policy: on how many live records and on what a candidate must beat the active chain."""
+    """The shadow promotion policy: on how many live records and on what a candidate must beat the active chain.
+
+    Parameters
+    ----------
+    min_records : int, default=2000
+        Live records a candidate is measured on beside the active chain before the shadow policy decides. Valid:
+        an integer >= 1 and <= 100000000.
+    statistic : str or tuple of str, default=()
+        The statistic(s) on which the candidate must beat the active chain; each needs what monitor.statistic
+        needs of the chain; [] = monitor.statistic. Valid: a statistic ('dependence_e', 'w1', 'dp_difference',
+        'dp_ratio', 'conditional_dp', 'eopp', 'mdp', 'otf') or a list of distinct ones ([]: the monitor's).
+    min_improvement : float, default=0.0
+        The candidate's value of every compared statistic must be lower than the active chain's by more than
+        this. Valid: a number >= 0 and <= 1000000.
+    max_accuracy_drop : float, default=0.02
+        Guard with labels: the candidate's accuracy may be at most this much below the active chain's. Valid: a
+        number >= 0 and <= 1.
+    max_decision_rate_change : float, default=0.05
+        Guard without labels: the candidate's overall decision rate may differ from the active chain's by at
+        most this. Valid: a number >= 0 and <= 1.
+    """
 
     section: ClassVar[str] = "shadow"
     min_records: Annotated[int, Meta(ge=1, le=100_000_000)] = field(default=2000, metadata=_doc(
@@ -296,7 +388,26 @@ class ShadowConfig(_Section):
 
 @dataclass(frozen=True)
 class KafkaConfig(_Section):
-    """How every client authenticates and encrypts (see :mod:`fairstream.streams.kafka`); never the password itself."""
+    """How every client authenticates and encrypts (see :mod:`fairstream.streams.kafka`); never the password itself.
+
+    Parameters
+    ----------
+    security_protocol : str, default='PLAINTEXT'
+        Kafka security protocol of every client (worker, control, replay, re-fit, CLI). Valid: 'PLAINTEXT',
+        'SSL', 'SASL_PLAINTEXT' or 'SASL_SSL'.
+    sasl_mechanism : str, default='PLAIN'
+        SASL mechanism (SASL_* protocols). Valid: 'PLAIN', 'SCRAM-SHA-256' or 'SCRAM-SHA-512'.
+    sasl_username : str, default=''
+        SASL user.
+    sasl_password_file : str, default=''
+        File holding the SASL password (a mounted secret); $FAIRSTREAM_KAFKA_SASL_PASSWORD takes precedence.
+    ssl_cafile : str, default=''
+        CA bundle to verify the brokers (SSL protocols).
+    ssl_certfile : str, default=''
+        Client certificate (mutual TLS), with ssl_keyfile.
+    ssl_keyfile : str, default=''
+        The client certificate's key.
+    """
 
     section: ClassVar[str] = "kafka"
     security_protocol: Literal[PROTOCOLS] = field(default="PLAINTEXT", metadata=_doc(
@@ -312,7 +423,17 @@ class KafkaConfig(_Section):
 
 @dataclass(frozen=True)
 class DeliveryConfig(_Section):
-    """What the workers promise about each record's outputs: at least once, or exactly once (Kafka transactions)."""
+    """What the workers promise about each record's outputs: at least once, or exactly once (Kafka transactions).
+
+    Parameters
+    ----------
+    guarantee : str, default='at_least_once'
+        "at_least_once": a batch's outputs are acknowledged before its offsets are committed, and a crash or a
+        rebalance replays the batch (its duplicates are identical: de-duplicate by id and input_digest);
+        "exactly_once": a batch's outputs, dead letters and offsets are one Kafka transaction, so readers with
+        isolation.level=read_committed see each output once (Apache Kafka only, not the embedded broker;
+        agents.*.batch_size is the transaction's size). Valid: 'at_least_once' or 'exactly_once'.
+    """
 
     section: ClassVar[str] = "delivery"
     guarantee: Literal[GUARANTEES] = field(default="at_least_once", metadata=_doc(
@@ -350,7 +471,54 @@ def _topic_hint(key: str, value):
 
 @dataclass(frozen=True)
 class PipelineConfig(_Section):
-    """One pipeline: record fields, groups, strata, topics, agents and the monitor (from a TOML file)."""
+    """One pipeline: record fields, groups, strata, topics, agents and the monitor (from a TOML file).
+
+    Parameters
+    ----------
+    name : str
+        Pipeline name; the worker's default app id is <prefix>-<name>. Valid: a name of letters, digits, '_',
+        '-' and inner dots (at most 200 characters).
+    features : tuple of str
+        Feature names of every record, in plan order. Valid: a non-empty list of distinct, non-empty names.
+    groups : tuple of int or str
+        Values of the protected attribute s. Valid: a non-empty list of distinct integers or strings.
+    strata : tuple of int or str
+        Values of the unprotected attribute u. Valid: a non-empty list of distinct integers or strings.
+    s_name : str, default='s'
+        What s means (for reports).
+    u_name : str, default='u'
+        What u means (for reports).
+    label : bool, default=False
+        Records may carry a label y (0 or 1).
+    max_message_bytes : int, default=65536
+        Larger input messages are dead-lettered. Valid: an integer >= 64 and <= 524288.
+    include_original : bool, default=True
+        Repaired records also carry the original features.
+    artifact_dir : str, default='runs/artifacts'
+        The content-addressed artifact store. Valid: a non-empty string.
+    valid_ranges : dict, default={}
+        Valid [min, max] of a feature (inclusive): values outside are dead-lettered whatever the plan's out-of-
+        range policy; a feature without an entry is unbounded. Valid: keys: configured features.
+    promotion : str, default='auto'
+        How a re-fit artifact comes to serve: "auto" = as soon as its holdout validation passes; "shadow" =
+        published as a candidate that every worker applies beside the active chain, promoted or retired by the
+        [shadow] policy; "approve" = a candidate in shadow until a person runs `fairstream artifacts approve`
+        (or `reject`). Valid: 'auto', 'shadow' or 'approve'.
+    topics : TopicConfig, default=TopicConfig()
+        ``[topics]``: topic prefix, partitions and replication.
+    records : AgentConfig, default=AgentConfig(artifact="plan")
+        ``[agents.records]``: the record agent's chain and batching.
+    embeddings : EmbeddingConfig, default=EmbeddingConfig()
+        ``[agents.embeddings]``: the embedding agent.
+    monitor : MonitorConfig, default=MonitorConfig()
+        ``[monitor]``: windows, drift detection, metrics, re-fit requests.
+    shadow : ShadowConfig, default=ShadowConfig()
+        ``[shadow]``: when a candidate in shadow is promoted or retired.
+    kafka : KafkaConfig, default=KafkaConfig()
+        ``[kafka]``: the brokers' security protocol and credentials.
+    delivery : DeliveryConfig, default=DeliveryConfig()
+        ``[delivery]``: at-least-once or exactly-once.
+    """
 
     section: ClassVar[str] = "pipeline"
     name: Annotated[str, Meta(pattern=_NAME_PATTERN, max_length=200, extra={
@@ -426,7 +594,13 @@ class PipelineConfig(_Section):
         return self.shadow.statistics or self.monitor.statistics
 
     def schema(self) -> PipelineSchema:
-        """What this pipeline promises its modules (checked by every module at load time)."""
+        """What this pipeline promises its modules (checked by every module at load time).
+
+        Returns
+        -------
+        PipelineSchema
+            The features, groups, strata, vector length and whether s is imputed.
+        """
         return PipelineSchema(features=tuple(self.features), groups=tuple(self.groups), strata=tuple(self.strata),
                               dimension=self.embeddings.dimension, impute_s=self.imputes_s)
 
@@ -450,7 +624,18 @@ class PipelineConfig(_Section):
 
     @classmethod
     def from_toml(cls, path: str | Path) -> "PipelineConfig":
-        """Read and validate a pipeline TOML file; every error is a ConfigError that starts with the path."""
+        """Read and validate a pipeline TOML file; every error is a ConfigError that starts with the path.
+
+        Parameters
+        ----------
+        path : str or pathlib.Path
+            The pipeline TOML file (UTF-8).
+
+        Returns
+        -------
+        PipelineConfig
+            The validated configuration.
+        """
         try:
             text = Path(path).read_bytes().decode("utf-8")
         except FileNotFoundError:
@@ -468,7 +653,19 @@ class PipelineConfig(_Section):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PipelineConfig":
-        """Validate a parsed pipeline TOML document."""
+        """Validate a parsed pipeline TOML document.
+
+        Parameters
+        ----------
+        data : dict
+            The parsed TOML document: tables ``pipeline``, ``topics``, ``agents``, ``monitor``, ``shadow``, ``kafka``
+            and ``delivery``.
+
+        Returns
+        -------
+        PipelineConfig
+            The validated configuration.
+        """
         known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery"}
         unknown = set(data) - known
         if unknown:
@@ -491,7 +688,13 @@ class PipelineConfig(_Section):
         )
 
     def to_toml(self) -> str:
-        """The configuration as TOML that :meth:`from_toml` reads back to an equal object."""
+        """The configuration as TOML that :meth:`from_toml` reads back to an equal object.
+
+        Returns
+        -------
+        str
+            The TOML text, every key written explicitly.
+        """
         pipeline = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NESTED}
         ranges = pipeline.pop("valid_ranges")
         monitor = _asdict(self.monitor)
@@ -740,7 +943,18 @@ def reference_markdown() -> str:
 
 
 def adult_config(**changes) -> PipelineConfig:
-    """The pipeline of the Adult demo: S = sex, U = education-num > 9, X = age, hours-per-week."""
+    """The pipeline of the Adult demo: S = sex, U = education-num > 9, X = age, hours-per-week.
+
+    Parameters
+    ----------
+    **changes
+        Fields of :class:`PipelineConfig` to replace (e.g. ``features=("age",)``).
+
+    Returns
+    -------
+    PipelineConfig
+        The demo's configuration with ``changes`` applied.
+    """
     ranges = {"age": (0.0, 120.0), "hours-per-week": (0.0, 168.0)}
     if "features" in changes and "valid_ranges" not in changes:  # another feature list keeps the ranges it names
         changes["valid_ranges"] = {k: v for k, v in ranges.items() if k in changes["features"]}

@@ -101,6 +101,15 @@ class TopicConfig:
     ``partitions`` is one count for every data topic or a table with per-topic counts (see the
     module docstring); it is kept as the int, or as ``(("default", n), (topic, n), ...)`` pairs in
     :data:`DATA_TOPICS` order without the counts equal to the default, so equal layouts compare equal.
+
+    Parameters
+    ----------
+    prefix : str, default="fairstream"
+        Prefix of every topic name (``<prefix>.records.in``, ...).
+    partitions : int or mapping of str to int, default=4
+        Partitions of every data topic, or ``{"default": n, "<topic>": n, ...}``; the control topic has one.
+    replication : int, default=1
+        Replication factor of every topic.
     """
 
     prefix: str = "fairstream"

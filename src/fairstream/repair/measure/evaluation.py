@@ -57,7 +57,30 @@ class RepairEvaluation:
 
 
 def evaluate_repair(X, X_repaired, s, u, bins: int = 30, n_permutations: int = 20, seed: int = 0) -> RepairEvaluation:
-    """E before/after (same estimator, same bins rule) and the noise floor of the unrepaired data."""
+    """E before/after (same estimator, same bins rule) and the noise floor of the unrepaired data.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Features before the repair.
+    X_repaired : array-like of shape (n_rows, n_features)
+        The same rows after the repair.
+    s : array-like of shape (n_rows,)
+        Protected attribute of each row.
+    u : array-like of shape (n_rows,)
+        Unprotected attribute (stratum) of each row.
+    bins : int, default=30
+        Bins per feature of the E estimator (see :func:`~fairstream.repair.measure.metrics.dependence_e`).
+    n_permutations : int, default=20
+        Permutations of the noise floor.
+    seed : int, default=0
+        Seed of the permutations.
+
+    Returns
+    -------
+    RepairEvaluation
+        E before and after the repair and the unrepaired data's noise floor.
+    """
     return RepairEvaluation(
         e_before=dependence_e(X, s, u, bins=bins),
         e_after=dependence_e(X_repaired, s, u, bins=bins),

@@ -204,6 +204,31 @@ def matched_dp(f_x, f_matched, s=None, s_matched=None, u=None, groups=None, weig
     labels seen; ``weights`` are the counterparts' coupling shares (``Counterparts.weights``; default
     1 each). Hand-checkable: rows 0.9 vs 0.6 and 0.2 vs 0.4 give (0.3 + 0.2) / 2.
 
+    Parameters
+    ----------
+    f_x : array-like of shape (n_pairs,)
+        Score of each row, in [0, 1].
+    f_matched : array-like of shape (n_pairs,)
+        Score of each row's counterpart in the other group.
+    s : array-like of shape (n_pairs,) or None, default=None
+        Group of each row; omit with ``s_matched`` for one pair of groups.
+    s_matched : array-like of shape (n_pairs,) or None, default=None
+        Group of each counterpart.
+    u : array-like of shape (n_pairs,) or None, default=None
+        Stratum of each row; None is one stratum.
+    groups : sequence or None, default=None
+        The groups to report, in order; None takes the labels seen.
+    weights : array-like of shape (n_pairs,) or None, default=None
+        Coupling share of each counterpart; None weighs every pair 1.
+
+    Returns
+    -------
+    MatchedDPResult
+        Mean |f(x) - f(T(x))| per pair of groups (and stratum), in score units, and the worst pair
+        (``overall``).
+
+    Examples
+    --------
     >>> round(matched_dp([0.9, 0.2], [0.6, 0.4]).overall, 3)
     0.25
     >>> # a row with two half counterparts, then a whole one: (0.5 * 0.3 + 0.5 * 0.1 + 0.2) / 2
@@ -227,6 +252,22 @@ def fair_matching(f_a, f_b) -> tuple[np.ndarray, np.ndarray]:
     Proposition 3.5 of the paper: among all one-to-one matchings it minimises the mean |f_a - f_b|,
     which then equals the W1 distance between the two samples.
 
+    Parameters
+    ----------
+    f_a : array-like of shape (n,)
+        Scores of the first sample.
+    f_b : array-like of shape (n,)
+        Scores of the second sample, of the same size.
+
+    Returns
+    -------
+    i : ndarray of int, shape (n,)
+        Indices into ``f_a``.
+    j : ndarray of int, shape (n,)
+        Indices into ``f_b``; ``f_a[i[k]]`` is matched with ``f_b[j[k]]``.
+
+    Examples
+    --------
     >>> i, j = fair_matching([0.9, 0.1, 0.5], [0.2, 0.8, 0.3])
     >>> [(int(a), int(b)) for a, b in zip(i, j)]
     [(1, 0), (2, 2), (0, 1)]
@@ -262,6 +303,32 @@ def fair_matching_cost(X, scores, s, groups=None, reference=None, n_batches: int
     ``reference`` names one) are rank-matched by score (:func:`fair_matching`). The cost is in the
     units of ``X``: pass features scaled as the model's group map scales them (``group_map.scaled(X)``).
 
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Features, scaled as the model's group map scales them.
+    scores : array-like of shape (n_rows,)
+        The scorer's score of each row.
+    s : array-like of shape (n_rows,)
+        Group of each row.
+    groups : sequence or None, default=None
+        The groups to match, in order; None takes the labels seen.
+    reference : group label or None, default=None
+        The group every other group is matched to; None takes the largest.
+    n_batches : int, default=100
+        Number of random mini-batches.
+    batch_size : int, default=1024
+        Rows drawn per group and mini-batch (at most the smaller group's size).
+    seed : int, default=0
+        Seed of the draws.
+
+    Returns
+    -------
+    FairMatchingCost
+        The mean squared displacement per matched group, in squared units of ``X``.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> X = np.array([[0.0], [1.0], [0.0], [1.0]]); s = [0, 0, 1, 1]
     >>> fair_matching_cost(X, [0.1, 0.9, 0.2, 0.8], s, n_batches=1).cost.tolist()  # like is matched with like

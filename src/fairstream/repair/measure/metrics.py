@@ -312,6 +312,29 @@ def dependence_e(X, s, u=None, bins: int = 30, alpha: float = 0.5, edges=None) -
     when group sizes differ, give E > 0 even for independent data, which is what
     :func:`dependence_e_noise_floor` measures.
 
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Feature values.
+    s : array-like of shape (n_rows,)
+        Protected attribute (group) of each row.
+    u : array-like of shape (n_rows,) or None, default=None
+        Unprotected attribute (stratum) of each row; None is one stratum.
+    bins : int, default=30
+        Number of equal-width bins per feature and stratum (ignored when ``edges`` is given).
+    alpha : float, default=0.5
+        Pseudo-count added to every bin of every group before normalising (additive smoothing).
+    edges : sequence of ndarray or None, default=None
+        Fixed bin edges per feature (ascending); None derives them from the data.
+
+    Returns
+    -------
+    DependenceResult
+        E per feature (``per_feature``, in nats, 0 when the groups are identically distributed), per stratum and
+        feature, and in total.
+
+    Examples
+    --------
     >>> X = np.array([[0.0], [1.0], [0.0], [1.0]])
     >>> float(dependence_e(X, s=[0, 0, 1, 1], u=[0, 0, 0, 0]).total)
     0.0
@@ -351,6 +374,32 @@ def dependence_e_noise_floor(X, s, u=None, n_permutations: int = 20, seed: int =
     Same estimator as :func:`dependence_e`, with ``s`` permuted within each ``u`` stratum, which
     makes X independent of S given U while keeping the sample sizes of every (u, s) cell.
 
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Feature values.
+    s : array-like of shape (n_rows,)
+        Protected attribute (group) of each row.
+    u : array-like of shape (n_rows,) or None, default=None
+        Unprotected attribute (stratum) of each row; None is one stratum.
+    n_permutations : int, default=20
+        Number of within-stratum permutations of ``s``.
+    seed : int, default=0
+        Seed of the permutations.
+    bins : int, default=30
+        As in :func:`dependence_e`.
+    alpha : float, default=0.5
+        As in :func:`dependence_e`.
+    edges : sequence of ndarray or None, default=None
+        As in :func:`dependence_e`.
+
+    Returns
+    -------
+    NoiseFloorResult
+        Mean and standard deviation of E over the permutations, per feature and in total.
+
+    Examples
+    --------
     >>> rng = np.random.default_rng(1)
     >>> X, s = rng.normal(size=(500, 1)), rng.integers(0, 2, 500)
     >>> floor = dependence_e_noise_floor(X, s, n_permutations=5)
@@ -461,6 +510,22 @@ def rate_counts(y: np.ndarray, s_codes: np.ndarray, u_codes: np.ndarray,
 def demographic_parity(y, s, u=None) -> DemographicParityResult:
     """Demographic parity of binary decisions ``y`` across groups ``s``, and conditional on ``u``.
 
+    Parameters
+    ----------
+    y : array-like of shape (n_rows,)
+        Binary decisions (0 or 1; booleans accepted).
+    s : array-like of shape (n_rows,)
+        Group of each row.
+    u : array-like of shape (n_rows,) or None, default=None
+        Stratum of each row, for conditional demographic parity; None is one stratum.
+
+    Returns
+    -------
+    DemographicParityResult
+        Positive rate per group (and per stratum), their max-min difference and min/max ratio.
+
+    Examples
+    --------
     >>> result = demographic_parity([1, 1, 0, 1, 0, 0], s=["a", "a", "a", "b", "b", "b"])
     >>> round(result.difference, 3), round(result.ratio, 3)
     (0.333, 0.5)
@@ -477,6 +542,20 @@ def demographic_parity(y, s, u=None) -> DemographicParityResult:
 def dp_difference(y, s) -> float:
     """Max minus min positive rate across groups, in [0, 1].
 
+    Parameters
+    ----------
+    y : array-like of shape (n_rows,)
+        Binary decisions.
+    s : array-like of shape (n_rows,)
+        Group of each row.
+
+    Returns
+    -------
+    float
+        The largest minus the smallest positive rate; 0 is parity.
+
+    Examples
+    --------
     >>> dp_difference([1, 0, 0, 0], s=[0, 0, 1, 1])
     0.5
     """
@@ -486,6 +565,20 @@ def dp_difference(y, s) -> float:
 def dp_ratio(y, s) -> float:
     """Min over max positive rate across groups (disparate impact), in [0, 1].
 
+    Parameters
+    ----------
+    y : array-like of shape (n_rows,)
+        Binary decisions.
+    s : array-like of shape (n_rows,)
+        Group of each row.
+
+    Returns
+    -------
+    float
+        The smallest over the largest positive rate; 1 is parity.
+
+    Examples
+    --------
     >>> dp_ratio([1, 0, 1, 1], s=[0, 0, 1, 1])
     0.5
     """
@@ -502,6 +595,20 @@ def auc(score: np.ndarray, positive: np.ndarray) -> float:
 
     NaN when one class is absent.
 
+    Parameters
+    ----------
+    score : ndarray of shape (n_rows,)
+        A score per row; higher means more likely positive.
+    positive : ndarray of bool, shape (n_rows,)
+        Which rows are positive.
+
+    Returns
+    -------
+    float
+        The AUC in [0, 1] (0.5 is chance), or NaN.
+
+    Examples
+    --------
     >>> auc(np.array([0.1, 0.4, 0.35, 0.8]), np.array([False, False, True, True]))
     0.75
     """
@@ -543,6 +650,22 @@ class WassersteinResult:
 def wasserstein_between_groups(X, s, u=None) -> WassersteinResult:
     """1-D W1 (``scipy.stats.wasserstein_distance``) between each pair of groups, per (u, k).
 
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Feature values.
+    s : array-like of shape (n_rows,)
+        Protected attribute (group) of each row.
+    u : array-like of shape (n_rows,) or None, default=None
+        Unprotected attribute (stratum) of each row; None is one stratum.
+
+    Returns
+    -------
+    WassersteinResult
+        W1 per stratum, pair of groups and feature, and per feature (in the units of that feature).
+
+    Examples
+    --------
     >>> result = wasserstein_between_groups([[0.0], [1.0], [2.0], [3.0]], s=[0, 0, 1, 1])
     >>> result.per_feature.tolist()
     [2.0]
@@ -600,6 +723,20 @@ def repair_displacement(X, X_repaired, n_features: int | None = None) -> np.ndar
 def damage(X, X_repaired) -> DamageResult:
     """Mean absolute displacement of a repair, per feature and overall.
 
+    Parameters
+    ----------
+    X : array-like of shape (n_rows, n_features)
+        Features before the repair.
+    X_repaired : array-like of shape (n_rows, n_features)
+        The same rows after the repair.
+
+    Returns
+    -------
+    DamageResult
+        Mean |X_repaired - X| per feature (in the units of that feature) and their mean overall.
+
+    Examples
+    --------
     >>> damage([[0.0, 1.0], [2.0, 3.0]], [[1.0, 1.0], [2.0, 5.0]]).per_feature.tolist()
     [0.5, 1.0]
     """

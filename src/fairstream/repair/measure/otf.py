@@ -229,6 +229,31 @@ def otf0(scores, C, G, eps: float = 1e-3, mu0=None, nu0=None, tol: float = 1e-10
 
     ``eps`` is the entropic regularisation in units of ``C``; ``tol`` the largest constraint residual
     ``|G f|`` (score units) at which L-BFGS stops. See the module docstring for the method.
+
+    Parameters
+    ----------
+    scores : array-like of shape (n,)
+        Non-negative scores with a positive sum (transported as mass).
+    C : array-like of shape (n, n)
+        Transport cost between rows (see :func:`cost_matrix`).
+    G : array-like of shape (d_F, n)
+        Fairness constraints; ``G f = 0`` for fair scores ``f`` (see :func:`constraint_matrix`).
+    eps : float, default=1e-3
+        Entropic regularisation, in units of ``C``.
+    mu0 : array-like of shape (d_F,) or None, default=None
+        Warm start of the fair problem's dual; None starts at 0.
+    nu0 : array-like of shape (d_F,) or None, default=None
+        Warm start of the relaxed problem's dual; None starts at 0.
+    tol : float, default=1e-10
+        Largest constraint residual ``|G f|`` (score units) at which the solver stops.
+    max_iter : int, default=1000
+        Most L-BFGS iterations per solve.
+
+    Returns
+    -------
+    OTFResult
+        The value of OTF0 (units of ``C`` times score mass), its gradient with respect to the scores,
+        the duals (to warm-start the next call) and the solver's iteration counts.
     """
     h = as_scores(scores, "scores")
     n = h.size
@@ -320,6 +345,32 @@ def otf0_of_batch(scores, X, S, y=None, notion: str = "dp", eps: float = 1e-3, c
                   **solver) -> OTFResult:
     """OTF0 of a batch from its features ``X`` (non-protected), sensitive columns ``S`` and labels ``y``.
 
+    Parameters
+    ----------
+    scores : array-like of shape (n,)
+        Non-negative scores of the batch's rows.
+    X : array-like of shape (n, n_features)
+        Non-protected features; the cost is their Euclidean distance (see :func:`cost_matrix`).
+    S : array-like of shape (n, d_S)
+        Sensitive columns (one-hot groups, see :func:`one_hot`, or continuous columns).
+    y : array-like of shape (n,) or None, default=None
+        Labels, needed for ``notion="eo"``.
+    notion : {"dp", "eo"}, default="dp"
+        Demographic parity or equalized odds.
+    eps : float, default=1e-3
+        Entropic regularisation, in units of the cost.
+    cost_scale : float or None, default=None
+        Distance that counts as cost 1; None takes the batch's largest distance.
+    **solver
+        ``mu0``, ``nu0``, ``tol`` and ``max_iter`` of :func:`otf0`.
+
+    Returns
+    -------
+    OTFResult
+        As :func:`otf0`.
+
+    Examples
+    --------
     >>> import numpy as np
     >>> X = np.array([[0.0], [0.1], [1.0], [1.1]]); S, _ = one_hot([0, 1, 0, 1])
     >>> round(otf0_of_batch([0.2, 0.2, 0.7, 0.7], X, S, eps=0.01).value, 6)  # already fair

@@ -224,6 +224,20 @@ def threshold_at_far(impostor_scores, far: float) -> float:
 
     With ``k = floor(far * n)`` it is the (k+1)-th largest score: at most ``k`` scores lie above it.
 
+    Parameters
+    ----------
+    impostor_scores : array-like of shape (n,)
+        Scores of pairs of different identities.
+    far : float
+        The target false accept rate, in [0, 1].
+
+    Returns
+    -------
+    float
+        The threshold: pairs scoring above it are accepted.
+
+    Examples
+    --------
     >>> threshold_at_far([0.1, 0.2, 0.3, 0.4, 0.5], far=0.2)
     0.4
     """
@@ -237,6 +251,18 @@ def threshold_at_far(impostor_scores, far: float) -> float:
 def bias_ratio(rates) -> float:
     """``max(rates) / geometric-mean(rates)``: 1 for equal groups; inf if some rate is 0; nan if all are.
 
+    Parameters
+    ----------
+    rates : array-like of shape (n_groups,)
+        A rate per group (e.g. FAR), each in [0, 1].
+
+    Returns
+    -------
+    float
+        The ratio, at least 1 (BFAR or BFRR when ``rates`` are FARs or FRRs).
+
+    Examples
+    --------
     >>> round(bias_ratio([0.01, 0.04]), 12), bias_ratio([0.0, 0.1])
     (2.0, inf)
     """
@@ -324,6 +350,24 @@ def verification_rates(scores, genuine, s, threshold: float, groups=None) -> Ver
     ``scores`` are pair scores, ``genuine`` says which pairs are of one identity and ``s`` the
     group of each pair (both images in it; cross-group pairs should not be passed). ``groups``
     fixes the reported groups and their order (default: those seen).
+
+    Parameters
+    ----------
+    scores : array-like of shape (n_pairs,)
+        Similarity score of each pair (e.g. cosine).
+    genuine : array-like of bool, shape (n_pairs,)
+        Whether each pair is of one identity.
+    s : array-like of shape (n_pairs,)
+        Group of each pair.
+    threshold : float
+        Pairs scoring above it are accepted.
+    groups : sequence or None, default=None
+        The groups to report, in order; None takes those seen.
+
+    Returns
+    -------
+    VerificationRates
+        FAR and FRR per group, and BFAR and BFRR.
     """
     scores = _pair_scores(scores)
     genuine = as_binary(genuine, scores.size, "genuine").astype(bool)

@@ -139,6 +139,20 @@ class ArtifactRegistry:
     ``Active``) or leaves (None: promoted, rejected, retired or superseded), and
     ``on_refuse(kind, reason)`` after each refusal (for metrics; ``kind`` is :data:`UNKNOWN_KIND`
     when the record names no configured kind).
+
+    Parameters
+    ----------
+    loaders : mapping of str to callable
+        Per artifact kind, a function ``Artifact -> module`` (see ``module_loaders``).
+    store : ArtifactStore or None, default=None
+        The content-addressed store that resolves records travelling by path; None accepts inline
+        artifacts only.
+    on_change : callable or None, default=None
+        ``on_change(active)``, called after each swap.
+    on_refuse : callable or None, default=None
+        ``on_refuse(kind, reason)``, called after each refused record.
+    on_candidate : callable or None, default=None
+        ``on_candidate(kind, candidate)``, called when a built candidate arrives or leaves (None).
     """
 
     def __init__(
@@ -162,19 +176,53 @@ class ArtifactRegistry:
         self._next_offset = 0  # the offset a message given without one is taken to have
 
     def current(self, kind: str) -> Active | None:
-        """What ``kind`` is served with now, or None before its first accepted record."""
+        """What ``kind`` is served with now, or None before its first accepted record.
+
+        Parameters
+        ----------
+        kind : str
+            An artifact kind.
+
+        Returns
+        -------
+        Active or None
+            The serving artifact and its built module.
+        """
         return self._served.active.get(kind)
 
     def candidate(self, kind: str) -> Active | None:
-        """The built pending candidate of ``kind``, or None."""
+        """The built pending candidate of ``kind``, or None.
+
+        Parameters
+        ----------
+        kind : str
+            An artifact kind.
+
+        Returns
+        -------
+        Active or None
+            The pending candidate and its built module.
+        """
         return self._served.candidates.get(kind)
 
     def snapshot(self) -> Mapping[str, Active]:
-        """Every kind's active artifact, as one consistent read-only mapping."""
+        """Every kind's active artifact, as one consistent read-only mapping.
+
+        Returns
+        -------
+        mapping of str to Active
+            The active artifact of every kind that has one.
+        """
         return self._served.active
 
     def served(self) -> Served:
-        """The active artifacts and the built pending candidates, from one consistent state."""
+        """The active artifacts and the built pending candidates, from one consistent state.
+
+        Returns
+        -------
+        Served
+            The active artifacts and pending candidates, read together.
+        """
         return self._served
 
     def explain_missing(self, kind: str) -> tuple[int, str]:
@@ -199,6 +247,20 @@ class ArtifactRegistry:
         tombstones) are not artifacts: skipped, not refused. A record the version rule refuses (a
         collision, a gap, a rollback to a version never published) is refused before its artifact is
         even fetched. Nothing a message holds can raise out of here.
+
+        Parameters
+        ----------
+        value : bytes or None
+            The control message's value; None is a tombstone.
+        key : bytes or str, optional
+            The message's key; by default the key its value implies.
+        offset : int or None, default=None
+            The message's offset in the control topic; None takes the next one.
+
+        Returns
+        -------
+        bool
+            Whether the message was accepted.
         """
         offset = self._next_offset if offset is None else offset
         self._next_offset = offset + 1

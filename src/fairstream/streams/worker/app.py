@@ -181,7 +181,24 @@ def app_settings(config: PipelineConfig, bootstrap: str, datadir: str | None = N
 
 
 def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None, datadir: str | None = None) -> faust.App:
-    """The worker app for one pipeline; several worker processes with the same id share partitions."""
+    """The worker app for one pipeline; several worker processes with the same id share partitions.
+
+    Parameters
+    ----------
+    config : PipelineConfig
+        The pipeline.
+    bootstrap : str
+        Kafka bootstrap servers, ``host:port[,host:port...]``.
+    app_id : str or None, default=None
+        The consumer group and app id; None is ``<prefix>-<name>``.
+    datadir : str or None, default=None
+        Faust's data directory; None uses Faust's default.
+
+    Returns
+    -------
+    faust.App
+        The app; start it with :func:`run_worker`.
+    """
     app_id = app_id or f"{config.topics.prefix}-{config.name}"
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
     worker = WorkerHooks(config, bootstrap, app_id, refit_source=f"monitor@{app.conf.id}")
@@ -683,6 +700,15 @@ def run_worker(app: faust.App, loglevel: str = "info", argv: Iterable[str] = ())
 
     An error it cannot recover from exits with status 1. ``FAIRSTREAM_EVENT_LOOP=uvloop`` runs it on
     uvloop (measured in benchmarks/stream_throughput.py).
+
+    Parameters
+    ----------
+    app : faust.App
+        An app made by :func:`create_app`.
+    loglevel : str, default="info"
+        Log level of the worker.
+    argv : iterable of str, default=()
+        Extra Faust worker command-line arguments.
     """
     loop = None
     if os.environ.get("FAIRSTREAM_EVENT_LOOP", "asyncio") == "uvloop":

@@ -650,6 +650,15 @@ class FairnessMonitor:
 
     ``role`` says whose chain it measures in the log: ``"active"`` (the serving chain) or ``"candidate"`` (a candidate
     chain in shadow, whose versions are not the ones serving).
+
+    Parameters
+    ----------
+    config : PipelineConfig
+        The pipeline: its features, groups, strata, chain and ``[monitor]`` settings.
+    clock : callable, default=time.time
+        Returns the current time in seconds (for the time windows).
+    role : {"active", "candidate"}, default="active"
+        Whose chain the monitor measures.
     """
 
     def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active"):
@@ -694,6 +703,18 @@ class FairnessMonitor:
         Never raises: a batch that makes a statistic raise (an artifact or data the monitor cannot measure)
         ends the monitoring of this chain (:meth:`_refuse`); its records are then only counted (``unmeasured``)
         until another chain version arrives. The worker goes on repairing either way.
+
+        Parameters
+        ----------
+        batch : RepairedBatch
+            The delivered batch, as arrays (see ``streams/codec/repaired.py``).
+        *actives : Active
+            The chain's active artifacts, in chain order.
+
+        Returns
+        -------
+        list of DriftEvent
+            The drift events this batch confirmed (usually empty).
         """
         chain = as_chain(actives)
         if len(batch.s) == 0:
@@ -763,7 +784,20 @@ class FairnessMonitor:
         return ((batch.before < lowest[codes]) | (batch.before > highest[codes])).any(axis=1)
 
     def rows(self, window: str = "count", statistic: str | None = None) -> list[tuple]:
-        """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records."""
+        """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records.
+
+        Parameters
+        ----------
+        window : {"count", "time"}, default="count"
+            The window to read.
+        statistic : str or None, default=None
+            One statistic's rows; None reads every statistic's.
+
+        Returns
+        -------
+        list of tuple
+            One tuple of gauge label values per row, the statistic's value last.
+        """
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return []
         try:
@@ -773,7 +807,20 @@ class FairnessMonitor:
             return []
 
     def statistic(self, window: str = "count", name: str | None = None) -> float | None:
-        """A detector's statistic (default: the first configured) after the chain, all strata, over a window."""
+        """A detector's statistic (default: the first configured) after the chain, all strata, over a window.
+
+        Parameters
+        ----------
+        window : {"count", "time"}, default="count"
+            The window to read.
+        name : str or None, default=None
+            A statistic of ``STATISTICS``; None is the first configured.
+
+        Returns
+        -------
+        float or None
+            The statistic's value (0 is fair), or None while the window holds too few records.
+        """
         if self.version is None or self.windows[window].n_records < self.monitor.min_records:
             return None
         try:
