@@ -30,6 +30,7 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_GET  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
 .PHONY: setup install lock k8s-rules run test bench bench-stream soak reproduce mutation clean
+.PHONY: docs docs-serve
 
 setup: $(STAMP)
 
@@ -151,6 +152,15 @@ mutation: $(STAMP)
 	    END{a=k+s+n+t; printf "%s: %d of %d mutants killed (%.1f%%), %d survived, %d not covered by its tests, %d timed out; see %s/results.txt\n", m, k, a, 100*k/a, s, n, t, ws}' \
 	    $$ws/all.txt; \
 	done
+
+# The documentation site (mkdocs.yml; docs/hooks.py generates the configuration, command-line and kinds
+# pages from the code). `make test` builds it too, with --strict, in tests/test_docs.py.
+DOCS_SITE ?= build/site
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir $(DOCS_SITE)
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 
 clean:
 	rm -rf $(VENV) $(LOCK_VENV) runs .pytest_cache .hypothesis

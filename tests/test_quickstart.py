@@ -1,5 +1,8 @@
 """The README's quick start runs as written: its ``sh`` blocks, pasted one by one into one bash, against the embedded broker.
 
+docs/getting-started.md walks the same commands with explanations: each line of the README's blocks is one of its
+lines (comments aside), so the page cannot drift from what runs here.
+
 The blocks are read from README.md (never copied here) and fed to a single bash process in order, as
 a person pasting them would: background jobs, shell variables and the broker it starts carry from
 one block to the next. Each block must succeed in every command (an ERR trap reports any that
@@ -28,6 +31,7 @@ from fairstream.streams.ops.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+GETTING_STARTED = REPO / "docs" / "getting-started.md"
 README_METRICS_PORT = "9464"
 DONE = "__quickstart_done__"
 FAILED = "__quickstart_failed__"
@@ -35,9 +39,9 @@ DEADLINE_SECONDS = 240.0  # the whole run; about 60 s on an idle 2-core machine
 
 
 def quickstart_blocks(readme: str) -> list[str]:
-    """The ``sh`` code blocks of the README's "## Quick start" section, in order."""
+    """The ``sh`` code blocks of the "## Quick start" section of a page (the README's, or the docs'), in order."""
     _, found, rest = readme.partition("\n## Quick start\n")
-    assert found, "README.md has no '## Quick start' section"
+    assert found, "no '## Quick start' section"
     section = rest.split("\n## ", 1)[0]
     return re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
 
@@ -89,6 +93,16 @@ class PastingShell:
             except subprocess.TimeoutExpired:
                 continue
             time.sleep(0.5)  # background jobs of a dead shell may outlive it by a moment
+
+
+def test_the_getting_started_page_walks_the_same_quick_start():
+    def lines(page: Path) -> list[str]:
+        return [line.split(" #", 1)[0].strip() for block in quickstart_blocks(page.read_text())
+                for line in block.splitlines() if line.strip()]
+
+    explained = lines(GETTING_STARTED)
+    missing = [line for line in lines(README) if line not in explained]
+    assert not missing, f"docs/getting-started.md's quick start lacks the README's lines {missing}"
 
 
 @pytest.mark.integration
