@@ -46,7 +46,8 @@ from fairstream.streams.codec import decode_records, encode_repaired, provenance
 from fairstream.streams.config import AgentConfig, PipelineConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.worker.monitor import FairnessMonitor, ShadowComparison
+from fairstream.streams.worker.monitor import FairnessMonitor
+from fairstream.streams.worker.shadow_comparison import ShadowComparison
 from fairstream.streams.worker.processing import RecordRepairer, Served, SimpleMessage
 
 TARGET_US = 5.0

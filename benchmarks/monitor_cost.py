@@ -28,9 +28,8 @@ from dataclasses import replace
 from adult_chain import adult_chain
 from fairstream.streams.config import adult_config
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.worker.app import export_fairness
 from fairstream.streams.worker.metrics import PipelineMetrics
-from fairstream.streams.worker.monitor import FairnessMonitor
+from fairstream.streams.worker.monitor import FairnessMonitor, export_fairness
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 

@@ -370,8 +370,8 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     with _broker(args) as broker:
         control = _control(config, broker.bootstrap)
         if args.action == "publish":
-            record = control.publish_sync(artifact, actor=actor, reason=reason, promotion=promotion)
-            print(_published_line(record, control.topic, promotion, control.last_mode.why))
+            published = control.publish_under_sync(artifact, promotion, actor=actor, reason=reason)
+            print(_published_line(published.record, control.topic, promotion, published.mode.why))
         elif args.action in _DONE:
             record = control.decide_sync(args.kind, args.version, args.action, actor=actor, reason=reason,
                                          force=getattr(args, "force", False))

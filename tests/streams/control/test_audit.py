@@ -70,12 +70,11 @@ class RecordingClient:
     async def read(self) -> ControlLog:
         return ControlLog()
 
-    def publish_sync(self, artifact, candidate=False, promotion=None, **audit) -> ControlRecord:
+    def publish_under_sync(self, artifact, promotion, **audit) -> control_client.Published:
         self.published.append(audit)
-        self.last_mode = None if promotion is None else control_client.publish_mode(promotion, ControlLog().ledger,
-                                                                                    artifact.kind)
-        candidate = candidate if self.last_mode is None else self.last_mode.candidate
-        return ControlRecord(artifact.kind, 1, artifact.sha256, path="p", candidate=candidate or None, **audit)
+        mode = control_client.publish_mode(promotion, ControlLog().ledger, artifact.kind)
+        record = ControlRecord(artifact.kind, 1, artifact.sha256, path="p", candidate=mode.candidate or None, **audit)
+        return control_client.Published(record, mode)
 
 
 def test_a_refit_publishes_under_its_own_name_with_its_trigger_and_its_figures(tmp_path):

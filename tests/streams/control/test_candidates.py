@@ -570,10 +570,10 @@ def test_the_follower_announces_the_candidate_it_shadows_and_its_figures(broker,
 def test_under_shadow_the_first_version_serves_and_the_next_is_a_candidate(broker, topics, store, artifacts):
     a, b, _ = artifacts
     client = ControlClient(broker.bootstrap, topics, store)
-    first = client.publish_sync(a, actor="refit@host", promotion="shadow")
-    assert first.candidate is None and "no plan version served yet" in client.last_mode.why
-    second = client.publish_sync(b, actor="refit@host", promotion="shadow")
-    assert (second.version, second.candidate, client.last_mode.candidate) == (2, True, True)
+    first = client.publish_under_sync(a, "shadow", actor="refit@host")
+    assert first.record.candidate is None and "no plan version served yet" in first.mode.why
+    second = client.publish_under_sync(b, "shadow", actor="refit@host")
+    assert (second.record.version, second.record.candidate, second.mode.candidate) == (2, True, True)
     registry = ArtifactRegistry(module_loaders(SCHEMA), store)
     asyncio.run(catch_up(registry, broker.bootstrap, topics.control))
     assert served_version(registry) == 1 and registry.candidate("plan").version == 2

@@ -18,10 +18,11 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.measure.accumulators import HistogramDependenceAccumulator, WassersteinAccumulator
-from fairstream.streams.codec import RepairedBatch
+from fairstream.streams.codec.repaired import RepairedBatch
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.registry import Active
-from fairstream.streams.worker.monitor import E_BINS, MAX_FIGURES, W1_BINS, ShadowComparison, plan_edges
+from fairstream.streams.worker.monitor import E_BINS, W1_BINS, plan_edges
+from fairstream.streams.worker.shadow_comparison import MAX_FIGURES, ShadowComparison
 
 CONFIG = adult_config()
 COMPARED = ("dp_difference", "eopp", "dependence_e", "w1")

@@ -8,11 +8,11 @@ reads the log back to its own record and, if an earlier record took that version
 publisher at the same moment), withdraws its record and publishes again under the next version.
 
 A candidate (``publish(..., candidate=True)``, or as :func:`publish_mode` decides from the pipeline's
-``promotion`` and the log) waits for a decision: :meth:`ControlClient.decide` writes ``approve`` or
-``reject`` (a person's) and ``promote`` or ``retire`` (a service's), then reads the log back to it
-(another decision may have come first); a new candidate retires the pending one first, under the
-publisher's name. Anything the ledger would refuse is refused here before it is written, in one line
-naming the kind and version.
+``promotion`` and the log: :meth:`ControlClient.publish_under`) waits for a decision:
+:meth:`ControlClient.decide` writes ``approve`` or ``reject`` (a person's) and ``promote`` or ``retire``
+(a service's), then reads the log back to it (another decision may have come first); a new candidate
+retires the pending one first, under the publisher's name. Anything the ledger would refuse is refused
+here before it is written, in one line naming the kind and version.
 
 The listing is what the workers do, not what the log says alone: a version whose artifact cannot
 be loaded (missing store file, damaged blob, or, with the pipeline's schema, one that does not fit)
@@ -112,11 +112,12 @@ class PublishMode:
 def publish_mode(promotion: str, ledger: VersionLedger, kind: str) -> PublishMode:
     """Whether a publish of ``kind`` under the pipeline's ``promotion`` is a candidate, from the log's ``ledger``.
 
-    The one place this is decided (the CLI and the re-fit job publish through it). ``"auto"``: never;
-    ``"approve"``: always, the first version too (a person approves it; until then the workers hold
-    input); ``"shadow"``: only when a version of ``kind`` served before (the shadow policy compares
-    the candidate with the active chain) and ``kind`` is applied by the record chain (the only one
-    measured in shadow); otherwise it serves at once, as under ``"auto"`` (its validation decided).
+    The one place this is decided (the CLI and the re-fit job publish through
+    :meth:`ControlClient.publish_under`). ``"auto"``: never; ``"approve"``: always, the first version
+    too (a person approves it; until then the workers hold input); ``"shadow"``: only when a version of
+    ``kind`` served before (the shadow policy compares the candidate with the active chain) and ``kind``
+    is applied by the record chain (the only one measured in shadow); otherwise it serves at once, as
+    under ``"auto"`` (its validation decided).
 
     >>> publish_mode("shadow", VersionLedger(), "plan").why
     "promotion is 'shadow', but no plan version served yet (there is no active chain to compare it with): it serves at
@@ -137,6 +138,22 @@ def publish_mode(promotion: str, ledger: VersionLedger, kind: str) -> PublishMod
                                   "to compare it with): it serves at once, as under 'auto'")
     return PublishMode(True, "promotion is 'shadow': the workers shadow it until the shadow policy promotes or "
                              "retires it")
+
+
+@dataclass(frozen=True)
+class Published:
+    """What a publish under the pipeline's promotion delivered (:meth:`ControlClient.publish_under`).
+
+    Attributes
+    ----------
+    record : ControlRecord
+        The delivered publish record (``record.candidate`` says whether it is a candidate).
+    mode : PublishMode
+        What :func:`publish_mode` decided, and why (for the caller to print).
+    """
+
+    record: ControlRecord
+    mode: PublishMode
 
 
 # --------------------------------------------------------------------------- the log as every reader resolves it
@@ -269,7 +286,6 @@ class ControlClient:
         self.loaders = module_loaders(schema or PipelineSchema())  # the workers' loaders, checks included
         self.inline_limit = inline_limit
         self.timeout = timeout
-        self.last_mode: PublishMode | None = None  # what the last publish under a promotion decided, and why
         self._topic_checked = False
 
     @property
@@ -300,8 +316,7 @@ class ControlClient:
         return list((await self.read()).workers.values())
 
     async def publish(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                      statistics: dict[str, float] | None = None, candidate: bool = False,
-                      promotion: str | None = None) -> ControlRecord:
+                      statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
         """Publish ``artifact`` as the next version of its kind; returns the delivered record.
 
         The record carries the audit trail: ``actor`` (default :func:`default_actor`), ``reason`` and
@@ -312,19 +327,31 @@ class ControlClient:
 
         With ``candidate``, the version does not serve: it waits, shadowed by the workers, for a
         decision (see :meth:`decide`). A candidate of the kind still pending is retired first, under
-        the same actor, with the reason "superseded by candidate version N". With the pipeline's
-        ``promotion`` instead, :func:`publish_mode` decides from the log whether it is a candidate
-        (``self.last_mode`` then says what it decided and why, for the caller to print).
+        the same actor, with the reason "superseded by candidate version N". :meth:`publish_under`
+        lets the pipeline's ``promotion`` decide instead.
         """
-        audit = _audit(actor, reason, statistics)
-        self.last_mode = None
+        record, _ = await self._publish(artifact, _audit(actor, reason, statistics), candidate)
+        return record
+
+    async def publish_under(self, artifact: Artifact, promotion: str, actor: str | None = None,
+                            reason: str | None = None, statistics: dict[str, float] | None = None) -> Published:
+        """:meth:`publish` ``artifact``, a candidate or not as :func:`publish_mode` decides from ``promotion`` and the
+        log (decided again on each attempt: another publisher may have changed the log); returns the delivered
+        record and what was decided, and why."""
+        return Published(*await self._publish(artifact, _audit(actor, reason, statistics), promotion=promotion))
+
+    async def _publish(self, artifact: Artifact, audit: dict, candidate: bool = False,
+                       promotion: str | None = None) -> tuple[ControlRecord, PublishMode | None]:
+        """:meth:`publish`'s compare-and-set loop: the delivered record, and the mode ``promotion`` decided (None
+        without one)."""
+        mode = None
         async with self._reader() as reader, self._producer() as producer:
             control = ControlLog()
             await reader.read_to_end(control)
             for _ in range(PUBLISH_ATTEMPTS):
                 if promotion is not None:  # decided again on each attempt: another publisher may have changed the log
-                    self.last_mode = publish_mode(promotion, control.ledger, artifact.kind)
-                    candidate = self.last_mode.candidate
+                    mode = publish_mode(promotion, control.ledger, artifact.kind)
+                    candidate = mode.candidate
                 version = control.ledger.next_version(artifact.kind)
                 if candidate:
                     await self._retire_pending(control, reader, producer, artifact.kind, version, audit["actor"])
@@ -338,11 +365,11 @@ class ControlClient:
                     log.info("published %s%s version %d (sha256 %s, %s)", "candidate " if candidate else "",
                              record.kind, record.version, record.sha256[:12],
                              "inline" if record.blob_b64 else f"by path {record.path}")
-                    return record
+                    return record, mode
                 await producer.send_and_wait(self.topic, None, key=key, partition=0)  # withdraw the loser
                 same = control.published(record.kind, record.version)
                 if same is not None and same.sha256 == record.sha256:  # a twin publish of this very artifact won
-                    return same
+                    return same, mode
                 log.warning("%s version %d was taken by another publish at the same moment; trying the next version",
                             record.kind, record.version)
         raise ControlError(f"could not publish {artifact.kind}: {PUBLISH_ATTEMPTS} versions in a row were taken by "
@@ -503,10 +530,14 @@ class ControlClient:
         return asyncio.run(self.workers())
 
     def publish_sync(self, artifact: Artifact, actor: str | None = None, reason: str | None = None,
-                     statistics: dict[str, float] | None = None, candidate: bool = False,
-                     promotion: str | None = None) -> ControlRecord:
+                     statistics: dict[str, float] | None = None, candidate: bool = False) -> ControlRecord:
         """Blocking :meth:`publish`."""
-        return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate, promotion))
+        return asyncio.run(self.publish(artifact, actor, reason, statistics, candidate))
+
+    def publish_under_sync(self, artifact: Artifact, promotion: str, actor: str | None = None,
+                           reason: str | None = None, statistics: dict[str, float] | None = None) -> Published:
+        """Blocking :meth:`publish_under`."""
+        return asyncio.run(self.publish_under(artifact, promotion, actor, reason, statistics))
 
     def decide_sync(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
                     statistics: dict[str, float] | None = None, force: bool = False) -> ControlRecord:

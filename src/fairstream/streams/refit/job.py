@@ -165,12 +165,13 @@ class RefitJob:
             reason = (f"the candidate is identical to the active {self.kind} v{current.version} (payload sha256 "
                       f"{artifact.sha256[:12]}); nothing to publish")
             return self._finish(started, published=False, reason=reason, **base)
-        record = self.control.publish_sync(artifact, promotion=self.config.promotion,
-                                           **_audit(trigger, score, current_score))
+        published = self.control.publish_under_sync(artifact, self.config.promotion,
+                                                    **_audit(trigger, score, current_score))
+        record = published.record
         candidate = bool(record.candidate)  # the client decided, from the promotion and the log (publish_mode)
         reason = self._publish_reason(record.version, score, current_score, current, unusable, len(held), candidate)
         if self.config.promotion != "auto" and not candidate:
-            reason = f"{reason}; {self.control.last_mode.why}"
+            reason = f"{reason}; {published.mode.why}"
         return self._finish(started, published=True, reason=reason, version=record.version, sha256=record.sha256,
                             candidate=candidate, **base)
 

@@ -28,10 +28,9 @@ its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it i
 
 Shadow candidates: while a kind of the record chain has a pending candidate, each batch also goes through the
 candidate chain (:class:`~fairstream.streams.worker.processing.Served`, read from one registry state); the
-outputs stay the active chain's. A second fairness monitor measures the candidate (gauges ``role="candidate"``,
-no drift events, no re-fit requests) and a :class:`~fairstream.streams.worker.monitor.ShadowComparison` compares
-the two chains on the same records; its figures are announced on the control topic. Under
-``promotion = "shadow"`` the worker decides each candidate once (:mod:`.shadow`) and writes the decision to the
+outputs stay the active chain's. The worker's :class:`~fairstream.streams.worker.shadow.ShadowTrial` measures the
+candidate and compares the two chains on the same records; its figures are announced on the control topic. Under
+``promotion = "shadow"`` it decides each candidate once (:mod:`.shadow`) and the worker writes the decision to the
 control topic through its notice producer.
 """
 
@@ -56,9 +55,9 @@ from confluent_kafka import KafkaException, Producer
 from faust.app.base import BootStrategy
 
 from fairstream.models.kinds import capabilities
-from fairstream.streams.codec import RefitRequest
+from fairstream.streams.codec.refit_requests import RefitRequest
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.control.records import control_key, decision_record, encode_control, reembed_event
+from fairstream.streams.control.records import control_key, encode_control, reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
@@ -69,9 +68,9 @@ from .drift import DriftEvent
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import PipelineMetrics, serve
-from .monitor import FairnessMonitor, ShadowComparison
+from .monitor import FairnessMonitor, export_fairness
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer, Served, as_actives, candidate_of
-from .shadow import FAILED, REFUSED, ShadowPolicy
+from .shadow import ShadowTrial, shadow_actor
 
 log = logging.getLogger(__name__)
 
@@ -277,14 +276,7 @@ class WorkerHooks:
                                          on_change=self.artifact_changed, on_refuse=self.artifact_refused,
                                          on_candidate=self.candidate_changed)
         self.monitor, self.verification = FairnessMonitor(config), EmbeddingMonitor(config)
-        # The candidate chain's own monitor and its comparison with the active chain, afresh for each candidate.
-        self.candidate_monitor = FairnessMonitor(config, role="candidate")
-        self.comparison = ShadowComparison(config, config.shadow_statistics)
-        self.figures: dict | None = None  # the comparison's figures at its last export, for the announcer
-        self.policy = ShadowPolicy(config.shadow, shadow_actor(app_id)) if config.promotion == "shadow" else None
-        self.pending_decisions: list = []  # decision records not sent yet, oldest first
-        self.candidate_refused = 0  # records the active chain delivered and the candidate refused, this candidate
-        self.candidate_failure: str | None = None  # why the candidate chain failed in shadow (its last failure)
+        self.shadow = ShadowTrial(config, self.metrics, shadow_actor(app_id))  # pending candidates, measured beside
         self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()
         # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
         self.metrics_port = serve(config.monitor.metrics_port,
@@ -335,22 +327,13 @@ class WorkerHooks:
         self.swaps.seen(current)
 
     def candidate_changed(self, kind: str, candidate) -> None:
-        """A pending candidate arrived (an ``Active``) or left (None), on the registry's thread: the candidate's
-        monitor and the comparison start afresh, its gauges go."""
+        """A pending candidate arrived (an ``Active``) or left (None), on the registry's thread: the shadow trial
+        measures afresh, the candidate's gauges go."""
         if kind not in self.config.records.chain:
             return  # only the record chain is measured in shadow
         with self.export_lock:
-            self.candidate_monitor = FairnessMonitor(self.config, role="candidate")
-            self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
-            self.figures, self.candidate_refused, self.candidate_failure = None, 0, None
+            self.shadow.candidate_changed(kind, candidate)
             self.unexported.discard("candidate")
-            self.metrics.clear_fairness("candidate")
-            if candidate is None:  # a decision on it still unsent goes anyway: the ledger refuses it, harmless
-                self.metrics.candidate_version.remove(kind)
-            else:
-                self.metrics.candidate_version.labels(kind).set(candidate.version)
-        if candidate is not None:
-            log.info("measuring %s candidate version %s in shadow beside the active chain", kind, candidate.version)
 
     def artifact_refused(self, kind: str, reason: str) -> None:
         """An artifact the registry would not load (it logged why)."""
@@ -371,8 +354,8 @@ class WorkerHooks:
                              worker=WorkerIdentity.of(self.app_id, self.config), shadow_figures=self.shadow_figures)
 
     def shadow_figures(self) -> dict | None:
-        """The comparison's figures as last exported (None without a candidate): read by the announcer."""
-        return self.figures
+        """The shadow trial's figures as last exported (None without a candidate): read by the announcer."""
+        return self.shadow.announced
 
     async def export_trailing(self) -> None:
         """Every second, the statistics of batches observed since the last export: exports are throttled to one a
@@ -387,7 +370,7 @@ class WorkerHooks:
     def export_unexported(self) -> None:
         """Export the monitors observed since their last export (a monitor that cannot measure exports nothing)."""
         exports = {"fairness": lambda: self.monitor.refused is None and export_fairness(self.monitor, self.metrics),
-                   "candidate": self.export_candidate,
+                   "candidate": self.shadow.export,
                    "verification": lambda: export_verification(self.verification, self.metrics)}
         with self.export_lock:
             for name in sorted(self.unexported):
@@ -467,71 +450,25 @@ class WorkerHooks:
         self.send_decisions()
 
     def observe_candidate(self, outcome: BatchOutcome, chain: tuple, candidate: tuple) -> None:
-        """The candidate's monitor and the comparison observe a batch (under the export lock), if the candidate is
-        still pending (a batch taken before it left must not start its statistics again)."""
+        """The shadow trial observes a batch (under the export lock), if the candidate is still pending (a batch taken
+        before it left must not start its statistics again); its gauges are exported as the monitor's, throttled."""
         if chain_ids(candidate) != chain_ids(candidate_of(self.active_now())):
             return
-        self.candidate_refused += outcome.candidate_refused
-        self.candidate_failure = outcome.candidate_failed or self.candidate_failure
-        if outcome.candidate_batch is not None:  # None: the candidate chain failed on the batch (all refused)
-            self.candidate_monitor.observe_batch(outcome.candidate_batch, *candidate)  # its drift events are ignored
-            self.comparison.observe(outcome.monitor_batch, chain, outcome.candidate_batch, candidate)
-        if self.candidate_monitor.refused is not None:  # the candidate's: never the serving chain's alert
-            self.metrics.monitor_errors.labels("candidate").inc()
-            self.metrics.clear_fairness("candidate")
+        self.shadow.observe(outcome, chain, candidate)
         if self.fairness_exports.due("candidate"):
-            self.export_candidate()
+            self.shadow.export()
             self.unexported.discard("candidate")
         else:
             self.unexported.add("candidate")
-        if self.policy is not None:
-            self.decide_candidate(pending_candidates(chain, candidate))
-
-    def decide_candidate(self, candidates: list) -> None:
-        """The shadow policy's decision on the pending ``candidates``, once due: at once when the comparison cannot
-        measure them (it stopped for good), else once the window holds ``shadow.min_records`` records."""
-        if self.comparison.failed is not None:
-            due = self.policy.due(candidates, self.policy.config.min_records)
-            why = f"its statistics cannot be measured: {self.comparison.failed}"
-        elif self.candidate_failure is not None:
-            # At once, not once the window fills: a failure is decisive, and another worker whose partitions never
-            # made the candidate fail could otherwise promote it first.
-            due = self.policy.due(candidates, self.policy.config.min_records)
-            why = (f"its chain failed in shadow ({self.candidate_failure}): it refused {self.candidate_refused} "
-                   "records the active chain repaired")
-        else:  # refused records count towards the window: a candidate that refuses most records is still decided
-            due, why = self.policy.due(candidates, self.comparison.n_records + self.candidate_refused), None
-        if not due:
-            return
-        figures = self.candidate_figures()
-        self.pending_decisions += (self.policy.decisions(due, figures) if why is None
-                                   else self.policy.retirements(due, why, figures))
+        self.shadow.decide(chain, candidate)
 
     def active_now(self) -> Served:
         """The record chain the registry serves now (no hold, no metrics: for checks)."""
         return served_chain(self.registry.served(), self.config.records.chain)
 
-    def export_candidate(self) -> None:
-        """The candidate's gauges (role candidate) and the comparison's figures for the announcer."""
-        if self.candidate_monitor.refused is None:
-            export_fairness(self.candidate_monitor, self.metrics, role="candidate")
-        refused = self.candidate_refused or self.candidate_failure is not None
-        self.figures = self.candidate_figures() if self.comparison.n_records or refused else None
-
-    def candidate_figures(self) -> dict[str, float]:
-        """The comparison's figures, with the records the candidate refused and whether its chain failed in shadow
-        (:data:`~.shadow.FAILED`): what the shadow policy decides on and what a person approving it sees."""
-        failed = {FAILED: 1.0} if self.candidate_failure is not None else {}
-        return {REFUSED: float(self.candidate_refused), **failed, **self.comparison.figures()}
-
     def send_decisions(self) -> None:
         """Send the shadow policy's pending decisions to the control topic; one that cannot be sent now waits."""
-        while self.pending_decisions:
-            # Stamped afresh on each attempt: a copy sent again after a timeout has its own key, so compaction
-            # never replaces the first copy (the ledger refuses the later one as already decided).
-            pending = self.pending_decisions[0]
-            record = decision_record(pending.kind, pending.version, pending.sha256, pending.action, pending.actor,
-                                     pending.reason, pending.statistics)
+        while (record := self.shadow.next_decision()) is not None:
             value = encode_control(record)
             try:
                 self.notices.send(self.topics.control, control_key(record, value), value)
@@ -539,7 +476,7 @@ class WorkerHooks:
                 log.error("the shadow policy's decision to %s %s version %s could not be sent yet: %r", record.action,
                           record.kind, record.version, exc)
                 return
-            self.pending_decisions.pop(0)
+            self.shadow.sent()
             log.warning("shadow policy: %s %s version %s (%s)", record.action, record.kind, record.version,
                         record.reason)
 
@@ -607,17 +544,6 @@ def observing(monitor: str, metrics: PipelineMetrics):
                       "keeps consuming)", monitor)
 
 
-def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active") -> None:
-    """Set the fairness gauges of the ``role`` chain from both windows (a window below min_records exports nothing;
-    the window sizes are the active chain's)."""
-    for window in ("count", "time"):
-        if role == "active":
-            in_window = monitor.windows[window].n_records if monitor.version is not None else 0
-            metrics.window_records.labels(window).set(in_window)
-        for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
-            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value, role=role)
-
-
 def served_chain(served, chain: tuple[str, ...]) -> Served:
     """The record ``chain`` of the registry's ``served`` state: its active artifacts in order, and, while a kind of
     it has a pending candidate, the chain with every candidate in its kind's place."""
@@ -630,16 +556,6 @@ def served_chain(served, chain: tuple[str, ...]) -> Served:
 def chain_ids(chain) -> tuple | None:
     """What identifies a chain's artifacts (kind, version, sha256 each), or None."""
     return None if chain is None else tuple((a.kind, a.version, a.sha256) for a in chain)
-
-
-def pending_candidates(active: tuple, candidate: tuple) -> list:
-    """The candidates of a candidate chain: its artifacts that are not the active chain's."""
-    return [c for a, c in zip(active, candidate) if (c.version, c.sha256) != (a.version, a.sha256)]
-
-
-def shadow_actor(app_id: str) -> str:
-    """The shadow policy's name in the audit trail: ``shadow-policy@<app id>@<host>:<pid>``."""
-    return f"shadow-policy@{app_id}@{socket.gethostname()}:{os.getpid()}"
 
 
 def export_verification(monitor: EmbeddingMonitor, metrics: PipelineMetrics) -> None:

@@ -46,7 +46,8 @@ statistic raise) ends the monitoring of that chain version with one logged error
 version is monitored afresh.
 Drift detection of these statistics is :mod:`.drift`; the gauge rows of a window are read by
 :mod:`.gauge_rows`. A pending candidate chain is compared with the active one on the same records, cumulatively
-since it began, by :class:`ShadowComparison` (the same accumulators, both sides).
+since it began, by :class:`~fairstream.streams.worker.shadow_comparison.ShadowComparison` (these accumulators, both
+sides).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -72,11 +73,14 @@ from fairstream.repair.measure.mdp import MatchedDPAccumulator
 from fairstream.repair.measure.metrics import ColumnBins, as_binary, features
 from fairstream.repair.measure.otf import OTF0Accumulator
 from fairstream.repair.measure.windows import BatchWindow
-from fairstream.streams.codec import RepairedBatch, decode_repaired
+from fairstream.streams.codec.repaired import RepairedBatch, decode_repaired
 from fairstream.streams.config import PipelineConfig
 
 from .drift import DETECTED, Chunker, DriftEvent, DriftTracker
 from .gauge_rows import StatisticWindows
+
+if TYPE_CHECKING:
+    from .metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +209,19 @@ def as_chain(actives: tuple) -> Chain:
 def fitted_range(module):
     """``module.fitted_range()`` (strata, lowest, highest) if its capabilities declare one, else None."""
     return module.fitted_range() if module is not None and module.capabilities.fitted_range else None
+
+
+def outside_fitted_range(batch: RepairedBatch, chain: Chain) -> np.ndarray:
+    """Records with an original value outside the range ``chain``'s repair stage was fitted on in their stratum (as
+    the batch says, when it carries the flags)."""
+    if batch.out_of_range is not None:
+        return batch.out_of_range
+    fitted = fitted_range(chain.repair)
+    if fitted is None:
+        return np.zeros(len(batch), dtype=bool)
+    strata, lowest, highest = fitted
+    codes = np.clip(np.searchsorted(strata, batch.u), 0, len(strata) - 1)
+    return ((batch.before < lowest[codes]) | (batch.before > highest[codes])).any(axis=1)
 
 
 def plan_edges(plan, bins: int) -> list[np.ndarray]:
@@ -739,9 +756,7 @@ class FairnessMonitor:
     def _observe(self, batch: RepairedBatch, chain: Chain) -> list[DriftEvent]:
         if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
             self._start(chain, batch)
-        out_of_range = batch.out_of_range if batch.out_of_range is not None else \
-            self._out_of_range(batch, fitted_range(chain.repair))
-        view = monitored_batch(batch, chain, out_of_range, self.rng)
+        view = monitored_batch(batch, chain, outside_fitted_range(batch, chain), self.rng)
         pieces = self.chunker.pieces(len(view))
         accumulators, parts = self._accumulators(view, pieces)
         queue = self.statistics.match_queue
@@ -773,15 +788,6 @@ class FairnessMonitor:
         for key in parts[0]:
             accumulators[key] = functools.reduce(lambda a, b: a.merge(b), (part[key] for part in parts))
         return accumulators, parts
-
-    @staticmethod
-    def _out_of_range(batch: RepairedBatch, fitted: tuple | None) -> np.ndarray:
-        """Records with an original value outside the range the repair stage was fitted on in their stratum."""
-        if fitted is None:
-            return np.zeros(len(batch), dtype=bool)
-        strata, lowest, highest = fitted
-        codes = np.clip(np.searchsorted(strata, batch.u), 0, len(strata) - 1)
-        return ((batch.before < lowest[codes]) | (batch.before > highest[codes])).any(axis=1)
 
     def rows(self, window: str = "count", statistic: str | None = None) -> list[tuple]:
         """Gauge rows of one window (of one statistic), or [] while it holds fewer than ``min_records`` records.
@@ -830,179 +836,12 @@ class FairnessMonitor:
             return None
 
 
-MAX_FIGURES = 64
-"""At most this many shadow figures (:meth:`ShadowComparison.figures`): they travel in every worker's announcement."""
-
-RATE_GAPS = ("dp_difference", "eopp")
-"""The compared statistics with a noise floor: a gap between two groups' rates, whose sampling noise is known."""
-
-
-class _ShadowSide:
-    """One side of a :class:`ShadowComparison` (the active or the candidate chain): every record since the comparison
-    began, in cumulative accumulators of the monitor's own :class:`BatchStatistics`."""
-
-    def __init__(self, chain: Chain, config: PipelineConfig, first: RepairedBatch, statistics: tuple[str, ...]):
-        self.key = chain.key
-        self.statistics = BatchStatistics(chain, config, first, statistics)
-        self.rng = np.random.default_rng(MDP_SEED)  # the monitor's draws: the same batch and chain, the same sample
-        self.wanted = {DETECTED[name][0] for name in statistics} | {("dp", "after")}
-        self.totals: dict = {}  # (statistic, stage) -> the accumulator of every record so far
-        self.correct = None  # right decisions per (stratum, group) among labelled records, as a decision rate
-
-    def add(self, batch: RepairedBatch, chain: Chain) -> None:
-        """Count one batch that went through ``chain``."""
-        out_of_range = batch.out_of_range if batch.out_of_range is not None else \
-            FairnessMonitor._out_of_range(batch, fitted_range(chain.repair))
-        view = monitored_batch(batch, chain, out_of_range, self.rng)
-        counted = self.statistics.counted(view)
-        for key, accumulator in self.statistics.of(counted, self.wanted).items():
-            self.totals[key] = accumulator if key not in self.totals else self.totals[key].merge(accumulator)
-        if counted.y is not None and view.decision_after is not None:
-            right = (check_decisions(view.decision_after) == counted.y).astype(np.int64)
-            correct = self.statistics.prototypes["dp", "after"].fresh().count(right, counted.s, counted.u)
-            self.correct = correct if self.correct is None else self.correct.merge(correct)
-        queue = self.statistics.match_queue
-        if queue is not None and queue.n_rows >= MATCH_ROWS:  # bound what waits, as the monitor does
-            queue.match()
-
-    def statistic(self, name: str) -> float:
-        """``name`` after the chain, all strata, over every record so far (NaN if not measured)."""
-        key, scalar = DETECTED[name]
-        accumulator = self.totals.get(key)
-        return np.nan if accumulator is None else float(scalar(accumulator.value()))
-
-    def rates(self, accumulator) -> tuple[float, dict]:
-        """The overall and per-group rate of a decision-rate accumulator (NaN where nothing was counted)."""
-        if accumulator is None:
-            return np.nan, {}
-        positives, totals = accumulator.positives_.sum(axis=0), accumulator.totals_.sum(axis=0)
-        overall = positives.sum() / totals.sum() if totals.sum() else np.nan
-        groups, rates = self.statistics.groups, accumulator.value().rates
-        return float(overall), {str(g): float(rate) for g, rate in zip(groups, rates)}
-
-    def gap_noise(self, name: str) -> float:
-        """One standard error of the gap between the groups with the highest and the lowest rate (NaN if unknown).
-
-        A rate gap is a difference of two binomial proportions: its variance is p(1 - p)/n of each group.
-        """
-        accumulator = self.totals.get(DETECTED[name][0])
-        if accumulator is None:
-            return np.nan
-        totals = accumulator.totals_.sum(axis=0).astype(np.float64)
-        rates = accumulator.value().rates
-        present = np.flatnonzero(totals > 0)
-        if len(present) < 2:
-            return np.nan
-        ends = [present[np.argmax(rates[present])], present[np.argmin(rates[present])]]
-        p = np.clip(rates[ends], 0.0, 1.0)  # a sampled rate may pass 1; these are exact, the clip only guards
-        return float(np.sqrt(np.sum(p * (1 - p) / totals[ends])))
-
-
-class ShadowComparison:
-    """The active and the candidate chain measured on the same live records, cumulative since the candidate began.
-
-    Both sides are measured by the monitor's own accumulators (:class:`BatchStatistics`, :func:`monitored_batch`,
-    the detectors' scalars of :data:`DETECTED`), over every record observed, not a sliding window: the compared
-    ``statistics`` after each chain (all strata), and, where the chain writes a decision, the overall and per-group
-    decision rate and, on labelled records, the overall and per-group accuracy. Only the records both chains
-    delivered are compared (the active batch is cut to the candidate batch's keys). Each side bins E and W1 as its
-    own monitor does (its repair stage's fitted range, else its first batch's range). A change of either chain's
-    versions starts the comparison afresh. Only the two rate gaps (``dp_difference``, ``eopp``) get a noise floor:
-    two binomial standard errors of the gap between the groups with the highest and the lowest rate (the larger of
-    the two sides'); the other statistics have none that is cheap to compute on the live stream, and none is
-    given. :meth:`observe` never raises: what cannot be measured ends the
-    comparison (``failed`` says why, logged) and the worker goes on.
-    """
-
-    def __init__(self, config: PipelineConfig, statistics: tuple[str, ...], clock: Callable[[], float] = time.time):
-        self.config, self.compared, self.clock = config, tuple(statistics), clock
-        self.failed: str | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        self.n_records, self.since = 0, None
-        self.sides: dict[str, _ShadowSide] = {}
-
-    def observe(self, active_batch: RepairedBatch, active_chain, candidate_batch: RepairedBatch | None,
-                candidate_chain) -> None:
-        """Count a batch on both sides: ``active_batch`` made by ``active_chain``, ``candidate_batch`` (the records
-        the candidate chain also accepted) by ``candidate_chain`` (chains: :class:`Chain` or registry ``Active``\\ s
-        in order)."""
-        if self.failed is not None or candidate_batch is None or len(candidate_batch) == 0:
-            return
-        try:
-            self._observe(active_batch, _chain(active_chain), candidate_batch, _chain(candidate_chain))
-        except Exception as exc:  # the comparison only watches: whatever it cannot measure must not stop the worker
-            self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log.error("the shadow comparison cannot measure the candidate (%s): no shadow figures for it",
-                      self.failed, exc_info=exc)
-
-    def _observe(self, active_batch: RepairedBatch, active: Chain, candidate_batch: RepairedBatch,
-                 candidate: Chain) -> None:
-        if len(active_batch) != len(candidate_batch):  # the rows the candidate refused are compared on neither side
-            active_batch = active_batch.take(np.flatnonzero(np.isin(active_batch.keys, candidate_batch.keys)))
-        pairs = {"active": (active_batch, active), "candidate": (candidate_batch, candidate)}
-        if self.sides and any(self.sides[role].key != chain.key for role, (_, chain) in pairs.items()):
-            log.info("a chain in the shadow comparison changed version: comparing afresh")
-            self._reset()
-        if not self.sides:
-            self.sides = {role: _ShadowSide(chain, self.config, batch, self.compared)
-                          for role, (batch, chain) in pairs.items()}
-            self.since = self.clock()
-        for role, (batch, chain) in pairs.items():
-            self.sides[role].add(batch, chain)
-        self.n_records += len(candidate_batch)
-
-    def figures(self) -> dict[str, float]:
-        """The comparison so far, flat and finite, at most :data:`MAX_FIGURES` entries.
-
-        ``records``, ``since``; per compared statistic ``active.<s>``, ``candidate.<s>`` and ``noise.<s>`` (for a
-        rate gap: two standard errors of the gap, the larger of the two sides'); ``active|candidate.decision_rate``
-        and ``.accuracy``, then per group ``.decision_rate.<group>`` and ``.accuracy.<group>``. A value that is not
-        finite (a statistic not measured, a group without records) is left out; past the bound, per-group entries
-        are left out (whole groups, last configured first), never a compared statistic.
-        """
-        figures = {"records": float(self.n_records)}
-        if self.since is not None:
-            figures["since"] = float(self.since)
-        if not self.sides or self.failed is not None:
-            return figures
-        try:
-            overall, per_group = self._figures()
-        except Exception as exc:  # a read may match MDP's samples: it must not stop the worker either
-            self.failed = f"{type(exc).__name__}: {str(exc)[:300]}"
-            log.error("the shadow comparison cannot read its figures (%s)", self.failed, exc_info=exc)
-            return figures
-        figures.update(_finite(overall))
-        for entries in per_group:  # one group's entries together, within the bound
-            entries = _finite(entries)
-            if len(figures) + len(entries) > MAX_FIGURES:
-                break
-            figures.update(entries)
-        return figures
-
-    def _figures(self) -> tuple[dict, list[dict]]:
-        active, candidate = self.sides["active"], self.sides["candidate"]
-        overall = {}
-        for name in self.compared:
-            overall[f"active.{name}"], overall[f"candidate.{name}"] = active.statistic(name), candidate.statistic(name)
-            if name in RATE_GAPS:
-                overall[f"noise.{name}"] = 2 * max(active.gap_noise(name), candidate.gap_noise(name))
-        groups = [str(g) for g in active.statistics.groups]
-        per_group = {g: {} for g in groups}
-        for what, read in (("decision_rate", lambda side: side.totals.get(("dp", "after"))),
-                           ("accuracy", lambda side: side.correct)):
-            for role, side in self.sides.items():
-                rate, rates = side.rates(read(side))
-                overall[f"{role}.{what}"] = rate
-                for g in groups:
-                    per_group[g][f"{role}.{what}.{g}"] = rates.get(g, np.nan)
-        return overall, list(per_group.values())
-
-
-def _chain(chain) -> Chain:
-    return chain if isinstance(chain, Chain) else as_chain(tuple(chain))
-
-
-def _finite(figures: dict) -> dict[str, float]:
-    return {key: float(value) for key, value in figures.items() if np.isfinite(value)}
+def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active") -> None:
+    """Set the fairness gauges of the ``role`` chain from both windows (a window below min_records exports nothing;
+    the window sizes are the active chain's)."""
+    for window in ("count", "time"):
+        if role == "active":
+            in_window = monitor.windows[window].n_records if monitor.version is not None else 0
+            metrics.window_records.labels(window).set(in_window)
+        for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
+            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value, role=role)

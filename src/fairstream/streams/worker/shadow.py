@@ -1,9 +1,12 @@
-"""The shadow promotion policy (``[pipeline] promotion = "shadow"``): promote a candidate or retire it, with why.
+"""Shadow candidates in a worker: the trial of a pending candidate chain, and the policy that ends it.
 
 Every worker applies a pending candidate chain beside the active one on the same batches
-(:class:`~fairstream.streams.worker.processing.Served`) and compares the two
-(:class:`~fairstream.streams.worker.monitor.ShadowComparison`). Once the comparison holds
-``shadow.min_records`` live records, :func:`decide` reads its figures:
+(:class:`~fairstream.streams.worker.processing.Served`); its :class:`ShadowTrial` keeps everything the worker knows
+of the candidate: a fairness monitor of its own (gauges ``role="candidate"``, no drift events, no re-fit requests),
+the comparison of the two chains on the same records
+(:class:`~fairstream.streams.worker.shadow_comparison.ShadowComparison`), the records the candidate refused and
+why its chain failed, and, under ``[pipeline] promotion = "shadow"``, the policy's decisions until the worker has
+sent them. Once the comparison holds ``shadow.min_records`` live records, :func:`decide` reads its figures:
 
 - **promote** when the candidate is lower than the active chain by more than ``shadow.min_improvement``
   on every compared statistic (``shadow.statistic``, else ``monitor.statistic``: gaps, lower is fairer)
@@ -20,14 +23,21 @@ The worker writes ONE decision record per pending candidate it shadows (:class:`
 workers may decide the same candidate: the control topic's ledger admits the first, refuses the others.
 A decision judges the whole candidate chain (every kind with a pending candidate in place), so with
 candidates of two kinds at once both get the same decision.
+
+The candidate chain itself runs in the batch logic (``RecordRepairer``, :mod:`.processing`), which can never fail a
+batch for it: the trial only reads what the batch's outcome says of it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import socket
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fairstream.streams.config import STATISTICS, ShadowConfig
+from fairstream.streams.config import STATISTICS, PipelineConfig, ShadowConfig
 from fairstream.streams.control.records import (
     MAX_ACTOR,
     MAX_REASON,
@@ -37,6 +47,15 @@ from fairstream.streams.control.records import (
 )
 from fairstream.streams.control.records import CANDIDATE_FAILED, CANDIDATE_REFUSED
 from fairstream.streams.schemas import ControlRecord
+
+from .monitor import FairnessMonitor, export_fairness
+from .shadow_comparison import ShadowComparison
+
+if TYPE_CHECKING:
+    from .metrics import PipelineMetrics
+    from .processing import BatchOutcome
+
+log = logging.getLogger(__name__)
 
 PROMOTE, RETIRE = "promote", "retire"
 REFUSED, FAILED = CANDIDATE_REFUSED, CANDIDATE_FAILED
@@ -174,3 +193,138 @@ class ShadowPolicy:
         reason, statistics = bounded(f"retired: {why}"), recordable(figures)
         return [decision_record(c.kind, c.version, c.sha256, RETIRE, self.actor, reason, statistics)
                 for c in candidates]
+
+
+def shadow_actor(app_id: str) -> str:
+    """The shadow policy's name in the audit trail: ``shadow-policy@<app id>@<host>:<pid>``."""
+    return f"shadow-policy@{app_id}@{socket.gethostname()}:{os.getpid()}"
+
+
+def pending_candidates(active: tuple, candidate: tuple) -> list:
+    """The candidates of a candidate chain: its artifacts that are not the active chain's."""
+    return [c for a, c in zip(active, candidate) if (c.version, c.sha256) != (a.version, a.sha256)]
+
+
+class ShadowTrial:
+    """A worker's trial of the pending candidates of its record chain: all it keeps of them, and its decisions.
+
+    The worker hands each batch the candidate chain also went through to :meth:`observe`, then, when its gauges
+    are due, calls :meth:`export`, then :meth:`decide`; it sends the decisions queued (:meth:`next_decision`,
+    :meth:`sent`) through its notice producer. A candidate arriving or leaving (:meth:`candidate_changed`) starts
+    the measurement afresh; the policy's memory of what it decided, and the decisions not sent yet, stay (a
+    decision on a candidate that left still goes: the ledger refuses it, harmless). Not thread-safe: the worker
+    calls it under its export lock.
+
+    Parameters
+    ----------
+    config : PipelineConfig
+        The pipeline: its monitor, ``shadow`` settings and ``promotion`` (a policy only under ``"shadow"``).
+    metrics : PipelineMetrics
+        The worker's metrics: the candidate's gauges and version, and its monitor's errors.
+    actor : str
+        Who decides in the audit trail (:func:`shadow_actor`).
+
+    Attributes
+    ----------
+    monitor : FairnessMonitor
+        The candidate chain's own monitor (``role="candidate"``); its drift events are ignored.
+    comparison : ShadowComparison
+        The two chains on the same records, since the candidate began.
+    refused : int
+        Records the active chain delivered and the candidate refused, this candidate.
+    failure : str or None
+        Why the candidate chain failed in shadow (its last failure), or None.
+    announced : dict or None
+        :meth:`figures` as of the last :meth:`export` (None without any): what the worker announces.
+    policy : ShadowPolicy or None
+        The shadow policy, under ``promotion = "shadow"`` only.
+    pending : list of ControlRecord
+        Decisions not sent yet, oldest first.
+    """
+
+    def __init__(self, config: PipelineConfig, metrics: PipelineMetrics, actor: str):
+        self.config, self.metrics = config, metrics
+        self.policy = ShadowPolicy(config.shadow, actor) if config.promotion == "shadow" else None
+        self.pending: list[ControlRecord] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """Measure afresh: a new monitor and comparison, nothing refused, no failure, no figures."""
+        self.monitor = FairnessMonitor(self.config, role="candidate")
+        self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
+        self.announced, self.refused, self.failure = None, 0, None
+
+    def candidate_changed(self, kind: str, candidate) -> None:
+        """A pending candidate of ``kind`` arrived (an ``Active``) or left (None): measure afresh, its gauges go."""
+        self.restart()
+        self.metrics.clear_fairness("candidate")
+        if candidate is None:
+            self.metrics.candidate_version.remove(kind)
+            return
+        self.metrics.candidate_version.labels(kind).set(candidate.version)
+        log.info("measuring %s candidate version %s in shadow beside the active chain", kind, candidate.version)
+
+    def observe(self, outcome: BatchOutcome, chain: tuple, candidate: tuple) -> None:
+        """Count a delivered batch: what the candidate refused of it and why it failed, its monitor, the comparison
+        (``chain`` and ``candidate``: the active and the candidate chain's ``Active``\\ s in order)."""
+        self.refused += outcome.candidate_refused
+        self.failure = outcome.candidate_failed or self.failure
+        if outcome.candidate_batch is not None:  # None: the candidate chain failed on the batch (all refused)
+            self.monitor.observe_batch(outcome.candidate_batch, *candidate)  # its drift events are ignored
+            self.comparison.observe(outcome.monitor_batch, chain, outcome.candidate_batch, candidate)
+        if self.monitor.refused is not None:  # the candidate's: never the serving chain's alert
+            self.metrics.monitor_errors.labels("candidate").inc()
+            self.metrics.clear_fairness("candidate")
+
+    def export(self) -> None:
+        """The candidate's gauges (role candidate), and its figures for the announcer (:attr:`announced`)."""
+        if self.monitor.refused is None:
+            export_fairness(self.monitor, self.metrics, role="candidate")
+        refused = self.refused or self.failure is not None
+        self.announced = self.figures() if self.comparison.n_records or refused else None
+
+    def figures(self) -> dict[str, float]:
+        """The comparison's figures, with the records the candidate refused and whether its chain failed in shadow
+        (:data:`FAILED`): what the shadow policy decides on and what a person approving it sees."""
+        failed = {FAILED: 1.0} if self.failure is not None else {}
+        return {REFUSED: float(self.refused), **failed, **self.comparison.figures()}
+
+    def decide(self, chain: tuple, candidate: tuple) -> None:
+        """Queue the shadow policy's decision on the pending candidates of ``candidate``, once due: at once when the
+        comparison cannot measure them (it stopped for good) or the candidate chain failed, else once the window
+        holds ``shadow.min_records`` records. Nothing without a policy."""
+        if self.policy is None:
+            return
+        candidates = pending_candidates(chain, candidate)
+        if self.comparison.failed is not None:
+            due = self.policy.due(candidates, self.policy.config.min_records)
+            why = f"its statistics cannot be measured: {self.comparison.failed}"
+        elif self.failure is not None:
+            # At once, not once the window fills: a failure is decisive, and another worker whose partitions never
+            # made the candidate fail could otherwise promote it first.
+            due = self.policy.due(candidates, self.policy.config.min_records)
+            why = (f"its chain failed in shadow ({self.failure}): it refused {self.refused} "
+                   "records the active chain repaired")
+        else:  # refused records count towards the window: a candidate that refuses most records is still decided
+            due, why = self.policy.due(candidates, self.comparison.n_records + self.refused), None
+        if not due:
+            return
+        figures = self.figures()
+        self.pending += (self.policy.decisions(due, figures) if why is None
+                         else self.policy.retirements(due, why, figures))
+
+    def next_decision(self) -> ControlRecord | None:
+        """The oldest decision not sent yet, stamped afresh (None when none waits).
+
+        Stamped afresh on each attempt: a copy sent again after a timeout has its own key, so compaction never
+        replaces the first copy (the ledger refuses the later one as already decided).
+        """
+        if not self.pending:
+            return None
+        pending = self.pending[0]
+        return decision_record(pending.kind, pending.version, pending.sha256, pending.action, pending.actor,
+                               pending.reason, pending.statistics)
+
+    def sent(self) -> None:
+        """The decision :meth:`next_decision` gave reached the control topic: the next one is due."""
+        self.pending.pop(0)
