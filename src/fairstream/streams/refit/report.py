@@ -1,24 +1,19 @@
 """The candidate report: one self-contained HTML page a person can approve or reject a candidate from.
 
-``fairstream artifacts report KIND VERSION`` calls :func:`write_report`. It gathers what the control
-topic and the artifact store know of the version (its publish, the decisions and rollbacks naming
-it, the workers' latest shadow figures), rebuilds the active chain as a worker's registry does, and
-applies the active chain and the candidate chain (the active one with the candidate in place of its
-kind) to the last records of ``records.in``. What it shows of those records follows what the kinds
-write (:func:`~fairstream.models.kinds.capabilities`): the repaired features per group for a kind
-that writes features, the scores and decision rates per group where the chain scores and decides.
+``fairstream artifacts report KIND VERSION`` calls :func:`write_report`: it gathers the
+:class:`~fairstream.streams.refit.evidence.Evidence` on the version and :func:`render` turns it into
+the page, from that data only. What it shows of the sampled records follows what the kinds write:
+the repaired features per group for a kind that writes features, the scores and decision rates per
+group where the chain scores and decides.
 
 The page has no external resource (CSS inline, plots as ``data:`` PNGs), so it can be mailed or
 archived with the decision. Every text that comes from the control topic (actors, reasons, worker
-names) is escaped: it is user input. What is missing (no records, no active version, no live
-figures yet) is said on the page, never an error.
+names) is escaped: it is user input. What is missing is said on the page, never an error.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import dataclasses
 import datetime
 import functools
 import html
@@ -26,78 +21,50 @@ import io
 import json
 import logging
 import math
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from fairstream.models.kinds import capabilities
-from fairstream.repair.protocol import Batch, apply_chain
-from fairstream.streams.topics import TopicConfig
-
-from .sources import ResearchWindow, read_research_topic
+from .evidence import Evidence, gather
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
-    from fairstream.streams.control.client import ControlLog, Entry
+
+__all__ = ["SECTIONS", "render", "write_report"]
 
 log = logging.getLogger(__name__)
 
 SECTIONS = ("summary", "trigger", "holdout", "shadow", "distributions", "provenance", "audit")
 """The page's sections, by their ``id`` (stable: tests and links name them)."""
-MEASURED = ("features", "score", "decision")
-"""The columns the distributions section draws, in this order, where the chains write them."""
-_ROLES = ("active", "candidate", "noise")
-
-
-# =============================================================================== gathering
-
-
-@dataclass(frozen=True)
-class Chains:
-    """The record chain applied to the sample: the active one and the one with the candidate in its kind's place.
-
-    ``active`` / ``candidate`` hold one module per kind of ``kinds`` (None where none can be had);
-    ``versions`` the active version of each kind (None: none), ``notes`` what the reader must know.
-    """
-
-    kinds: tuple[str, ...]
-    active: tuple
-    candidate: tuple
-    versions: Mapping[str, int | None]
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """Everything the page shows, gathered once."""
-
-    config: "PipelineConfig"
-    kind: str
-    version: int
-    publish: object  # the ControlRecord that claimed the version
-    trail: tuple  # every Entry naming (kind, version), in log order
-    state: str
-    pending: tuple[int, str] | None
-    artifact: object | None  # the candidate's Artifact (None: it cannot be fetched)
-    artifact_refusal: str | None
-    chains: Chains
-    shadow: tuple  # (WorkerStatus, figures) of each worker shadowing this version
-    window: ResearchWindow | None
-    window_note: str | None
-    topic: str
-    generated_at: float
-    applied: dict = field(default_factory=dict)  # "active"/"candidate" -> Applied on the window
+_ROLES = ("active", "candidate", "noise")  # the roles in a worker's shadow figure names: "<role>.<measure>"
 
 
 def write_report(config: "PipelineConfig", bootstrap: str, kind: str, version: int, out: str | Path | None = None,
                  sample: int = 2000) -> Path:
-    """Write the report on candidate ``kind`` ``version`` to ``out`` (default ``report-KIND-vVERSION.html``).
+    """Write the report on candidate ``kind`` ``version``.
 
-    ``sample``: how many of the latest ``records.in`` records the two chains are applied to. An
-    unknown kind or version is a :class:`~fairstream.streams.control.records.ControlError`.
+    Parameters
+    ----------
+    config : PipelineConfig
+    bootstrap : str
+        The broker's bootstrap servers.
+    kind, version : str, int
+        The version to report on; it must have been published.
+    out : str or Path, optional
+        Where to write the page; default ``report-KIND-vVERSION.html``.
+    sample : int, default 2000
+        How many of the latest ``records.in`` records the two chains are applied to.
+
+    Returns
+    -------
+    Path
+        The page written.
+
+    Raises
+    ------
+    ControlError
+        For an unknown kind or version (:class:`~fairstream.streams.control.records.ControlError`).
     """
     if int(sample) < 1:
         raise ValueError(f"sample must be a positive number of records, got {sample!r}")
@@ -107,188 +74,6 @@ def write_report(config: "PipelineConfig", bootstrap: str, kind: str, version: i
     path.write_text(render(evidence), encoding="utf-8")
     log.info("wrote the report on %s version %d to %s", kind, version, path)
     return path
-
-
-def gather(config: "PipelineConfig", bootstrap: str, kind: str, version: int, sample: int) -> Evidence:
-    """Read the control topic, the store and ``records.in``, and apply both chains to the sample."""
-    from fairstream.streams.control.client import ControlClient
-    from fairstream.streams.control.store import ArtifactStore
-
-    store = ArtifactStore(config.artifact_dir)
-    client = ControlClient(bootstrap, config.topics, store, schema=config.schema())
-    control = asyncio.run(client.read())
-    claim = _claiming_publish(control, kind, version, client.topic)
-    publish = claim.record
-    artifact, artifact_refusal = _fetch(publish, store)
-    chains = _chains(config, control, store, client.loaders, claim)
-    window, window_note = _sample(config, bootstrap, sample)
-    evidence = Evidence(
-        config=config, kind=kind, version=version, publish=publish,
-        trail=tuple(e for e in control.entries if (e.record.kind, e.record.version) == (kind, version)),
-        state=_state(control, kind, version), pending=_pending(control, kind), artifact=artifact,
-        artifact_refusal=artifact_refusal, chains=chains, shadow=_shadowing(control, publish), window=window,
-        window_note=window_note, topic=config.topics.records_in, generated_at=time.time(),
-    )
-    if window is not None and len(window):
-        evidence.applied.update(_apply(chains, window, config))
-    return evidence
-
-
-def _claiming_publish(control: "ControlLog", kind: str, version: int, topic: str) -> "Entry":
-    """The entry of the publish that claimed ``version`` of ``kind``; :class:`ControlError` if none did."""
-    from fairstream.streams.control.records import ControlError
-
-    entry = next((e for e in control.entries if e.refusal is None and e.record.action == "publish"
-                  and (e.record.kind, e.record.version) == (kind, version)), None)
-    if entry is None:
-        published = sorted({e.record.version for e in control.entries if e.refusal is None and e.record.kind == kind
-                            and e.record.action == "publish"})
-        listed = ", ".join(map(str, published)) or "none"
-        raise ControlError(f"no {kind} version {version} was published on {topic} (published {kind} versions: "
-                           f"{listed}); the report names a version in the history")
-    return entry
-
-
-def _fetch(record, store) -> tuple[object | None, str | None]:
-    """The artifact a record names (checked by its hash), or why it cannot be had."""
-    from fairstream.streams.control.registry import fetch_artifact
-
-    try:
-        return fetch_artifact(record, store), None
-    except Exception as exc:  # a missing store file, a damaged blob: said on the page
-        return None, f"{type(exc).__name__}: {exc}"
-
-
-def _state(control: "ControlLog", kind: str, version: int) -> str:
-    """The version's state by the ledger's rule ("candidate", "promoted", ...), else from the records naming it."""
-    state = getattr(control.ledger, "state", None)
-    if callable(state):
-        found = state(kind, version)
-        if found:
-            return str(found)
-    actions = [e.record for e in control.entries if e.refusal is None and (e.record.kind, e.record.version) ==
-               (kind, version)]
-    last = actions[-1] if actions else None
-    if last is None or last.action == "publish":
-        return "candidate" if last is not None and getattr(last, "candidate", None) else "published"
-    return {"promote": "promoted", "approve": "approved", "reject": "rejected", "retire": "retired",
-            "rollback": "rolled back to"}.get(last.action, last.action)
-
-
-def _pending(control: "ControlLog", kind: str) -> tuple[int, str] | None:
-    """(version, sha256) of the pending candidate of ``kind``, or None."""
-    for owner in (control, control.ledger):
-        pending = getattr(owner, "pending", None)
-        if callable(pending):
-            found = pending(kind)
-            if found is None:
-                return None
-            return (found.version, found.sha256) if hasattr(found, "sha256") else tuple(found)
-    return None
-
-
-def _shadowing(control: "ControlLog", publish) -> tuple:
-    """(worker status, figures) of each worker's latest announcement with live figures of this version."""
-    kept = getattr(control, "shadow_figures", None)
-    if callable(kept):
-        statuses = list(kept(publish.kind, publish.version).values())
-    else:
-        statuses = list(control.workers.values())
-    mine = (publish.kind, publish.version, publish.sha256)
-    return tuple((status, dict(status.shadow)) for status in statuses
-                 if getattr(status, "shadow", None) and mine in {tuple(item) for item in status.shadowing})
-
-
-def _chains(config: "PipelineConfig", control: "ControlLog", store, loaders, claim: "Entry") -> Chains:
-    """The active record chain (a worker's registry, replayed) and the chain with the candidate in its place."""
-    from fairstream.streams.control.records import encode_control
-    from fairstream.streams.control.registry import ArtifactRegistry, build_active, load_refusal
-
-    kinds = tuple(config.records.chain)
-    notes = []
-    registry = ArtifactRegistry(loaders, store=store)
-    publish = claim.record
-    before = None  # what served the candidate's kind when the candidate was published
-    for entry in control.entries:  # at their offsets: the version rule counts the messages between claims
-        if entry.refusal is None:
-            if entry.offset == claim.offset:
-                before = registry.current(publish.kind)
-            registry.apply(encode_control(entry.record), offset=entry.offset)
-    served = registry.served().active if hasattr(registry, "served") else registry.snapshot()
-    active = dict(served)
-    current = active.get(publish.kind)
-    if current is not None and current.version == publish.version:
-        # It serves already (promoted, approved, or published without shadow): the comparison is with what it replaced.
-        active[publish.kind] = before
-        notes.append(f"{publish.kind} v{publish.version} serves now; the active chain shown is the one it replaced "
-                     f"({_version_name(publish.kind, before)})")
-    try:
-        candidate = build_active(publish, loaders, store)
-    except Exception as exc:  # the workers would refuse it too: said on the page
-        candidate = None
-        notes.append(f"{publish.kind} v{publish.version} cannot be built as the workers build it: "
-                     f"{load_refusal(exc)[0]}")
-    if publish.kind not in kinds:
-        notes.append(f"{publish.kind} is not a kind of this pipeline's record chain {list(kinds)}: no distributions")
-    for kind in kinds:
-        if active.get(kind) is None:
-            notes.append(f"no {kind} version is active: the active chain cannot be applied")
-    modules = tuple(None if active.get(k) is None else active[k].module for k in kinds)
-    swapped = tuple((None if candidate is None else candidate.module) if k == publish.kind else m
-                    for k, m in zip(kinds, modules))
-    versions = {k: None if active.get(k) is None else active[k].version for k in kinds}
-    return Chains(kinds, modules, swapped, versions, tuple(notes))
-
-
-def _version_name(kind: str, active) -> str:
-    return f"no {kind}" if active is None else f"{kind} v{active.version}"
-
-
-@dataclass(frozen=True)
-class _RecordsInTopics(TopicConfig):
-    """The pipeline's topics with ``records.in`` read where the research topic would be (the sample's source)."""
-
-    @property
-    def research(self) -> str:
-        return self.records_in
-
-
-SAMPLE_SECONDS = 120.0  # the read of the sample's tail of records.in stops after this (the page then says so)
-
-
-def _sample(config: "PipelineConfig", bootstrap: str, sample: int) -> tuple[ResearchWindow | None, str | None]:
-    """The latest ``sample`` valid records of ``records.in`` (read from each partition's tail), or why there are none,
-    and whether the read was cut short."""
-    topics = _RecordsInTopics(**{f.name: getattr(config.topics, f.name) for f in dataclasses.fields(TopicConfig)})
-    try:
-        window = read_research_topic(bootstrap, dataclasses.replace(config, topics=topics), last_n=sample,
-                                     idle_seconds=1.0, timeout=SAMPLE_SECONDS, tail=True)
-    except Exception as exc:  # the page still says what the log knows
-        return None, f"could not read {config.topics.records_in}: {type(exc).__name__}: {exc}"
-    cut = (f"the read of {config.topics.records_in} was cut short after {SAMPLE_SECONDS:g} s: the records compared "
-           "are the latest of those read, not necessarily the topic's latest") if window.cut_short else None
-    if not len(window):
-        return window, "; ".join(filter(None, (cut, f"no valid record on {config.topics.records_in} "
-                                                    f"({window.n_invalid} invalid): no distributions to compare")))
-    return window, cut
-
-
-def _apply(chains: Chains, window: ResearchWindow, config: "PipelineConfig") -> dict:
-    """Each chain's output on the sample (a chain missing a module is left out)."""
-    batch = Batch(X=window.X, keys=window.keys, s=window.s, u=window.u, y=window.y, columns=tuple(config.features))
-    return {role: apply_chain(list(modules), batch) for role, modules in (("active", chains.active),
-                                                                          ("candidate", chains.candidate))
-            if modules and all(m is not None for m in modules)}
-
-
-def measured_columns(kind: str, chain: tuple[str, ...]) -> tuple[str, ...]:
-    """What the two chains can differ in: what ``kind`` writes and what every module after it writes."""
-    after = chain[chain.index(kind):] if kind in chain else (kind,)
-    written = frozenset().union(*(capabilities(k).writes for k in after))
-    return tuple(column for column in MEASURED if column in written)
-
-
-# =============================================================================== rendering
 
 
 _CSS = """
@@ -327,7 +112,18 @@ window.addEventListener("load", function () {
 
 
 def render(evidence: Evidence) -> str:
-    """The page: every section of :data:`SECTIONS`, in that order."""
+    """The page: every section of :data:`SECTIONS`, in that order, from ``evidence`` alone.
+
+    Parameters
+    ----------
+    evidence : Evidence
+        What :func:`~fairstream.streams.refit.evidence.gather` found.
+
+    Returns
+    -------
+    str
+        The self-contained HTML page.
+    """
     title = f"fairstream candidate report: {evidence.kind} v{evidence.version}"
     body = "\n".join([
         f"<h1>{_e(title)}</h1>",
@@ -573,7 +369,7 @@ def _distributions(ev: Evidence) -> str:
         return "\n".join(notes + [_note(f"{ev.kind} is not in the record chain: nothing to apply it to")])
     if not ev.applied:
         return "\n".join(notes + [_note("neither chain can be applied to the sample (see the summary's notes)")])
-    columns = measured_columns(ev.kind, ev.chains.kinds)
+    columns = ev.measured
     parts = notes + [f"<p>{len(ev.window)} latest valid records of <code>{_e(ev.topic)}</code> "
                      f"({ev.window.n_invalid} invalid skipped); {_refused_text(ev.applied)}.</p>"]
     groups = _group_masks(ev.window.s, ev.config.groups, ev.config.s_name)
@@ -699,8 +495,9 @@ def _data_window(metrics: Mapping) -> str:
 
 
 def _audit(ev: Evidence) -> str:
-    rows = [(str(e.offset), _when(e.record.published_at), e.record.action + (" (candidate)" if getattr(
-        e.record, "candidate", None) else ""), e.record.actor or "-", e.record.reason or "-",
+    rows = [(str(e.offset), _when(e.record.published_at), e.record.action + (" (candidate)" if e.record.candidate
+                                                                             else ""), e.record.actor or "-",
+             e.record.reason or "-",
         ", ".join(f"{k}={_number(v)}" for k, v in sorted((e.record.statistics or {}).items())) or "-",
         e.refusal or "takes effect") for e in ev.trail]
     return _table(("offset", "time (UTC)", "action", "actor", "reason", "statistics", "verdict"), rows)

@@ -1,0 +1,299 @@
+"""The evidence on a candidate version: what the control topic, the store and ``records.in`` know of it.
+
+:func:`gather` reads the control topic (the version's publish, the decisions and rollbacks naming it,
+the workers' latest shadow figures), rebuilds the active chain as a worker's registry does, and
+applies the active chain and the candidate chain (the active one with the candidate in place of its
+kind) to the last records of ``records.in``. The result is plain data, an :class:`Evidence`, that
+:func:`~fairstream.streams.refit.report.render` turns into a page. What is missing (no records, no
+active version, no live figures yet) is a note or an empty field, never an error.
+
+>>> measured_columns("plan", ("plan", "scorer"))
+('features', 'score', 'decision')
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from fairstream.models.kinds import capabilities
+from fairstream.repair.protocol import Applied, Batch, apply_chain
+from fairstream.streams.topics import TopicConfig
+
+from .sources import ResearchWindow, read_research_topic
+
+if TYPE_CHECKING:
+    from fairstream.repair.artifacts import Artifact
+    from fairstream.streams.config import PipelineConfig
+    from fairstream.streams.control.client import ControlLog, Entry
+    from fairstream.streams.control.records import WorkerStatus
+    from fairstream.streams.schemas import ControlRecord
+
+__all__ = ["MEASURED", "SAMPLE_SECONDS", "Chains", "Evidence", "gather", "measured_columns"]
+
+MEASURED = ("features", "score", "decision")
+"""The columns the two chains are compared on, in this order, where the chains write them."""
+SAMPLE_SECONDS = 120.0
+"""The read of the sample's tail of ``records.in`` stops after this many seconds (the evidence then says so)."""
+
+
+@dataclass(frozen=True)
+class Chains:
+    """The record chain applied to the sample: the active one and the one with the candidate in its kind's place.
+
+    Parameters
+    ----------
+    kinds : tuple of str
+        The kinds of the pipeline's record chain, in order.
+    active, candidate : tuple
+        One module per kind of ``kinds`` (None where none can be had).
+    versions : mapping of str to int or None
+        The active version of each kind (None: none is active).
+    notes : tuple of str
+        What the reader must know (a kind without an active version, a candidate that cannot be built).
+    """
+
+    kinds: tuple[str, ...]
+    active: tuple
+    candidate: tuple
+    versions: Mapping[str, int | None]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the report shows of one candidate version, gathered once.
+
+    Parameters
+    ----------
+    config : PipelineConfig
+        The pipeline (its name, groups, features and promotion and shadow policies).
+    kind, version : str, int
+        The version reported on.
+    publish : ControlRecord
+        The publish that claimed the version.
+    trail : tuple of Entry
+        Every record naming (kind, version), in log order, refused ones with their reason.
+    state : str
+        What became of the version, by the ledger's rule (one of ``control.records.STATES``).
+    pending : (int, str) or None
+        (version, sha256) of the pending candidate of ``kind``, if one waits for a decision.
+    artifact : Artifact or None
+        The version's artifact, checked by its hash; None when it cannot be fetched, ``artifact_refusal`` says why.
+    artifact_refusal : str or None
+    chains : Chains
+    shadow : tuple of (WorkerStatus, dict)
+        Each worker's latest announcement with live figures of this version, and those figures.
+    window : ResearchWindow or None
+        The sample of ``records.in``; None when it cannot be read, ``window_note`` says why.
+    window_note : str or None
+        What the reader must know of the sample (unreadable, empty, cut short).
+    topic : str
+        The topic the sample is read from.
+    generated_at : float
+        Wall-clock time of the gathering.
+    measured : tuple of str
+        What the two chains can differ in (of :data:`MEASURED`); empty when ``kind`` is not in the chain.
+    applied : dict of str to Applied
+        ``"active"`` / ``"candidate"``: each chain's output on the sample (a chain missing a module is left out).
+    """
+
+    config: "PipelineConfig"
+    kind: str
+    version: int
+    publish: "ControlRecord"
+    trail: tuple["Entry", ...]
+    state: str
+    pending: tuple[int, str] | None
+    artifact: "Artifact | None"
+    artifact_refusal: str | None
+    chains: Chains
+    shadow: tuple[tuple["WorkerStatus", dict], ...]
+    window: ResearchWindow | None
+    window_note: str | None
+    topic: str
+    generated_at: float
+    measured: tuple[str, ...] = ()
+    applied: Mapping[str, Applied] = dataclasses.field(default_factory=dict)
+
+
+def gather(config: "PipelineConfig", bootstrap: str, kind: str, version: int, sample: int) -> Evidence:
+    """Read the control topic, the store and ``records.in``, and apply both chains to the sample.
+
+    Parameters
+    ----------
+    config : PipelineConfig
+    bootstrap : str
+        The broker's bootstrap servers.
+    kind, version : str, int
+        The version to report on; it must have been published.
+    sample : int
+        How many of the latest ``records.in`` records the two chains are applied to.
+
+    Returns
+    -------
+    Evidence
+
+    Raises
+    ------
+    ControlError
+        When no publish claimed ``version`` of ``kind``.
+    """
+    from fairstream.streams.control.client import ControlClient
+    from fairstream.streams.control.store import ArtifactStore
+
+    store = ArtifactStore(config.artifact_dir)
+    client = ControlClient(bootstrap, config.topics, store, schema=config.schema())
+    control = asyncio.run(client.read())
+    claim = _claiming_publish(control, kind, version, client.topic)
+    publish = claim.record
+    artifact, artifact_refusal = _fetch(publish, store)
+    chains = _chains(config, control, store, client.loaders, claim)
+    window, window_note = _sample(config, bootstrap, sample)
+    generated_at = time.time()
+    sampled = window is not None and len(window)
+    return Evidence(
+        config=config, kind=kind, version=version, publish=publish,
+        trail=tuple(e for e in control.entries if (e.record.kind, e.record.version) == (kind, version)),
+        # The claiming publish was admitted, so the ledger has a state for the version.
+        state=control.ledger.state(kind, version), pending=control.ledger.pending(kind), artifact=artifact,
+        artifact_refusal=artifact_refusal, chains=chains, shadow=_shadowing(control, publish), window=window,
+        window_note=window_note, topic=config.topics.records_in, generated_at=generated_at,
+        measured=measured_columns(kind, chains.kinds) if kind in chains.kinds else (),
+        applied=_apply(chains, window, config) if sampled else {},
+    )
+
+
+def measured_columns(kind: str, chain: tuple[str, ...]) -> tuple[str, ...]:
+    """What the two chains can differ in: what ``kind`` writes and what every module after it writes.
+
+    Parameters
+    ----------
+    kind : str
+        The candidate's kind.
+    chain : tuple of str
+        The kinds of the record chain, in order.
+
+    Returns
+    -------
+    tuple of str
+        The columns of :data:`MEASURED` some module from ``kind`` on writes, in that order.
+    """
+    after = chain[chain.index(kind):] if kind in chain else (kind,)
+    written = frozenset().union(*(capabilities(k).writes for k in after))
+    return tuple(column for column in MEASURED if column in written)
+
+
+def _claiming_publish(control: "ControlLog", kind: str, version: int, topic: str) -> "Entry":
+    """The entry of the publish that claimed ``version`` of ``kind``; :class:`ControlError` if none did."""
+    from fairstream.streams.control.records import ControlError
+
+    entry = next((e for e in control.entries if e.refusal is None and e.record.action == "publish"
+                  and (e.record.kind, e.record.version) == (kind, version)), None)
+    if entry is None:
+        published = sorted({e.record.version for e in control.entries if e.refusal is None and e.record.kind == kind
+                            and e.record.action == "publish"})
+        listed = ", ".join(map(str, published)) or "none"
+        raise ControlError(f"no {kind} version {version} was published on {topic} (published {kind} versions: "
+                           f"{listed}); the report names a version in the history")
+    return entry
+
+
+def _fetch(record: "ControlRecord", store) -> tuple["Artifact | None", str | None]:
+    """The artifact a record names (checked by its hash), or why it cannot be had."""
+    from fairstream.streams.control.registry import fetch_artifact
+
+    try:
+        return fetch_artifact(record, store), None
+    except Exception as exc:  # a missing store file, a damaged blob: said on the page
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _shadowing(control: "ControlLog", publish: "ControlRecord") -> tuple:
+    """(worker status, figures) of each worker's latest announcement with live figures of this version."""
+    mine = (publish.kind, publish.version, publish.sha256)
+    # The log keeps announcements per shadowed (kind, version); the sha256 must match too, and empty figures
+    # have nothing to show.
+    statuses = control.shadow_figures(publish.kind, publish.version).values()
+    return tuple((status, dict(status.shadow)) for status in statuses if status.shadow and mine in status.shadowing)
+
+
+def _chains(config: "PipelineConfig", control: "ControlLog", store, loaders, claim: "Entry") -> Chains:
+    """The active record chain (a worker's registry, replayed) and the chain with the candidate in its place."""
+    from fairstream.streams.control.records import encode_control
+    from fairstream.streams.control.registry import ArtifactRegistry, build_active, load_refusal
+
+    kinds = tuple(config.records.chain)
+    notes = []
+    registry = ArtifactRegistry(loaders, store=store)
+    publish = claim.record
+    before = None  # what served the candidate's kind when the candidate was published
+    for entry in control.entries:  # at their offsets: the version rule counts the messages between claims
+        if entry.refusal is None:
+            if entry.offset == claim.offset:
+                before = registry.current(publish.kind)
+            registry.apply(encode_control(entry.record), offset=entry.offset)
+    active = dict(registry.snapshot())
+    current = active.get(publish.kind)
+    if current is not None and current.version == publish.version:
+        # It serves already (promoted, approved, or published without shadow): the comparison is with what it replaced.
+        active[publish.kind] = before
+        notes.append(f"{publish.kind} v{publish.version} serves now; the active chain shown is the one it replaced "
+                     f"({_version_name(publish.kind, before)})")
+    try:
+        candidate = build_active(publish, loaders, store)
+    except Exception as exc:  # the workers would refuse it too: said on the page
+        candidate = None
+        notes.append(f"{publish.kind} v{publish.version} cannot be built as the workers build it: "
+                     f"{load_refusal(exc)[0]}")
+    if publish.kind not in kinds:
+        notes.append(f"{publish.kind} is not a kind of this pipeline's record chain {list(kinds)}: no distributions")
+    for kind in kinds:
+        if active.get(kind) is None:
+            notes.append(f"no {kind} version is active: the active chain cannot be applied")
+    modules = tuple(None if active.get(k) is None else active[k].module for k in kinds)
+    swapped = tuple((None if candidate is None else candidate.module) if k == publish.kind else m
+                    for k, m in zip(kinds, modules))
+    versions = {k: None if active.get(k) is None else active[k].version for k in kinds}
+    return Chains(kinds, modules, swapped, versions, tuple(notes))
+
+
+def _version_name(kind: str, active) -> str:
+    return f"no {kind}" if active is None else f"{kind} v{active.version}"
+
+
+@dataclass(frozen=True)
+class _RecordsInTopics(TopicConfig):
+    """The pipeline's topics with ``records.in`` read where the research topic would be (the sample's source)."""
+
+    @property
+    def research(self) -> str:
+        return self.records_in
+
+
+def _sample(config: "PipelineConfig", bootstrap: str, sample: int) -> tuple[ResearchWindow | None, str | None]:
+    """The latest ``sample`` valid records of ``records.in`` (read from each partition's tail), or why there are none,
+    and whether the read was cut short."""
+    topics = _RecordsInTopics(**{f.name: getattr(config.topics, f.name) for f in dataclasses.fields(TopicConfig)})
+    try:
+        window = read_research_topic(bootstrap, dataclasses.replace(config, topics=topics), last_n=sample,
+                                     idle_seconds=1.0, timeout=SAMPLE_SECONDS, tail=True)
+    except Exception as exc:  # the page still says what the log knows
+        return None, f"could not read {config.topics.records_in}: {type(exc).__name__}: {exc}"
+    cut = (f"the read of {config.topics.records_in} was cut short after {SAMPLE_SECONDS:g} s: the records compared "
+           "are the latest of those read, not necessarily the topic's latest") if window.cut_short else None
+    if not len(window):
+        return window, "; ".join(filter(None, (cut, f"no valid record on {config.topics.records_in} "
+                                                    f"({window.n_invalid} invalid): no distributions to compare")))
+    return window, cut
+
+
+def _apply(chains: Chains, window: ResearchWindow, config: "PipelineConfig") -> dict[str, Applied]:
+    """Each chain's output on the sample (a chain missing a module is left out)."""
+    batch = Batch(X=window.X, keys=window.keys, s=window.s, u=window.u, y=window.y, columns=tuple(config.features))
+    return {role: apply_chain(list(modules), batch) for role, modules in (("active", chains.active),
+                                                                          ("candidate", chains.candidate))
+            if modules and all(m is not None for m in modules)}
