@@ -42,7 +42,8 @@ from adult_chain import adult_chain
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import Batch, apply_chain
-from fairstream.streams.codec import decode_records, encode_repaired, provenance
+from fairstream.streams.codec.records import decode_records
+from fairstream.streams.codec.repaired import encode_repaired, provenance
 from fairstream.streams.config import AgentConfig, PipelineConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages

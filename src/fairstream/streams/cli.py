@@ -59,7 +59,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                           ("fairstream.repair.artifacts", ["ArtifactError"]),
                           ("fairstream.repair.datasets", ["RepairInputError"]),
                           ("fairstream.streams.topics", ["TopicConfigError"]),
-                          ("fairstream.streams.codec", ["RefitRequestError"]),
+                          ("fairstream.streams.codec.refit_requests", ["RefitRequestError"]),
                           ("fairstream.streams.refit.webhook", ["WebhookConfigError"]),
                           ("fairstream.streams.kafka", ["KafkaSecurityError"]),
                           ("fairstream.streams.refit.trainers", ["TrainerError"]),

@@ -20,7 +20,8 @@ from kafka import KafkaProducer
 
 from fairstream.repair import datasets
 from fairstream.streams import cli
-from fairstream.streams.codec import RefitRequest, RefitRequestError, decode_records, parse_request
+from fairstream.streams.codec.records import decode_records
+from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError, parse_request
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fairstream.repair import datasets
-from fairstream.streams.codec import RefitRequest
+from fairstream.streams.codec.refit_requests import RefitRequest
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

@@ -15,7 +15,7 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
-from fairstream.streams.codec import RepairedBatch, decode_repaired
+from fairstream.streams.codec.repaired import RepairedBatch, decode_repaired
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.loop import balanced_scorer
@@ -181,7 +181,7 @@ def windowed_mdp(scorer_active, order):
     """(the monitor's MDP of the window, the true MDP of all its records, a 4-standard-error tolerance, and the
     MDP of the monitor's samples with every sampled row counted once whatever its batch's size)."""
     from fairstream.repair.measure.mdp import matched_dp
-    from fairstream.streams.codec import RepairedBatch
+    from fairstream.streams.codec.repaired import RepairedBatch
 
     config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
         window_records=30000, buckets=10, min_records=500, statistic="mdp")

@@ -6,7 +6,7 @@ import pytest
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.measure.mdp import matched_dp
-from fairstream.streams.codec import RepairedBatch
+from fairstream.streams.codec.repaired import RepairedBatch
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.worker.monitor import MDP_ROWS, FairnessMonitor

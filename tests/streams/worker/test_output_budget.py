@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
-from fairstream.streams.codec import MAX_DEAD_LETTER_KEY, MAX_ID_CHARS, MAX_OUTPUT_BYTES, input_digest, output_bytes
+from fairstream.streams.codec.dead_letters import MAX_DEAD_LETTER_KEY, MAX_OUTPUT_BYTES, output_bytes
+from fairstream.streams.codec.records import MAX_ID_CHARS, input_digest
 from fairstream.streams.config import EmbeddingConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.worker.processing import EmbeddingRepairer, RecordRepairer, SimpleMessage

@@ -19,7 +19,8 @@ from kafka import KafkaProducer
 
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
-from fairstream.streams.codec import MAX_DEAD_LETTER_KEY, MAX_OUTPUT_BYTES, input_digest, output_bytes
+from fairstream.streams.codec.dead_letters import MAX_DEAD_LETTER_KEY, MAX_OUTPUT_BYTES, output_bytes
+from fairstream.streams.codec.records import input_digest
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore

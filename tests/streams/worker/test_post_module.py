@@ -12,7 +12,7 @@ import pytest
 from fairstream.models.kinds import MODULE_KINDS
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.streams.codec import decode_repaired
+from fairstream.streams.codec.repaired import decode_repaired
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.replay import record_messages

@@ -7,7 +7,7 @@ import pytest
 
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
-from fairstream.streams.codec import input_digest
+from fairstream.streams.codec.records import input_digest
 from fairstream.streams.config import adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage

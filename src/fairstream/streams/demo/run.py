@@ -36,7 +36,7 @@ import numpy as np
 
 from fairstream.repair import datasets
 from fairstream.repair.measure.evaluation import evaluate_repair
-from fairstream.streams.codec import repaired_arrays
+from fairstream.streams.codec.repaired import repaired_arrays
 from fairstream.streams.config import PipelineConfig
 
 from .collect import TopicReader, collect_until

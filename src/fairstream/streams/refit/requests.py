@@ -6,7 +6,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Self
 
-from fairstream.streams.codec import RefitRequest
+from fairstream.streams.codec.refit_requests import RefitRequest
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 if TYPE_CHECKING:

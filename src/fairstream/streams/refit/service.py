@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Self
 
-from fairstream.streams.codec import RefitRequest, RefitRequestError, parse_request
+from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError, parse_request
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 from .job import RefitJob, RefitOutcome

@@ -76,7 +76,7 @@ class ResearchWindow:
 def _window_from_values(values: list[bytes], config: "PipelineConfig", source: str, n_invalid: int = 0,
                         examples: Sequence[str] = ()) -> ResearchWindow:
     """Decode records.in-format values with the stream's own codec, so a window accepts what a worker accepts."""
-    from fairstream.streams.codec import decode_records
+    from fairstream.streams.codec.records import decode_records
 
     decoded = decode_records(values, config)
     examples = (list(examples) + [reason for _, reason in decoded.errors])[:5]
@@ -151,7 +151,7 @@ def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int 
                 timeout: float) -> tuple[dict, int, list[str], bool]:
     """Per partition, the last ``last_n`` valid values as (timestamp, partition, offset, value); the invalid ones
     (count, a few reasons) and whether the read stopped at ``timeout`` before the end."""
-    from fairstream.streams.codec import decode_records
+    from fairstream.streams.codec.records import decode_records
 
     started_ms = time.time() * 1000.0
     tails = {tp: deque(maxlen=last_n) for tp in assigned}

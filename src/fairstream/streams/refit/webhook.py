@@ -51,7 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
-from fairstream.streams.codec import RefitRequest, RefitRequestError
+from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError
 from fairstream.streams.parsing import parse_time
 
 from .requests import RequestPublisher

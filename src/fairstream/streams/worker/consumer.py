@@ -74,7 +74,7 @@ from typing import Callable, Sequence
 import mode
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from fairstream.streams.codec import MAX_OUTPUT_BYTES
+from fairstream.streams.codec.dead_letters import MAX_OUTPUT_BYTES
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.kafka import librdkafka_options
 

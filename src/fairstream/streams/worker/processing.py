@@ -26,16 +26,14 @@ import numpy as np
 
 from fairstream.models.embedding import normalise
 from fairstream.repair.protocol import Batch, apply_chain
-from fairstream.streams.codec import (
+from fairstream.streams.codec.dead_letters import dead_letter, dead_letter_key, oversized
+from fairstream.streams.codec.embeddings import decode_embeddings
+from fairstream.streams.codec.records import decode_records
+from fairstream.streams.codec.repaired import (
     RepairedBatch,
-    dead_letter,
-    dead_letter_key,
-    decode_embeddings,
-    decode_records,
     encode_embeddings,
     encode_repaired,
     non_finite_rows,
-    oversized,
     provenance,
 )
 from fairstream.streams.config import PipelineConfig
