@@ -1,8 +1,14 @@
-"""The rooms' import rules: repair <- models <- streams, no stream client below streams/, and the rooms inside streams/."""
+"""The rooms' import rules: repair <- models <- streams, no stream client below streams/, and the rooms inside streams/.
+
+An import hidden in a string counts as one: a string that names a module (``"fairstream.streams.refit.trainers"``,
+``"package.module:Class"``), as ``importlib.import_module`` or an entry-point-style path would use it, obeys the
+same rules. Docstrings (the first statement of a module, class or function) are documentation, not imports.
+"""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,20 +57,52 @@ def imports_of(path: Path, package: str) -> list[tuple[int, str]]:
     return found
 
 
+MODULE_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(:[A-Za-z_][\w.]*)?|[A-Za-z_]\w*:[A-Za-z_][\w.]*")
+"""A string that names a module: dotted (``a.b``), or with an attribute (``a:Name``, ``a.b:Name``). A single word
+is not taken for a module: it is far more often an ordinary word (``"mode"``, ``"river"``)."""
+
+
+def docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string nodes that are docstrings: the first statement of a module, class or function."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and \
+                    isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def modules_named_in_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, module name) of every string constant, docstrings aside, that names a module (``"a.b:Name"`` -> a.b)."""
+    tree = ast.parse(path.read_text())
+    skip = docstrings(tree)
+    return [(node.lineno, node.value.partition(":")[0]) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip
+            and MODULE_PATH.fullmatch(node.value)]
+
+
 def room_files(room: str):
     for path in sorted((PACKAGE / room).rglob("*.py")):
         parts = path.relative_to(PACKAGE / room).with_suffix("").parts[:-1]
         yield path, ".".join([ROOMS[room], *parts])
 
 
+def forbidden_in(path: Path, package: str, room: str) -> list[str]:
+    """The imports of a file of ``room``, and the modules its strings name, that reach a forbidden module."""
+    def forbidden(name: str) -> bool:
+        return any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[room])
+
+    where = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path
+    return [*(f"{where}:{line} imports {name}" for line, name in imports_of(path, package) if forbidden(name)),
+            *(f"{where}:{line} names {name} in a string" for line, name in modules_named_in_strings(path)
+              if forbidden(name))]
+
+
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_imports_point_down_only(room):
-    broken = [
-        f"{path.relative_to(PACKAGE)}:{line} imports {name}"
-        for path, package in room_files(room)
-        for line, name in imports_of(path, package)
-        if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[room])
-    ]
+    broken = [violation for path, package in room_files(room) for violation in forbidden_in(path, package, room)]
     assert not broken, "\n".join(broken)
 
 
@@ -80,11 +118,14 @@ def streams_room(path: Path) -> str | None:
 def streams_room_violations(path: Path, package: str, room: str) -> list[str]:
     """Imports of a file of ``room`` that reach a room inside streams/ it may not import."""
     broken = []
-    for line, name in imports_of(path, package):
+    named = [(line, name, "imports") for line, name in imports_of(path, package)]
+    named += [(line, name, "names") for line, name in modules_named_in_strings(path)]
+    for line, name, how in named:
         parts = (name or "").split(".")
         if parts[:2] == ["fairstream", "streams"] and len(parts) > 2 and parts[2] in STREAMS_ROOMS \
                 and parts[2] != room and parts[2] not in STREAMS_ROOMS[room]:
-            broken.append(f"{path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path}:{line} imports {name}")
+            where = path.relative_to(PACKAGE) if path.is_relative_to(PACKAGE) else path
+            broken.append(f"{where}:{line} {how} {name}" + (" in a string" if how == "names" else ""))
     return broken
 
 
@@ -112,6 +153,24 @@ def test_the_rule_checker_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("from ..streams.worker import app\nimport faust\n")
     assert imports_of(bad, "fairstream.repair") == [(1, "fairstream.streams.worker"), (2, "faust")]
+
+
+def test_the_rule_checker_sees_an_import_hidden_in_a_string_but_not_in_a_docstring(tmp_path):
+    bad = tmp_path / "kind.py"
+    bad.write_text('"""Trained by "fairstream.streams.refit.trainers:PlanTrainer" (documentation)."""\n'
+                   'import importlib\n'
+                   'TRAINER = "fairstream.streams.refit.trainers:PlanTrainer"\n'
+                   'def load():\n'
+                   '    """fairstream.streams.refit.job"""\n'
+                   '    return importlib.import_module("fairstream.models.kinds"), "a sentence. not one", "mode"\n')
+    assert modules_named_in_strings(bad) == [(3, "fairstream.streams.refit.trainers"), (6, "fairstream.models.kinds")]
+    assert forbidden_in(bad, "fairstream.models", "models") == [
+        f"{bad}:3 names fairstream.streams.refit.trainers in a string"]
+    assert forbidden_in(bad, "fairstream.repair", "repair") == [
+        f"{bad}:3 names fairstream.streams.refit.trainers in a string",
+        f"{bad}:6 names fairstream.models.kinds in a string"]
+    assert streams_room_violations(bad, "fairstream.streams.worker", "worker") == [
+        f"{bad}:3 names fairstream.streams.refit.trainers in a string"]
 
 
 def test_applying_frozen_modules_and_running_a_worker_never_imports_torch():

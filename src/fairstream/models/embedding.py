@@ -149,8 +149,7 @@ class FairnessModule:
         return cache[dtype]
 
     kind = ARTIFACT_KIND
-    capabilities = Capabilities(agent="embeddings", reads=frozenset({"vectors"}), writes=frozenset({"vectors"}),
-                                trainer="fairstream.streams.refit.trainers:EmbeddingTrainer")
+    capabilities = Capabilities(agent="embeddings", reads=frozenset({"vectors"}), writes=frozenset({"vectors"}))
     seed = ""  # no random draws
 
     def check_compatible(self, schema: PipelineSchema) -> None:

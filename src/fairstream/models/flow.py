@@ -375,7 +375,7 @@ class FlowPreprocessor:
 
     kind = ARTIFACT_KIND
     capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
-                                place="repair", needs_s=True, needs_labels=True, trainer="fairstream.streams.refit.trainers:FlowTrainer")
+                                place="repair", needs_s=True, needs_labels=True)
     seed = ""  # no random draws
 
     def check_compatible(self, schema: PipelineSchema) -> None:

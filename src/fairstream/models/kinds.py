@@ -3,13 +3,13 @@
 The worker, the registry and re-fit jobs look kinds up here: a kind is one class implementing
 :class:`~fairstream.repair.protocol.FrozenModule`, named in :data:`MODULE_KINDS`, that declares what it
 reads, writes and needs (``capabilities``): the rest of the product asks :func:`capabilities`,
-:func:`kinds_for` and :func:`chain_problem` instead of comparing kind names, so a new kind is its
-module, its entry here, its trainer and an entry in the conformance suite's table (see
-docs/architecture.md). Each declares the arrays its artifact holds (``array_layout``); loading
-checks every one of them and then applies the module to a few of its own ordinary inputs (its
-``probe``), so a corrupt payload, or one whose weights overflow every output, is an
-:class:`ArtifactError` here, which the registry counts as a refusal while the previous version keeps
-serving.
+:func:`kinds_for`, :func:`chain_problem` and :func:`active_at` instead of comparing or looking up kind names,
+and takes its default kind from :data:`DEFAULT_KIND`, so a new kind is its module, its entry here, its example
+in the conformance suite and, to be re-fittable, its trainer's module in ``streams/refit/trainers/`` (found
+there by the trainers' registry; see docs/architecture.md). Each declares the arrays its artifact holds
+(``array_layout``); loading checks every one of them and then applies the module to a few of its own ordinary
+inputs (its ``probe``), so a corrupt payload, or one whose weights overflow every output, is an
+:class:`ArtifactError` here, which the registry counts as a refusal while the previous version keeps serving.
 
 >>> import numpy as np
 >>> from fairstream.repair.protocol import PipelineSchema
@@ -25,6 +25,8 @@ fairstream.repair.protocol.IncompatibleArtifact: the embedding module takes vect
 
 from __future__ import annotations
 
+from typing import Mapping, TypeVar
+
 from fairstream.repair.artifacts import Artifact, ArtifactError
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.protocol import PLACES, Capabilities, FrozenModule, PipelineSchema, check_probe
@@ -34,9 +36,14 @@ from .flow import FlowPreprocessor
 from .scorer import Scorer
 from .thresholds import GroupThresholds
 
+T = TypeVar("T")
+
 MODULE_KINDS: dict[str, type] = {cls.kind: cls for cls in (DistributionalRepair, Scorer, FairnessModule,
                                                            FlowPreprocessor, GroupThresholds)}
 """Artifact kind -> the class that loads, checks and applies it."""
+
+DEFAULT_KIND = DistributionalRepair.kind
+"""The kind a record pipeline applies, and a re-fit or its request trains, when none is named: the repair plan."""
 
 
 def module_class(kind: str) -> type:
@@ -105,6 +112,21 @@ def chain_problem(chain: tuple[str, ...]) -> str | None:
             return f"{kind!r} reads the {sorted(mine.reads - provided)[0]}, which nothing before it provides"
         provided |= mine.writes
     return None
+
+
+def active_at(actives: Mapping[str, T], place: str) -> T | None:
+    """The entry of ``actives`` (artifact kind -> anything) whose record kind sits at ``place``, or None.
+
+    Asks the place instead of a kind's name: the active scorer is ``active_at(actives, "score")``. Where several
+    kinds share a place (plans and flows repair), the first in chain order (:func:`kinds_for`) answers.
+
+    >>> active_at({"thresholds": "t", "scorer": "s"}, "score")
+    's'
+    >>> active_at({"plan": "p"}, "post") is None
+    True
+    """
+    return next((actives[kind] for kind in kinds_for("records")
+                 if kind in actives and capabilities(kind).place == place), None)
 
 
 def chain_writes(chain: tuple[str, ...]) -> frozenset:

@@ -433,7 +433,7 @@ class DistributionalRepair(Estimator):
 
     kind = ARTIFACT_KIND
     capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
-                                place="repair", needs_s=True, trainer="fairstream.streams.refit.trainers:PlanTrainer", fitted_range=True)
+                                place="repair", needs_s=True, fitted_range=True)
 
     def fitted_range(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(strata, lowest, highest): the range of each feature the plan's grids cover, per stratum."""

@@ -87,8 +87,7 @@ class Scorer:
 
     kind = ARTIFACT_KIND
     capabilities = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"score", "decision"}),
-                                place="score", needs_labels=True, needs_group_map=True, trainer="fairstream.streams.refit.trainers:ScorerTrainer",
-                                counterparts=True)
+                                place="score", needs_labels=True, needs_group_map=True, counterparts=True)
     seed = ""  # no random draws
 
     @classmethod

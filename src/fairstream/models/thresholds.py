@@ -87,8 +87,7 @@ class GroupThresholds(Estimator):
 
     kind = ARTIFACT_KIND
     capabilities = Capabilities(agent="records", reads=frozenset({"score"}), writes=frozenset({"decision"}),
-                                place="post", needs_s=True, needs_labels=True,
-                                trainer="fairstream.streams.refit.trainers:ThresholdsTrainer")
+                                place="post", needs_s=True, needs_labels=True)
 
     def __init__(self, constraint: str = "dp", random_state: int = 0):
         self.constraint = constraint

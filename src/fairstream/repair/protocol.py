@@ -120,7 +120,6 @@ class Capabilities:
     - ``place``: of :data:`PLACES`, a record chain's modules in that order (a ``"post"`` module reads a score);
     - ``needs_s``: ``apply`` reads the protected attribute; ``needs_labels``: training needs y;
       ``needs_group_map``: training fits a transport map between the groups (it carries one frozen);
-    - ``trainer``: ``"module:Class"`` of the re-fit trainer, imported only by a re-fit (None: not re-fittable);
     - ``fitted_range``: instances answer ``fitted_range()`` -> (strata, lowest, highest) of the features they
       were fitted on, per stratum (the monitor's bins and out-of-range count);
     - ``counterparts``: instances carry ``group_map_`` (None when the artifact holds no map) and answer
@@ -142,8 +141,6 @@ class Capabilities:
         Whether training needs the labels y.
     needs_group_map : bool, default=False
         Whether training fits a transport map between the groups.
-    trainer : str or None, default=None
-        ``"module:Class"`` path of the re-fit trainer; None when the kind cannot be re-fitted.
     fitted_range : bool, default=False
         Whether instances answer ``fitted_range()``.
     counterparts : bool, default=False
@@ -164,7 +161,6 @@ class Capabilities:
     needs_s: bool = False
     needs_labels: bool = False
     needs_group_map: bool = False
-    trainer: str | None = None
     fitted_range: bool = False
     counterparts: bool = False
 

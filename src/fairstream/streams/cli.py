@@ -552,6 +552,8 @@ def version_line() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fairstream`` command line: one sub-command per job."""
+    from fairstream.streams.demo.acts import ACTS, DEFAULT_ACT
+
     parser = argparse.ArgumentParser(
         prog="fairstream",
         description="Repair unfairness in data while it streams: fit optimal-transport repair plans offline, "
@@ -721,7 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
     demo.add_argument("--rate", type=float, default=2000.0, help="replay rate in records/s (default: 2000)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
-    demo.add_argument("--act", choices=("plan", "flow", "approve"), default="plan",
+    demo.add_argument("--act", choices=tuple(ACTS), default=DEFAULT_ACT,
                       help="plan: drift answered by a new repair plan (default); flow: by a new AdapFair flow in "
                            "front of a frozen classifier, monitored on the decisions' DP gap; approve: the new plan "
                            "waits in shadow as a candidate until a named operator approves it")

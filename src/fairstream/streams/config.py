@@ -55,7 +55,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta
 
-from fairstream.models.kinds import capabilities, chain_problem, chain_writes, kinds_for
+from fairstream.models.kinds import DEFAULT_KIND, capabilities, chain_problem, chain_writes, kinds_for
 from fairstream.repair.protocol import PipelineSchema
 
 from .kafka import MECHANISMS, PROTOCOLS
@@ -545,7 +545,7 @@ class PipelineConfig(_Section):
         "retired by the [shadow] policy; \"approve\" = a candidate in shadow until a person runs "
         "`fairstream artifacts approve` (or `reject`)"))
     topics: TopicConfig = field(default_factory=TopicConfig)
-    records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact="plan"))
+    records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact=DEFAULT_KIND))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     shadow: ShadowConfig = field(default_factory=ShadowConfig)

@@ -23,7 +23,8 @@ from fairstream.streams.ops.processes import free_port
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.sources import EmbeddingFileSource, research_source
-from fairstream.streams.refit.trainers import EmbeddingTrainer, Validation
+from fairstream.streams.refit.trainers import Validation
+from fairstream.streams.refit.trainers.embedding import EmbeddingTrainer
 from fairstream.streams.topics import ensure_topics
 from tests.streams.refit.test_flow_refit import wait_for_log
 

@@ -22,7 +22,8 @@ from fairstream.streams.demo.replay import record_messages, replay
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.sources import ResearchWindow, TopicSource
-from fairstream.streams.refit.trainers import FlowTrainer, Validation
+from fairstream.streams.refit.trainers import Validation
+from fairstream.streams.refit.trainers.flow import FlowTrainer
 from fairstream.streams.topics import ensure_topics
 from tests.streams.worker.outputs import collect_outputs, send
 

@@ -483,7 +483,7 @@ def test_refit_service_command_answers_a_request_and_stops_on_sigterm(broker, co
 
 
 def test_a_plan_re_fit_fits_the_posterior_of_s_only_for_a_pipeline_that_imputes_s(windows, tmp_path):
-    from fairstream.streams.refit.trainers import PlanTrainer
+    from fairstream.streams.refit.trainers.plan import PlanTrainer
 
     config = adult_config(artifact_dir=str(tmp_path))
     imputing = dataclasses.replace(config, records=dataclasses.replace(config.records, missing_s="impute"))

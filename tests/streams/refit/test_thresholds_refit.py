@@ -24,13 +24,8 @@ from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.sources import ResearchWindow
-from fairstream.streams.refit.trainers import (
-    ThresholdsTrainer,
-    TrainerError,
-    Validation,
-    decision_metrics,
-    trainer_class,
-)
+from fairstream.streams.refit.trainers import TrainerError, Validation, trainer_class
+from fairstream.streams.refit.trainers.thresholds import ThresholdsTrainer, decision_metrics
 from fairstream.streams.topics import ensure_topics
 from tests.streams.refit.test_flow_refit import balanced_scorer  # its decisions at 0.5 differ by sex
 from tests.streams.test_cli import run_main

@@ -1,11 +1,15 @@
-"""The re-fit side reads capabilities: which kinds have a trainer, the trainer's class, its command-line options.
+"""The re-fit side's one registry: the trainers its package defines, their kinds, their command-line options.
 
-A kind registered with a trainer is re-fittable and its options are offered without touching the command; a
-kind without one is not; two trainers defining one flag differently is an error.
+The registry finds one trainer per re-fittable kind in the modules of ``streams/refit/trainers/``; a kind
+registered without a trainer is not re-fittable, and two trainers of one kind, or a trainer of an unregistered
+kind, are refused. A new trainer's options are offered without touching the command; two trainers defining one
+flag differently is an error.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from types import SimpleNamespace
 
 import pytest
@@ -18,21 +22,32 @@ from fairstream.streams.refit.command import trainer_options
 from fairstream.streams.refit.options import OptionConflict, TrainerOption, collect_options, positive_int_arg
 from fairstream.streams.refit.trainers import (
     MAX_ACCURACY_DROP,
-    PlanTrainer,
     RecordTrainer,
     TrainerError,
     make_trainer,
     published_before,
     refit_kinds,
     trainer_class,
+    trainer_table,
+    trainers_in,
 )
+from fairstream.streams.refit.trainers.plan import PlanTrainer
 from tests.streams.test_cli import ADULT_TOML, UNREACHABLE, run_main
+
+
+def fake_kind(name: str) -> type:
+    caps = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
+                        place="repair")
+    return type(f"Fake{name.title()}", (), {"kind": name, "capabilities": caps})
+
+
+Widen, Frozen = fake_kind("widen"), fake_kind("frozen")
 
 
 class WidthTrainer(RecordTrainer):
     """The trainer of a kind that exists only in these tests; its option is declared here, nowhere else."""
 
-    kind = "widen"
+    module = Widen
     TITLE = "wideners"
     OPTIONS = {"width": TrainerOption("--widen-by", type=positive_int_arg, metavar="N", help="how much wider"),
                "max_accuracy_drop": MAX_ACCURACY_DROP}
@@ -41,25 +56,41 @@ class WidthTrainer(RecordTrainer):
         self.config, self.width, self.max_accuracy_drop = config, width, max_accuracy_drop
 
 
-def fake_kind(name: str, trainer: str | None) -> type:
-    caps = Capabilities(agent="records", reads=frozenset({"features"}), writes=frozenset({"features"}),
-                        place="repair", trainer=trainer)
-    return type(f"Fake{name.title()}", (), {"kind": name, "capabilities": caps})
-
-
 @pytest.fixture
 def widen(monkeypatch):
     """Register kind ``widen`` (trained by :class:`WidthTrainer`) and ``frozen`` (no trainer) for one test."""
-    monkeypatch.setitem(kinds.MODULE_KINDS, "widen", fake_kind("widen", f"{__name__}:WidthTrainer"))
-    monkeypatch.setitem(kinds.MODULE_KINDS, "frozen", fake_kind("frozen", None))
+    monkeypatch.setitem(kinds.MODULE_KINDS, "widen", Widen)
+    monkeypatch.setitem(kinds.MODULE_KINDS, "frozen", Frozen)
+    monkeypatch.setitem(trainers.TRAINERS, "widen", WidthTrainer)
 
 
-def test_every_kind_that_names_a_trainer_is_refittable_by_that_class():
-    expected = {kind for kind, cls in kinds.MODULE_KINDS.items() if cls.capabilities.trainer}
-    assert set(refit_kinds()) == expected and set(trainers.REFIT_KINDS) == expected
-    for kind in expected:
-        cls = trainer_class(kind)
-        assert f"{cls.__module__}:{cls.__qualname__}" == kinds.capabilities(kind).trainer and cls.kind == kind
+def test_the_registry_finds_one_trainer_per_refittable_kind_in_the_modules_of_its_package():
+    found = {}
+    for info in pkgutil.iter_modules(trainers.__path__):
+        for cls in trainers_in(importlib.import_module(f"{trainers.__name__}.{info.name}")):
+            found.setdefault(cls.kind, []).append(cls)
+    assert found == {kind: [cls] for kind, cls in trainers.TRAINERS.items()}
+    assert set(refit_kinds()) == set(trainers.REFIT_KINDS) == set(trainers.TRAINERS) <= set(kinds.MODULE_KINDS)
+    for kind, cls in trainers.TRAINERS.items():  # each trains the class registered for its kind
+        assert trainer_class(kind) is cls and cls.module is kinds.MODULE_KINDS[kind] and cls.kind == kind
+    assert trainers_in(importlib.import_module(f"{trainers.__name__}.base")) == []  # the shared classes train nothing
+
+
+def test_the_registry_refuses_two_trainers_of_one_kind_and_a_trainer_of_an_unregistered_kind(monkeypatch):
+    class AnotherPlanTrainer(PlanTrainer):
+        module = PlanTrainer.module
+
+    with pytest.raises(TypeError, match="kind 'plan' has two trainers: PlanTrainer and .*AnotherPlanTrainer"):
+        trainer_table([PlanTrainer, AnotherPlanTrainer])
+    with pytest.raises(TypeError, match=r"WidthTrainer trains kind 'widen', which is not registered in "
+                                        r"fairstream.models.kinds.MODULE_KINDS"):
+        trainer_table([PlanTrainer, WidthTrainer])
+    monkeypatch.setitem(kinds.MODULE_KINDS, "widen", Widen)
+    assert trainer_table([PlanTrainer, WidthTrainer]) == {"plan": PlanTrainer, "widen": WidthTrainer}
+
+
+def test_a_trainer_trains_the_kind_of_the_module_class_it_names():
+    assert WidthTrainer.kind == "widen" and PlanTrainer.kind == PlanTrainer.module.kind == "plan"
 
 
 def test_a_kind_registered_with_a_trainer_is_refittable_and_one_without_is_not(widen):
@@ -68,12 +99,6 @@ def test_a_kind_registered_with_a_trainer_is_refittable_and_one_without_is_not(w
     for kind in ("frozen", "no-such-kind"):
         with pytest.raises(TrainerError, match=rf"no trainer for artifact kind '{kind}' \(re-fittable: .*'widen'"):
             make_trainer(kind, config=None)
-
-
-def test_a_capability_naming_a_missing_trainer_is_a_trainer_error(monkeypatch):
-    monkeypatch.setitem(kinds.MODULE_KINDS, "ghost", fake_kind("ghost", f"{__name__}:NoSuchTrainer"))
-    with pytest.raises(TrainerError, match=f"the trainer {__name__}:NoSuchTrainer of kind 'ghost' cannot be"):
-        trainer_class("ghost")
 
 
 def test_a_new_trainers_option_is_offered_by_the_command_and_reaches_the_trainer(widen, capsys):
@@ -95,14 +120,14 @@ def test_a_new_trainers_option_is_offered_by_the_command_and_reaches_the_trainer
 
 def test_two_trainers_defining_one_flag_differently_is_an_error():
     class Other(WidthTrainer):
-        kind = "other"
+        module = fake_kind("other")
         OPTIONS = {"width": TrainerOption("--widen-by", type=int, help="how much wider")}
 
     with pytest.raises(OptionConflict, match="--widen-by is defined differently by the other trainer and the widen"):
         collect_options([WidthTrainer, Other])
 
     class Undeclared(WidthTrainer):
-        kind = "undeclared"
+        module = fake_kind("undeclared")
         OPTIONS = {"height": TrainerOption("--height", type=int, help="how tall")}
 
     with pytest.raises(OptionConflict, match="--height for parameter 'height', which its __init__ does not take"):

@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from fairstream.models.kinds import capabilities
+from fairstream.models.kinds import DEFAULT_KIND, capabilities
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.datasets import Dataset
 from fairstream.streams.config import PipelineConfig
@@ -73,7 +73,7 @@ class LoopReport:
     candidate_series: list[tuple[float, float, int]] = field(default_factory=list)  # the same, of a shadow candidate
     threshold: float = 0.0
     statistic: str = "dependence_e"
-    kind: str = "plan"  # the kind the loop re-fits
+    kind: str = DEFAULT_KIND  # the kind the loop re-fits
     refit_outcomes: list[str] = field(default_factory=list)
     sent: int = 0  # messages sent to records.in (valid and invalid)
 

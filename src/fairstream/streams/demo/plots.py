@@ -10,6 +10,8 @@ matplotlib.use("Agg")  # files only: workers and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fairstream.models.kinds import DEFAULT_KIND  # noqa: E402
+
 
 def _edges(values: np.ndarray, bins: int = 40) -> np.ndarray:
     """Histogram edges; integer data get edges between integers, so no bin is empty by construction."""
@@ -48,7 +50,7 @@ def plot_group_distributions(path: Path, X: np.ndarray, X_repaired: np.ndarray, 
 
 
 def plot_timeline(path: Path, series: list[tuple[float, float, int]], events: list[tuple[float, str, str]],
-                  threshold: float, statistic: str = "dependence E after repair", kind: str = "plan",
+                  threshold: float, statistic: str = "dependence E after repair", kind: str = DEFAULT_KIND,
                   candidate_series: list[tuple[float, float, int]] = ()) -> Path:
     """The monitored statistic over time, coloured by the re-fitted ``kind``'s version, with the loop's events marked;
     a shadow candidate's statistic (``candidate_series``) dashed."""

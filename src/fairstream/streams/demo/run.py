@@ -39,6 +39,7 @@ from fairstream.repair.measure.evaluation import evaluate_repair
 from fairstream.streams.codec.repaired import repaired_arrays
 from fairstream.streams.config import PipelineConfig
 
+from .acts import ACTS, DEFAULT_ACT
 from .collect import TopicReader, collect_until
 from .loop import LoopReport, run_fairness_loop, shift_group
 from .plots import plot_group_distributions, plot_timeline
@@ -57,36 +58,7 @@ class DemoOptions:
     bad: int = 100
     rate: float = 2000.0
     timeout: float = 300.0
-    act: str = "plan"  # "plan": a repair plan re-fitted; "flow": a flow in front of a frozen classifier
-
-
-FLOW_ACT = dict(n_steps=60, n_blocks=3, hidden=(16,), lam=0.5)
-"""The flow act's re-fit settings: a smaller flow than the paper's, so each re-fit takes seconds on 2 cores."""
-
-
-@dataclass(frozen=True)
-class Act:
-    """One act of the demo: the record chain and statistic it runs (None: as configured), whose hours shift, and
-    the re-fit settings."""
-
-    chain: tuple[str, ...] | None
-    statistic: str | None
-    shifted_group: int
-    shifted_stratum: int | None
-    refit_params: dict | None = None
-    promotion: str = "auto"  # the pipeline's promotion policy during the act
-
-
-ACTS = {
-    # women's hours in the college stratum rise; the plan is re-fitted
-    "plan": Act(chain=None, statistic=None, shifted_group=0, shifted_stratum=1),
-    # men's hours rise everywhere; a flow in front of a frozen classifier is re-fitted, watched on the DP gap
-    "flow": Act(chain=("flow", "scorer"), statistic="dp_difference", shifted_group=1, shifted_stratum=None,
-                refit_params=FLOW_ACT),
-    # the plan act again, but the re-fitted plan is a candidate in shadow until a named operator approves it
-    "approve": Act(chain=None, statistic=None, shifted_group=0, shifted_stratum=1, promotion="approve"),
-}
-"""The acts ``fairstream demo --act`` runs, by name."""
+    act: str = DEFAULT_ACT  # "plan": a repair plan re-fitted; "flow": a flow in front of a frozen classifier (ACTS)
 
 
 def act_config(config: PipelineConfig, act: str) -> PipelineConfig:

@@ -51,6 +51,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
+from fairstream.models.kinds import DEFAULT_KIND
 from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError
 from fairstream.streams.parsing import parse_time
 
@@ -122,7 +123,7 @@ def alert_request_id(fingerprint: str, starts_at: str) -> str:
 ALERT_STATUSES = ("firing", "resolved")
 
 
-def alert_requests(payload: object, kind: str = "plan", alertnames: tuple[str, ...] = DRIFT_ALERTS,
+def alert_requests(payload: object, kind: str = DEFAULT_KIND, alertnames: tuple[str, ...] = DRIFT_ALERTS,
                    statistics: tuple[str, ...] | None = None, pipeline: str | None = None
                    ) -> tuple[list[RefitRequest], list[str]]:
     """The re-fit requests a webhook notification asks for, and why each other alert was skipped.
@@ -232,7 +233,7 @@ class AlertWebhook:
     """
 
     def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "0.0.0.0",
-                 port: int = DEFAULT_PORT, kind: str = "plan", path: str = WEBHOOK_PATH,
+                 port: int = DEFAULT_PORT, kind: str = DEFAULT_KIND, path: str = WEBHOOK_PATH,
                  alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES,
                  statistics: tuple[str, ...] | None = None, pipeline: str | None = None):
         if len(token) < MIN_TOKEN_CHARS:
