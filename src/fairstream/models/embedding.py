@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import ArrayLayout, ArraySpec, finite
+from fairstream.repair.array_layout import ArrayLayout, ArraySpec, check_arrays, finite, int_parameter
 from fairstream.repair.measure.verification import l2_normalise
 from fairstream.repair.protocol import Applied, Batch, Capabilities, IncompatibleArtifact, PipelineSchema, rowwise_matmul
 from fairstream.repair.validation import RepairInputError
@@ -64,7 +64,7 @@ class FairnessModule:
 
     def __post_init__(self) -> None:
         arrays = {name: np.ascontiguousarray(getattr(self, name), dtype=np.float64) for name in ("w1", "b1", "w2", "b2")}
-        artifacts.check_arrays(arrays, self.array_layout({}), "embedding module", RepairInputError)
+        check_arrays(arrays, self.array_layout({}), "embedding module", RepairInputError)
         for name, array in arrays.items():
             object.__setattr__(self, name, array)
         # The residual branch is exactly zero when W2 and b2 are: then g is the normalisation.
@@ -185,7 +185,7 @@ class FairnessModule:
 
         A size the parameters do not give (a module checking its own arrays) is taken from ``w1``.
         """
-        dims = {name: artifacts.int_parameter(parameters, name, "embedding artifact")
+        dims = {name: int_parameter(parameters, name, "embedding artifact")
                 for name in ("dimension", "hidden") if name in parameters}
         return ArrayLayout((
             ArraySpec("w1", "f", ("hidden", "dimension"), (finite(),)),
@@ -211,5 +211,5 @@ class FairnessModule:
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         a = artifact.arrays
-        artifacts.check_arrays(a, cls.array_layout(artifact.parameters), "embedding artifact")
+        check_arrays(a, cls.array_layout(artifact.parameters), "embedding artifact")
         return cls(a["w1"], a["b1"], a["w2"], a["b2"])

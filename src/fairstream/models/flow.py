@@ -39,15 +39,19 @@ from typing import Sequence
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import (
+from fairstream.repair.array_layout import (
     ArrayLayout,
     ArraySpec,
     Check,
     above,
+    check_arrays,
     finite,
+    int_parameter,
+    names_parameter,
     nonempty,
     not_nan,
     one_of,
+    sizes_parameter,
     sorted_labels,
 )
 from fairstream.repair.measure.metrics import as_binary
@@ -446,8 +450,8 @@ class FlowPreprocessor:
         ``n_features, *hidden, n_features``.
         """
         what = "flow artifact"
-        n_blocks = artifacts.int_parameter(parameters, "n_blocks", what)
-        widths = artifacts.sizes_parameter(parameters, "hidden", what)
+        n_blocks = int_parameter(parameters, "n_blocks", what)
+        widths = sizes_parameter(parameters, "hidden", what)
         hidden = {f"hidden_{k + 1}": width for k, width in enumerate(widths)}
         if not isinstance(parameters.get("group_aware"), bool):
             raise artifacts.ArtifactError(f"{what}: parameter 'group_aware' must be true or false, "
@@ -467,7 +471,7 @@ class FlowPreprocessor:
             ArraySpec("data_min", "f", feature, (not_nan(),)),
             ArraySpec("data_max", "f", feature, (not_nan(), _at_least_data_min())),
             *layers,
-        ), dims={**artifacts.names_parameter(parameters, "columns", what), "n_layers": 2 * n_blocks, **hidden})
+        ), dims={**names_parameter(parameters, "columns", what), "n_layers": 2 * n_blocks, **hidden})
 
     @classmethod
     def from_artifact(cls, artifact: artifacts.Artifact) -> "FlowPreprocessor":
@@ -486,7 +490,7 @@ class FlowPreprocessor:
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
         params, a = artifact.parameters, artifact.arrays
-        artifacts.check_arrays(a, cls.array_layout(params), "flow artifact")
+        check_arrays(a, cls.array_layout(params), "flow artifact")
         nets = {net: tuple(tuple(np.array(a[f"{net}_{part}{j}"]) for j in range(len(params["hidden"]) + 1))
                            for part in ("w", "b")) for net in NETS}
         return cls(columns=tuple(column_names(len(a["mean"]), params["columns"])), groups=np.array(a["groups"]),
@@ -521,7 +525,7 @@ def _check_shapes(flow: FlowPreprocessor) -> None:
     sizes = [np.shape(w)[2] if np.ndim(w) == 4 else 0 for w in flow.scale_weights[:-1]]
     parameters = {"columns": list(flow.columns), "group_aware": bool(flow.group_aware),
                   "n_blocks": max(1, np.shape(flow.masks)[0] // 2 if np.ndim(flow.masks) else 1), "hidden": sizes}
-    artifacts.check_arrays(flow._arrays(), FlowPreprocessor.array_layout(parameters), "flow")
+    check_arrays(flow._arrays(), FlowPreprocessor.array_layout(parameters), "flow")
 
 
 def _at_least_data_min() -> Check:

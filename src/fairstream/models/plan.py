@@ -33,7 +33,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import (
+from fairstream.repair.array_layout import (
     ArrayLayout,
     ArraySpec,
     Check,
@@ -42,7 +42,10 @@ from fairstream.repair.artifacts import (
     at_least,
     at_most,
     below,
+    check_arrays,
     finite,
+    int_parameter,
+    names_parameter,
     nonempty,
     sorted_labels,
 )
@@ -735,7 +738,7 @@ class DistributionalRepair(Estimator):
         ``n_nodes`` (the longest grid) and ``n_features`` (the column names, and ``n_features_in``).
         """
         what = "plan artifact"
-        enough = artifacts.int_parameter(parameters, "min_group_size", what, low=0)
+        enough = int_parameter(parameters, "min_group_size", what, low=0)
         weights = parameters.get("group_weights")
         cells, grids = ("n_strata", "n_groups"), ("n_strata", "n_repaired")
         pmf = (finite(), at_least(0.0))
@@ -756,7 +759,7 @@ class DistributionalRepair(Estimator):
         )
         if parameters.get("posterior"):  # plans written before the posterior existed have no such parameter
             specs += GroupPosterior.array_specs()
-        return ArrayLayout(specs, dims=artifacts.names_parameter(parameters, "columns", what))
+        return ArrayLayout(specs, dims=names_parameter(parameters, "columns", what))
 
     @classmethod
     def from_artifact(cls, artifact) -> "DistributionalRepair":
@@ -777,7 +780,7 @@ class DistributionalRepair(Estimator):
         """
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
-        artifacts.check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "plan artifact")
+        check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "plan artifact")
         params = dict(artifact.manifest.parameters)
         columns = params.pop("columns")
         weights = params.pop("group_weights")

@@ -39,7 +39,18 @@ from scipy.special import expit
 from scipy.stats import wasserstein_distance
 
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import ArrayLayout, ArraySpec, above, at_least, at_most, finite
+from fairstream.repair.array_layout import (
+    ArrayLayout,
+    ArraySpec,
+    above,
+    at_least,
+    at_most,
+    check_arrays,
+    finite,
+    int_parameter,
+    names_parameter,
+    sizes_parameter,
+)
 from fairstream.repair.estimator import Estimator
 from fairstream.repair.group_maps import Counterparts, GroupTransportMap
 from fairstream.repair.logistic import fit_logistic
@@ -336,10 +347,10 @@ class Scorer:
         Arrays under ``group_map.`` are checked by :meth:`GroupTransportMap.from_arrays`.
         """
         what = "scorer artifact"
-        dims = artifacts.names_parameter(parameters, "columns", what)
+        dims = names_parameter(parameters, "columns", what)
         delegated = (_MAP_PREFIX,) if parameters.get("group_map") is not None else ()
         if parameters.get("layout") == "network":
-            widths = artifacts.sizes_parameter(parameters, "hidden", what)
+            widths = sizes_parameter(parameters, "hidden", what)
             hidden = {f"hidden_{k + 1}": width for k, width in enumerate(widths)}
             dims.update(hidden)
             sizes = ["n_features", *hidden, 1]  # hidden sizes by name: hidden_1, hidden_2, ...
@@ -349,7 +360,7 @@ class Scorer:
             return ArrayLayout(_STANDARDISATION + layers, dims, delegated)
         if "layout" in parameters:
             raise artifacts.ArtifactError(f"{what}: unknown scorer layout {parameters['layout']!r}")
-        max_iter = artifacts.int_parameter(parameters, "max_iter", what)
+        max_iter = int_parameter(parameters, "max_iter", what)
         return ArrayLayout(_STANDARDISATION + (
             ArraySpec("coef", "f", ("n_features",), (finite(),)),
             ArraySpec("intercept", "f", (), (finite(),)),
@@ -375,7 +386,7 @@ class Scorer:
             The frozen module.
         """
         _check_kind(artifact)
-        artifacts.check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
+        check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
         if artifact.parameters.get("layout") != "network":
             return LogisticScorer.from_artifact(artifact)
         params, a = artifact.parameters, artifact.arrays
@@ -417,7 +428,7 @@ def _check_layers(scorer: Scorer, error: type[Exception]) -> None:
     arrays = {"mean": scorer.mean_, "scale": scorer.scale_, **{f"weight_{k}": w for k, w in enumerate(scorer.weights_)},
               **{f"bias_{k}": b for k, b in enumerate(scorer.biases_)}}
     layout = Scorer.array_layout({"layout": "network", "hidden": hidden, "columns": list(scorer.columns_)})
-    artifacts.check_arrays(arrays, layout, "scorer", error)
+    check_arrays(arrays, layout, "scorer", error)
 
 
 class LogisticScorer(Scorer, Estimator):
@@ -537,7 +548,7 @@ class LogisticScorer(Scorer, Estimator):
         if artifact.parameters.get("layout") == "network":
             raise artifacts.ArtifactError("this scorer artifact holds a network, not a logistic regression; "
                                           "load it with Scorer.from_artifact")
-        artifacts.check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
+        check_arrays(artifact.arrays, Scorer.array_layout(artifact.parameters), "scorer artifact")
         params = dict(artifact.parameters)
         columns = params.pop("columns")
         params.pop("group_map", None)

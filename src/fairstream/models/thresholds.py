@@ -44,8 +44,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from fairstream.repair import artifacts
-from fairstream.repair.artifacts import ArrayLayout, ArraySpec, any_true, at_least, at_most, finite, nonempty, \
-    sorted_labels, sums_to_one
+from fairstream.repair.array_layout import ArrayLayout, ArraySpec, any_true, at_least, at_most, check_arrays, \
+    finite, int_parameter, nonempty, sorted_labels, sums_to_one
 from fairstream.repair.estimator import Estimator
 from fairstream.repair.hashing import keys_to_uint64, uniforms
 from fairstream.repair.measure.metrics import as_binary
@@ -318,7 +318,7 @@ class GroupThresholds(Estimator):
         stratified = parameters.get("stratified")
         if not isinstance(stratified, bool):
             raise artifacts.ArtifactError(f"{what}: parameter 'stratified' must be true or false, got {stratified!r}")
-        artifacts.int_parameter(parameters, "seed", what, low=0)
+        int_parameter(parameters, "seed", what, low=0)
         cells = ("n_strata", "n_groups")
         rules = (*cells, "n_rules")
         dims = {"n_rules": RULES[constraint], **({} if stratified else {"n_strata": 1})}
@@ -337,7 +337,7 @@ class GroupThresholds(Estimator):
         """Rebuild the thresholds of a ``thresholds`` artifact (bit-exact: the same decisions), every array checked."""
         if artifact.kind != ARTIFACT_KIND:
             raise artifacts.ArtifactError(f"expected an artifact of kind {ARTIFACT_KIND!r}, got {artifact.kind!r}")
-        artifacts.check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "thresholds artifact")
+        check_arrays(artifact.arrays, cls.array_layout(artifact.parameters), "thresholds artifact")
         params = artifact.parameters
         module = cls(constraint=params["constraint"], random_state=params["seed"])
         try:

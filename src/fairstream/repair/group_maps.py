@@ -79,7 +79,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from . import artifacts
-from .artifacts import (
+from .array_layout import (
     ArrayLayout,
     ArraySpec,
     Check,

@@ -50,7 +50,7 @@ from typing import Sequence
 import numpy as np
 from scipy.special import expit
 
-from .artifacts import ArraySpec, Check, above, at_least, finite
+from .array_layout import ArraySpec, Check, above, at_least, finite
 from .estimator import Estimator
 from .logistic import fit_logistic_stack
 from .measure.metrics import auc

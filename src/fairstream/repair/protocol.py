@@ -7,7 +7,7 @@ ever call these four members, so adding a kind is writing one class (and naming 
 
 - ``kind``: the artifact kind the class loads (``"plan"``, ``"scorer"``, ...);
 - ``array_layout(parameters)``: the arrays its artifact must hold, each with dtype, shape (in
-  terms of the manifest's parameters) and value domain (:class:`~fairstream.repair.artifacts.ArraySpec`);
+  terms of the manifest's parameters) and value domain (:class:`~fairstream.repair.array_layout.ArraySpec`);
 - ``from_artifact(artifact)``: rebuild the frozen module from its manifest and arrays, after
   checking every array against ``array_layout`` (a hash-consistent but corrupt payload, e.g. a
   truncated pmf or a NaN weight, is refused here instead of failing on every batch);
@@ -48,7 +48,8 @@ from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .artifacts import ArrayLayout, Artifact, ArtifactError
+from .array_layout import ArrayLayout
+from .artifacts import Artifact, ArtifactError
 
 __all__ = ["MODULE_ERRORS", "Applied", "Batch", "Capabilities", "FrozenModule", "IncompatibleArtifact", "PipelineSchema",
            "apply_chain", "check_labels_cover", "check_probe", "rowwise_matmul"]
