@@ -34,7 +34,7 @@ One TOML file describes a pipeline (``deploy/pipeline.adult.toml`` is the exampl
 
 Every key has a type and a valid range, declared once on the dataclass fields below (``Annotated``
 with :class:`msgspec.Meta`): msgspec checks them, and :func:`reference_markdown` renders them as the
-README's configuration reference. A mistake is one :class:`ConfigError` naming the file, the key,
+configuration reference (docs/reference/configuration.md). A mistake is one :class:`ConfigError` naming the file, the key,
 what was expected and what was found.
 
 Records on ``records.in`` are JSON objects ``{"id", "ts", "features": {...}, "s", "u", "y"?}``;
@@ -933,7 +933,7 @@ def _type_name(base) -> str:
 
 
 def reference_markdown() -> str:
-    """The README's configuration reference table (tests check the README holds exactly this)."""
+    """The configuration reference table: docs/reference/configuration.md shows it, generated at build time."""
     lines = ["| section | key | type | default | valid values | meaning |", "|---|---|---|---|---|---|"]
     for section, key, kind, default, valid, doc in reference_rows():
         cells = [f"`[{section}]`", f"`{key}`", kind, f"`{default}`" if default != "required" else "required",

@@ -74,7 +74,7 @@ class EmbeddingRecord(_Schema):
 class DeadLetter(_Schema):
     """A message on ``dlq``: the original bytes and key, why it was refused, and where it came from.
 
-    A dead letter fits under the producer's message limit whatever arrived (see ``codec.dead_letter``):
+    A dead letter fits under the producer's message limit whatever arrived (see :func:`~fairstream.streams.codec.dead_letters.dead_letter`):
     an original of more than 512 KiB is kept as its first 512 KiB (``original_truncated``), a Kafka key
     of more than 64 KiB as its first 64 KiB (``key_truncated``; the dead letter's own Kafka key is the
     same prefix), and a reason as its first 2,000 characters; the full size and sha256 of the original

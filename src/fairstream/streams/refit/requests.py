@@ -1,4 +1,5 @@
-"""Asking for a re-fit from outside a worker: one :class:`~fairstream.streams.codec.RefitRequest` onto ``refit.requests``."""
+"""Asking for a re-fit from outside a worker: one
+:class:`~fairstream.streams.codec.refit_requests.RefitRequest` onto ``refit.requests``."""
 
 from __future__ import annotations
 

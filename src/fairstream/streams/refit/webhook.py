@@ -4,7 +4,7 @@ Prometheus users route alerts through Alertmanager. With ``fairstream refit --se
 9095`` the service also listens for Alertmanager's webhook notifications (payload version 4, the
 ``webhook_configs`` receiver of deploy/alertmanager/alertmanager.yml). Each firing
 ``FairstreamFairnessDrift`` alert of the service's own pipeline (its ``pipeline`` label: every
-fairstream rule aggregates by it) becomes one :class:`~fairstream.streams.codec.RefitRequest`; other
+fairstream rule aggregates by it) becomes one :class:`~fairstream.streams.codec.refit_requests.RefitRequest`; other
 alerts, resolved ones, alerts of another pipeline or without a ``pipeline`` label (not from a
 fairstream worker of this pipeline) and drift of a statistic the pipeline does not monitor are
 skipped (answered 200, logged), so one Alertmanager can route every pipeline's alerts to every

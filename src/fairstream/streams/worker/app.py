@@ -12,7 +12,7 @@ requests) go through one small producer of the app's (:class:`NoticeProducer`).
 
 A crash between send and commit replays the batch; the repair is a deterministic function of
 (artifact version, record key), so the replayed outputs are identical and consumers de-duplicate
-by (id, input_digest) (the README's de-duplication rule). The active artifact is read once per
+by (id, input_digest) (the de-duplication rule of docs/concepts/worker.md). The active artifact is read once per
 batch, so every output record of a batch carries exactly one version, and a swap published on the
 control topic takes effect between two batches.
 

@@ -5,7 +5,7 @@ list of messages in a test or a benchmark, and the agents stay a few lines of I/
 those the consumer returns (confluent-kafka's ``Message``, read through its methods: see
 :class:`MessageLike`; :class:`SimpleMessage` builds one in a test). Every input
 message produces exactly one output: a repaired record or a dead letter with its reason, and every
-output fits under the producer's limit (:data:`~fairstream.streams.codec.MAX_OUTPUT_BYTES`): a repaired
+output fits under the producer's limit (:data:`~fairstream.streams.codec.dead_letters.MAX_OUTPUT_BYTES`): a repaired
 output that would not is dead-lettered instead, and dead letters fit by construction. Every output is
 JSON: a record whose output holds a NaN or an infinity (which the chain refuses already) is dead-lettered
 with the field it names, never written; the encoders refuse such a value outright.
