@@ -84,25 +84,29 @@ def kinds_for(agent: str) -> tuple[str, ...]:
     return tuple(sorted(mine, key=lambda kind: (PLACES.index(capabilities(kind).place or PLACES[0]), kind)))
 
 
-def chain_problem(chain: tuple[str, ...]) -> str | None:
+def chain_problem(chain: tuple[str, ...], carried: frozenset = frozenset()) -> str | None:
     """Why ``chain`` (record kinds, in order) cannot be applied, or None.
 
     Its kinds are distinct record kinds in the order of their places (repair, score, post), and each
     reads only what the record or an earlier module provides (a module after the scorer reads its score).
+    ``carried`` is what the records bring of their own model (``score``, ``decision``: mapped fields), so group
+    thresholds may decide on the record's own score. The empty chain applies nothing: a monitor-only pipeline.
 
     >>> chain_problem(("plan", "scorer")) is None
     True
     >>> chain_problem(("scorer", "plan"))
     "'plan' (place repair) cannot come after 'scorer' (place score)"
+    >>> chain_problem(("thresholds",))
+    "'thresholds' reads the score, which nothing before it provides"
+    >>> chain_problem(("thresholds",), carried=frozenset({"score"})) is None
+    True
     """
-    if not chain:
-        return "the chain is empty"
     if len(set(chain)) != len(chain):
         return f"kinds repeat: {list(chain)}"
     unknown = [kind for kind in chain if kind not in kinds_for("records")]
     if unknown:
         return f"{unknown[0]!r} is not a record kind (known: {list(kinds_for('records'))})"
-    provided = {"features"}
+    provided = {"features", *carried}
     for before, kind in zip((None, *chain), chain):
         mine = capabilities(kind)
         if before is not None and PLACES.index(mine.place) < PLACES.index(capabilities(before).place):
@@ -132,6 +136,18 @@ def active_at(actives: Mapping[str, T], place: str) -> T | None:
 def chain_writes(chain: tuple[str, ...]) -> frozenset:
     """Everything a chain's output records carry beside their input: its modules' writes together."""
     return frozenset().union(*(capabilities(kind).writes for kind in chain))
+
+
+def reads_carried(chain: tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds of ``chain`` that read a column no module before them writes: one the records carry of their own
+    model (group thresholds on the record's score). Such a kind cannot be re-fitted from the pipeline's research
+    window, which holds features, groups and labels, never the records' own scores.
+
+    >>> reads_carried(("scorer", "thresholds")), reads_carried(("thresholds",))
+    ((), ('thresholds',))
+    """
+    return tuple(kind for at, kind in enumerate(chain)
+                 if capabilities(kind).reads - {"features"} - chain_writes(chain[:at]))
 
 
 def load_module(artifact: Artifact, schema: PipelineSchema) -> FrozenModule:

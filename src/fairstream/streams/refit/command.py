@@ -119,6 +119,9 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
         logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_config(args)
     kind = args.kind or config.refit_kind
+    if kind is None:  # a monitor-only pipeline: refused before anything connects
+        raise TrainerError(f"agents.records.artifact = {list(config.records.chain)} only monitors what the records "
+                           "carry: there is nothing to re-fit (--kind names an embedding kind to re-fit)")
     # Refused in one line before anything connects: an option of another kind, the webhook's options and token
     # file, a research file's errors (a file is read once here), a source an embedding re-fit cannot use and a
     # kind the pipeline's chain does not apply (its module would never be served).

@@ -145,13 +145,16 @@ def wider_gap_or_less_accurate(trainer, candidate: Validation, current: Validati
 
 def configured_chain(config: "PipelineConfig", kind: str) -> tuple[str, ...]:
     """The chain of the agent that applies ``kind`` (its capabilities' agent); ``kind`` not in it: TrainerError."""
-    from fairstream.models.kinds import capabilities
+    from fairstream.models.kinds import capabilities, reads_carried
 
     agent = capabilities(kind).agent
     chain = getattr(config, agent).chain  # config.records or config.embeddings: the section agents.<agent>
     if kind not in chain:
         raise TrainerError(f"the pipeline's {agent.rstrip('s')} chain {list(chain)} has no {kind}: add it to "
                            f"agents.{agent}.artifact before re-fitting one")
+    if kind in reads_carried(chain):  # the research window holds no record's own score to fit it on
+        raise TrainerError(f"the pipeline's {kind} reads what the records carry of their own model, not what a "
+                           f"module of the chain {list(chain)} writes: it cannot be re-fitted here")
     return chain
 
 
