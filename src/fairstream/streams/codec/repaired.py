@@ -32,18 +32,27 @@ from .json_text import describe
 from .records import INT64_RANGE, Invalid, RecordFields, check_label, finite_number, labels_array, record_key
 
 
+NO_MODULE = 0
+"""``provenance.version`` of an output no module produced: the empty chain of a monitor-only pipeline (published
+artifact versions start at 1)."""
+
+
 def provenance(stages: Sequence[tuple[str, int, str, str]]) -> dict:
     """What every output record says about the artifacts that produced it: (kind, version, sha256, seed) per stage.
 
     The top-level fields name the first stage (the repair, for readers that follow one version);
-    ``chain`` lists every stage in the order applied, so a record names one version of each.
+    ``chain`` lists every stage in the order applied, so a record names one version of each. No stage (a
+    monitor-only pipeline) says so: no kind, version :data:`NO_MODULE`, an empty chain.
 
     >>> provenance([("flow", 3, "ab", ""), ("scorer", 1, "cd", "")])["chain"][1]
     {'kind': 'scorer', 'version': 1, 'sha256': 'cd', 'seed': ''}
+    >>> provenance([])
+    {'kind': None, 'version': 0, 'sha256': '', 'seed': '', 'chain': []}
     """
     chain = [{"kind": kind, "version": int(version), "sha256": sha256, "seed": seed}
              for kind, version, sha256, seed in stages]
-    return {**chain[0], "chain": chain}
+    first = chain[0] if chain else {"kind": None, "version": NO_MODULE, "sha256": "", "seed": ""}
+    return {**first, "chain": chain}
 
 
 def _scalar(value) -> str:

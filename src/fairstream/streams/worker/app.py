@@ -433,7 +433,7 @@ class WorkerHooks:
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
             with self.export_lock, observing("fairness", self.metrics):
                 events = self.monitor.observe_batch(outcome.monitor_batch, *chain)
-                self.pending_refits.extend(map(self.refit_request, events))
+                self.pending_refits.extend(filter(None, map(self.refit_request, events)))
                 if self.monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
                     self.metrics.monitor_errors.labels("fairness").inc()
                     self.metrics.clear_fairness("active")
@@ -495,9 +495,14 @@ class WorkerHooks:
                 self.unexported.add("verification")
         self.metrics.monitor_cpu.inc(time.thread_time() - started)
 
-    def refit_request(self, event: DriftEvent) -> tuple[RefitRequest, str]:
-        """One request per confirmed drift event, made once: a resend carries the same request id."""
+    def refit_request(self, event: DriftEvent) -> tuple[RefitRequest, str] | None:
+        """One request per confirmed drift event, made once: a resend carries the same request id. A monitor-only
+        pipeline (no kind to re-fit) counts and logs the drift (its alerts fire) and asks nothing."""
         self.metrics.drift_events.labels(event.statistic, event.detector).inc()
+        if self.refit_kind is None:
+            log.warning("fairness drift confirmed: %s (after the chain) to %.4f; the pipeline only monitors, no "
+                        "re-fit is requested", event.statistic, event.value)
+            return None
         reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
                   f"{self.config.records.chain[0]} version {event.version}")
         return RefitRequest.new(reason, kind=self.refit_kind, statistic=event.statistic, value=event.value,

@@ -9,7 +9,9 @@ output; a standalone reader of the topic can feed it raw values instead
 ``flow`` then ``scorer``; ...): the first module is the *repair stage* (stage ``before`` is its
 input, ``after`` its output), a ``scorer`` scores them, and the last module that writes a decision (the
 scorer, or group thresholds placed after it) makes the decisions the records carry: the monitor finds
-each by its kind's capabilities (:class:`Chain`). For the chain's versions in use and per stratum, over
+each by its kind's capabilities (:class:`Chain`). A chain without a scorer (empty, or group thresholds alone: a
+monitor-only pipeline) measures the score and decision the records carry of their own model (mapped fields), or
+the thresholds' decisions on that score, after the chain only (:func:`carried_view`). For the chain's versions in use and per stratum, over
 a count window and a time window, it keeps:
 
 - ``dependence_e`` and ``w1`` between groups, per feature, before and after the repair stage
@@ -73,7 +75,7 @@ from fairstream.repair.measure.mdp import MatchedDPAccumulator
 from fairstream.repair.measure.metrics import ColumnBins, as_binary, features
 from fairstream.repair.measure.otf import OTF0Accumulator
 from fairstream.repair.measure.windows import BatchWindow
-from fairstream.streams.codec.repaired import RepairedBatch, decode_repaired
+from fairstream.streams.codec.repaired import NO_MODULE, RepairedBatch, decode_repaired
 from fairstream.streams.config import PipelineConfig
 
 from .drift import DETECTED, Chunker, DriftEvent, DriftTracker
@@ -176,8 +178,9 @@ class Chain:
 
     @property
     def version(self) -> int:
-        """The first module's version: what ``provenance.version`` of an output record says."""
-        return self.actives[0].version
+        """The first module's version: what ``provenance.version`` of an output record says (an empty chain's:
+        :data:`~fairstream.streams.codec.repaired.NO_MODULE`)."""
+        return self.actives[0].version if self.actives else NO_MODULE
 
     @property
     def repair(self):
@@ -199,6 +202,11 @@ class Chain:
         """Whether the scorer matches counterparts with a group map it carries (MDP can be measured)."""
         scorer = self.scorer
         return scorer is not None and scorer.capabilities.counterparts and scorer.group_map_ is not None
+
+
+def chain_text(key: tuple) -> str:
+    """A chain's versions as the log names them (:attr:`Chain.key`); the empty chain measures the records' own."""
+    return ", ".join(f"{kind} v{version}" for kind, version in key) or "the records as they came (no module)"
 
 
 def as_chain(actives: tuple) -> Chain:
@@ -446,7 +454,7 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
     scorer = chain.scorer
     if scorer is None:
-        return view
+        return carried_view(view, batch, chain)
     view.score_after = batch.score if batch.score is not None else scorer.predict_proba(batch.after)
     rows, weight = mdp_sample(len(batch), rng)
     if chain.decider is not None:
@@ -455,6 +463,18 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
         view.sampled_before = Sampled(rows, weight, (scorer.predict_proba(batch.before[rows]) >= 0.5).astype(np.int64))
     if chain.matches:
         view.matched_after = ToMatch.of(batch.after, batch.s, batch.u, view.score_after, rows, weight)
+    return view
+
+
+def carried_view(view: MonitoredBatch, batch: RepairedBatch, chain: Chain) -> MonitoredBatch:
+    """``view`` with the score and decision the records carry, for a chain without a scorer: a monitor-only
+    pipeline measures its records' own model (their mapped score and decision), group thresholds alone the
+    decisions they made on the records' own scores. Nothing can be recomputed without a scorer: a decider whose
+    decisions are missing raises (the monitor refuses this chain version)."""
+    if chain.decider is not None and batch.decision is None:
+        raise RepairInputError(f"the records carry no decision, and the chain's decisions come from "
+                               f"{chain.decider.kind!r}: the monitor reads decisions from the records")
+    view.score_after, view.decision_after = batch.score, batch.decision
     return view
 
 
@@ -532,17 +552,21 @@ class BatchStatistics:
                                                                                     ("after", first.after))
                  for bins in (E_BINS, W1_BINS)}
         decided = chain.scorer is not None and chain.decider is not None  # the classifier alone, and the decisions
+        # Without a scorer, the decisions after the chain are those the records carry (their own model's, or group
+        # thresholds' on their own score): measured after the chain only, as there is no classifier to run before.
+        self.decides = decided or (chain.scorer is None and first.decision is not None)
+        decision_stages = stages if decided else ("after",) if self.decides else ()
         matched = chain.matches
         if "mdp" in statistics and not matched:
             log.warning("monitor.statistic 'mdp' is configured but the scorer carries no group map: no MDP")
-        otf = chain.scorer is not None and "otf" in statistics
+        otf = (chain.scorer is not None or first.score is not None) and "otf" in statistics
         self.match_queue = MatchQueue(chain.scorer, groups, strata) if matched else None
         self.factories = {
             **{("dependence_e", st): functools.partial(HistogramDependenceAccumulator, edges[st, E_BINS], groups, strata)
                for st in stages},
             **{("w1", st): functools.partial(WassersteinAccumulator, edges[st, W1_BINS], groups, strata) for st in stages},
             **({("dp", "label"): lambda: PositiveRateAccumulator(groups, strata)} if config.label else {}),
-            **{(name, st): (lambda: DecisionRateAccumulator(groups, strata)) for st in (stages if decided else ())
+            **{(name, st): (lambda: DecisionRateAccumulator(groups, strata)) for st in decision_stages
                for name in ("dp", *(("eopp",) if config.label else ()))},
             **({("mdp", "after"): lambda: DeferredMatchedDP(self.match_queue, self.match_queue.empty)}
                if matched else {}),
@@ -643,16 +667,20 @@ class BatchStatistics:
         if ("dp", "label") in wanted and batch.y is not None:
             positives = np.bincount(cell, weights=batch.y, minlength=size).astype(np.int64).reshape(shape)
             new["dp", "label"] = self.prototypes["dp", "label"]._of_counts(positives_=positives, totals_=totals)
-        sample = view.sampled_before
-        if sample is None:  # no decisions
+        if not self.decides:  # no decisions
             return new
+        if view.decision_after is None:
+            raise RepairInputError("the records of this batch carry no decision, those of the first batch did")
+        sample = view.sampled_before  # the classifier alone: None without a scorer (the records' own decisions)
         labelled = batch.y == 1 if batch.y is not None else None  # a batch without labels says nothing about EOpp
         among = None if labelled is None else np.bincount(cell[labelled], minlength=size).reshape(shape)
-        rows, after, before = sample.rows, check_decisions(view.decision_after), check_decisions(sample.decisions)
-        for stage, cells, positive, labelled_positive in (
-                ("after", cell, lambda: 1.0 * after, lambda: 1.0 * after * labelled),
-                ("before", cell[rows], lambda: sample.weight * before,
-                 lambda: sample.weight * before * labelled[rows])):
+        after = check_decisions(view.decision_after)
+        stages = [("after", cell, lambda: 1.0 * after, lambda: 1.0 * after * labelled)]
+        if sample is not None:
+            rows, before = sample.rows, check_decisions(sample.decisions)
+            stages.append(("before", cell[rows], lambda: sample.weight * before,
+                           lambda: sample.weight * before * labelled[rows]))
+        for stage, cells, positive, labelled_positive in stages:
             if ("dp", stage) in wanted:
                 new["dp", stage] = self.prototypes["dp", stage]._of_counts(
                     positives_=np.bincount(cells, positive(), size).reshape(shape), totals_=totals)
@@ -702,7 +730,7 @@ class FairnessMonitor:
         self.chunker = Chunker(m.window_records)
         self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics]
         self.detected = {DETECTED[name][0] for name in m.statistics}  # the accumulators the detectors read
-        log.info("monitoring %s%s", ", ".join(f"{kind} v{version}" for kind, version in chain.key),
+        log.info("monitoring %s%s", chain_text(chain.key),
                  "" if self.role == "active" else f" ({self.role} chain, in shadow)")
 
     def observe(self, values: list[bytes], *actives) -> list[DriftEvent]:
@@ -749,7 +777,7 @@ class FairnessMonitor:
     def _refuse(self, key: tuple, exc: Exception) -> None:
         log.error("the fairness monitor cannot measure %s (%s: %s): no statistics for this chain version until "
                   "another one is served; records are still repaired",
-                  ", ".join(f"{kind} v{version}" for kind, version in key), type(exc).__name__, str(exc)[:300],
+                  chain_text(key), type(exc).__name__, str(exc)[:300],
                   exc_info=exc)
         self.refused, self.chain_key, self.version = key, None, None  # rows() and statistic() say nothing
 
