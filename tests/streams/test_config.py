@@ -22,7 +22,7 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery"}
+SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 

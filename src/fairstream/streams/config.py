@@ -38,7 +38,9 @@ configuration reference (docs/reference/configuration.md). A mistake is one :cla
 what was expected and what was found.
 
 Records on ``records.in`` are JSON objects ``{"id", "ts", "features": {...}, "s", "u", "y"?}``;
-anything else is dead-lettered with a reason.
+anything else is dead-lettered with a reason. A ``[mapping]`` table reads a team's own records instead
+(each role at a field path, everything else passed through; :mod:`fairstream.streams.mapping`), and
+``[output]`` says where a mapped record's output puts what fairstream adds.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ from fairstream.models.kinds import DEFAULT_KIND, capabilities, chain_problem, c
 from fairstream.repair.protocol import PipelineSchema
 
 from .kafka import MECHANISMS, PROTOCOLS
+from .mapping import REFERENCE as MAPPING_REFERENCE
+from .mapping import MappingError, OutputLayout, RecordMapping, check_layout, mapping_table, parse_mapping
 from .topics import TopicConfig
 
 
@@ -457,6 +461,17 @@ TOPIC_KEYS: dict[str, tuple[Any, str]] = {
         "partitions of every data topic (control has one), or a table giving some their own count; a topic an "
         "operator expanded beyond its count is used as it is (with a warning), one with fewer partitions is refused"),
     "replication": (Annotated[int, Meta(ge=1, le=100)], "replication factor of every topic"),
+    "input": (Annotated[str, Meta(pattern=r"^([A-Za-z0-9._-]{1,249})?$", extra={
+        "expected": "a topic name of letters, digits, '.', '_' and '-' (at most 249 characters), or \"\"",
+        "type": "string"})],
+        "the input records' topic; \"\" = <prefix>.records.in. An existing topic is the team's: used with the "
+        "partitions it has"),
+    "output": (Annotated[str, Meta(pattern=r"^([A-Za-z0-9._-]{1,249})?$", extra={
+        "expected": "a topic name of letters, digits, '.', '_' and '-' (at most 249 characters), or \"\"",
+        "type": "string"})],
+        "the repaired records' topic; \"\" = <prefix>.records.repaired. An existing topic is used with the "
+        "partitions it has; outputs keep their input's key and partition"),
+    "format": (Literal["json", "avro"], "the input and output topics' format: JSON, or Avro with a schema registry"),
 }
 PARTITION_TABLE = Annotated[dict[str, Annotated[int, Meta(ge=1, le=10_000)]], Meta(extra={
     "expected": "a table of topic = count (counts >= 1 and <= 10000; keys: \"default\" and data topics by their "
@@ -518,6 +533,11 @@ class PipelineConfig(_Section):
         ``[kafka]``: the brokers' security protocol and credentials.
     delivery : DeliveryConfig, default=DeliveryConfig()
         ``[delivery]``: at-least-once or exactly-once.
+    mapping : RecordMapping or None, default=None
+        ``[mapping]``: where each role is in a team's own records (:mod:`fairstream.streams.mapping`); None:
+        records are the fairstream envelope.
+    output : OutputLayout, default=OutputLayout()
+        ``[output]``: where a mapped record's output puts what fairstream adds.
     """
 
     section: ClassVar[str] = "pipeline"
@@ -551,6 +571,8 @@ class PipelineConfig(_Section):
     shadow: ShadowConfig = field(default_factory=ShadowConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    mapping: RecordMapping | None = None
+    output: OutputLayout = field(default_factory=OutputLayout)
 
     def __post_init__(self) -> None:
         if isinstance(self.valid_ranges, tuple):  # the stored form (a copy made by replace) reads back
@@ -564,7 +586,26 @@ class PipelineConfig(_Section):
         for key in ("groups", "strata"):
             _check_labels(getattr(self, key), f"pipeline.{key}")
         object.__setattr__(self, "valid_ranges", _check_ranges(self.valid_ranges, self.features))
+        self._check_mapping()
         self._check_sections()
+
+    def _check_mapping(self) -> None:
+        """The mapping must map exactly this pipeline's features, and the output field must be a path of its own."""
+        if not isinstance(self.output, OutputLayout):
+            raise ConfigError(f"pipeline output must be an OutputLayout, got {self.output!r}")
+        if self.mapping is None:
+            if self.output != OutputLayout():
+                raise ConfigError("output: [output] places what fairstream adds to a mapped record: add a [mapping] "
+                                  "table, or remove [output]")
+            return
+        mapped = tuple(name for name, _ in self.mapping.features)
+        if mapped != tuple(self.features):
+            raise ConfigError(f"mapping.features: maps {list(mapped)}, but pipeline.features is "
+                              f"{list(self.features)}")
+        try:
+            check_layout(self.mapping, self.output)
+        except MappingError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_sections(self) -> None:
         for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
@@ -666,7 +707,7 @@ class PipelineConfig(_Section):
         PipelineConfig
             The validated configuration.
         """
-        known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery"}
+        known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery", "mapping", "output"}
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: {sorted(known)}")
@@ -674,8 +715,10 @@ class PipelineConfig(_Section):
         unknown_agents = set(agents) - {"records", "embeddings"}
         if unknown_agents:
             raise ConfigError(f"unknown agent section(s) {sorted(unknown_agents)}; known: ['embeddings', 'records']")
+        pipeline = _known(cls, _table(data, "pipeline"), "pipeline")
         return cls(
-            **_known(cls, _table(data, "pipeline"), "pipeline"),
+            **pipeline,
+            mapping=_mapping(data, pipeline), output=_output(_table(data, "output")),
             topics=_topics(_table(data, "topics")),
             records=AgentConfig(**_known(AgentConfig, {"artifact": "plan", **_table(agents, "records", "agents.")},
                                          "agents.records")),
@@ -705,6 +748,8 @@ class PipelineConfig(_Section):
                     "agents.records": _asdict(self.records), "agents.embeddings": _asdict(self.embeddings),
                     "monitor": monitor, **thresholds, "shadow": _asdict(self.shadow), "kafka": _asdict(self.kafka),
                     "delivery": _asdict(self.delivery)}
+        if self.mapping is not None:  # the envelope's configs stay as they were
+            sections.update({"mapping": mapping_table(self.mapping), "output": _asdict(self.output)})
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -725,7 +770,32 @@ class PipelineConfig(_Section):
         return replace(self, delivery=replace(self.delivery, **changes))
 
 
-_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery")
+_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output")
+
+
+def _mapping(data: dict, pipeline: dict) -> RecordMapping | None:
+    """The ``[mapping]`` table, parsed against the pipeline's features and labels (checked after it)."""
+    if "mapping" not in data:
+        return None
+    try:
+        features = check_value(pipeline.get("features"), Features, "pipeline.features")
+        groups = check_value(pipeline.get("groups"), Labels, "pipeline.groups")
+        strata = check_value(pipeline.get("strata"), Labels, "pipeline.strata")
+        return parse_mapping(_table(data, "mapping"), features, groups, strata)
+    except MappingError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _output(section: dict) -> OutputLayout:
+    hints = {"repaired": Literal["in_place", "under"], "field": Annotated[str, Meta(min_length=1)],
+             "provenance": Literal["field", "headers"]}
+    unknown = set(section) - set(hints)
+    if unknown:
+        raise ConfigError(f"[output] has unknown key(s) {sorted(unknown)}; allowed: {sorted(hints)}")
+    try:
+        return OutputLayout(**{key: check_value(value, hints[key], f"output.{key}") for key, value in section.items()})
+    except MappingError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 # --------------------------------------------------------------------------- checking values
@@ -935,7 +1005,7 @@ def _type_name(base) -> str:
 def reference_markdown() -> str:
     """The configuration reference table: docs/reference/configuration.md shows it, generated at build time."""
     lines = ["| section | key | type | default | valid values | meaning |", "|---|---|---|---|---|---|"]
-    for section, key, kind, default, valid, doc in reference_rows():
+    for section, key, kind, default, valid, doc in [*reference_rows(), *MAPPING_REFERENCE]:
         cells = [f"`[{section}]`", f"`{key}`", kind, f"`{default}`" if default != "required" else "required",
                  valid, doc]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")

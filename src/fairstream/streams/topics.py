@@ -28,6 +28,11 @@ What :func:`ensure_topics` accepts of a topic that exists:
   another layout, e.g. auto-created with ``num.partitions``, and the parallelism the config was
   sized for is not there: expand it, or configure the count it has).
 
+A team's own topics. ``input`` and ``output`` name the record topics when they are a team's (``input =
+"loan-applications"``); they default to ``<prefix>.records.in`` and ``<prefix>.records.repaired``. A named topic
+that exists is used with the partitions it has, whatever the config's count (one log line says so); a named
+topic that does not exist is created like the others.
+
 The admin calls use aiokafka (a dependency of Faust, so always present) because it works against
 both Tansu and Apache Kafka, and its async API can run inside a Faust worker's startup as well as
 from the CLI through :func:`ensure_topics`.
@@ -73,6 +78,8 @@ CONTROL = "control"
 DEFAULT = "default"
 """The key of a ``partitions`` table that gives every data topic it does not name its count."""
 DEFAULT_PARTITIONS = 4
+FORMATS = ("json", "avro")
+"""Formats of the input and output record topics (``topics.format``)."""
 MAX_PARTITIONS = 10_000
 
 Partitions = Union[int, Mapping[str, int]]
@@ -92,6 +99,7 @@ class TopicSpec:
     replication: int
     configs: dict[str, str] = field(default_factory=dict)
     may_grow: bool = True
+    teams: bool = False  # a topic the config names (a team's own): used with whatever partitions it has
 
 
 @dataclass(frozen=True)
@@ -110,11 +118,20 @@ class TopicConfig:
         Partitions of every data topic, or ``{"default": n, "<topic>": n, ...}``; the control topic has one.
     replication : int, default=1
         Replication factor of every topic.
+    input : str, default=""
+        The input records' topic (a team's own); "" = ``<prefix>.records.in``.
+    output : str, default=""
+        The repaired records' topic; "" = ``<prefix>.records.repaired``.
+    format : {"json", "avro"}, default="json"
+        The format of the input and output topics.
     """
 
     prefix: str = "fairstream"
     partitions: Partitions = DEFAULT_PARTITIONS
     replication: int = 1
+    input: str = ""
+    output: str = ""
+    format: str = "json"
 
     def __post_init__(self) -> None:
         if not self.prefix or self.prefix != self.prefix.strip("."):
@@ -122,6 +139,8 @@ class TopicConfig:
         object.__setattr__(self, "partitions", _partitions_setting(self.partitions))
         if isinstance(self.replication, bool) or not isinstance(self.replication, int) or self.replication < 1:
             raise ValueError(f"topics.replication must be an integer of at least 1, got {self.replication!r}")
+        if self.format not in FORMATS:
+            raise ValueError(f"topics.format must be {' or '.join(map(repr, FORMATS))}, got {self.format!r}")
 
     @property
     def default_partitions(self) -> int:
@@ -150,13 +169,18 @@ class TopicConfig:
 
     @property
     def records_in(self) -> str:
-        """Input records."""
-        return self.name("records.in")
+        """Input records: the configured topic, else ``<prefix>.records.in``."""
+        return self.input or self.name("records.in")
 
     @property
     def records_repaired(self) -> str:
-        """Repaired records."""
-        return self.name("records.repaired")
+        """Repaired records: the configured topic, else ``<prefix>.records.repaired``."""
+        return self.output or self.name("records.repaired")
+
+    def topic_name(self, suffix: str) -> str:
+        """The full name of data topic ``suffix`` (a configured input or output topic's own name)."""
+        return {"records.in": self.records_in, "records.repaired": self.records_repaired}.get(suffix) or \
+            self.name(suffix)
 
     @property
     def embeddings_in(self) -> str:
@@ -190,7 +214,9 @@ class TopicConfig:
 
     def specs(self) -> list[TopicSpec]:
         """Every topic with its partition count, replication and topic configs."""
-        specs = [TopicSpec(self.name(suffix), self.partitions_for(suffix), self.replication) for suffix in DATA_TOPICS]
+        named = {"records.in": bool(self.input), "records.repaired": bool(self.output)}
+        specs = [TopicSpec(self.topic_name(suffix), self.partitions_for(suffix), self.replication,
+                           teams=named.get(suffix, False)) for suffix in DATA_TOPICS]
         # One partition so every worker reads every artifact version in publication order;
         # compacted so a new worker replays only the latest version per artifact kind.
         specs.append(TopicSpec(self.control, 1, self.replication, dict(COMPACT), may_grow=False))
@@ -357,7 +383,10 @@ def _check_partition_counts(specs: list[TopicSpec], counts: dict[str, int], pref
     wrong = []
     for spec in specs:
         count = counts[spec.name]
-        if count > spec.partitions and spec.may_grow:
+        if spec.teams and count != spec.partitions:
+            log.info("topic %s is the team's own, with %d partitions: used as it is (the config's %d are for a topic "
+                     "fairstream creates)", spec.name, count, spec.partitions)
+        elif count > spec.partitions and spec.may_grow:
             log.warning("topic %s has %d partitions, more than the %d configured: used as expanded by an operator (the "
                         "workers take every partition); say so in the config's [topics] partitions table: %s = %d",
                         spec.name, count, spec.partitions, _toml_key(spec.name.removeprefix(f"{prefix}.")), count)
