@@ -32,3 +32,13 @@ def kafka_cluster(tmp_path_factory):
 
     with KafkaCluster(tmp_path_factory.mktemp("kafka")) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def schema_registry(tmp_path_factory):
+    """One Apicurio Registry (in-memory storage) for the test session (one per pytest-xdist worker), started on
+    first use: the Avro tests share it, each on subjects of its own topics."""
+    from fairstream.streams.ops.schema_registry import SchemaRegistry
+
+    with SchemaRegistry(tmp_path_factory.mktemp("schema-registry")) as registry:
+        yield registry
