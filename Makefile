@@ -19,7 +19,8 @@ LOCK_VENV := build/lock-venv
 # Chromium (`chromium`) opens the candidate report headless in its test.
 # Apache Kafka, which the broker-facing tests run on, comes from Maven Central through Maven (`maven`) and runs
 # on a Java 17 runtime (`openjdk-17-jre-headless`); `fairstream kafka fetch` puts the pinned release in
-# ~/.cache/fairstream once.
+# ~/.cache/fairstream once, and `fairstream schema-registry fetch` the Schema Registry the Avro tests run
+# (Apicurio Registry's distribution, also from Maven Central) beside it.
 # Installed once; `make` as a non-root user uses sudo for apt-get.
 PROMTOOL := /usr/bin/promtool
 AMTOOL   := /usr/bin/amtool
@@ -98,6 +99,7 @@ run: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/fairstream kafka fetch >/dev/null
+	$(VENV)/bin/fairstream schema-registry fetch >/dev/null
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)

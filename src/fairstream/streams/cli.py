@@ -206,6 +206,23 @@ def _cmd_kafka(args: argparse.Namespace) -> int:
         return _serve_in_foreground(cluster, f"Apache Kafka {KAFKA_VERSION}", f"{cluster.run_dir}/node-*/", "kafka")
 
 
+def _cmd_schema_registry(args: argparse.Namespace) -> int:
+    from fairstream.streams.ops.schema_registry import REGISTRY_VERSION, SchemaRegistry, fetch_registry
+
+    if args.action == "fetch":
+        print(fetch_registry())
+        return 0
+    print(f"starting Apicurio Registry {REGISTRY_VERSION} (in-memory storage; fetched through Maven the first time)",
+          file=sys.stderr, flush=True)
+    with SchemaRegistry(Path(args.run_dir) / "schema-registry", port=args.port) as registry:
+        print(f"Schema Registry (Confluent-compatible API) at {registry.url}; logs: {registry.log_path}")
+        print(f"a pipeline with [topics] format = \"avro\" takes [schema_registry] url = \"{registry.url}\"; "
+              "Ctrl-C stops it (its schemas live in memory: they go with it)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            registry.wait()
+    return 0
+
+
 def _wait_for_broker(seconds: float):
     """The running broker's state once it has announced itself (a ``broker start &`` still starting), or None."""
     from fairstream.streams.ops.broker import running_broker
@@ -607,6 +624,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with status: wait up to this long for a broker that is still starting (default: 0)")
     kfk.add_argument("--run-dir", default="runs", help="folder for the nodes' storage and logs (default: runs)")
     kfk.set_defaults(func=_cmd_kafka)
+
+    reg = sub.add_parser("schema-registry", help="run a Schema Registry locally (Apicurio Registry, Confluent API)",
+                         description="start: fetch the pinned Apicurio Registry release through Maven into the cache "
+                                     "($FAIRSTREAM_CACHE_DIR, else ~/.cache/fairstream; once) and run it with "
+                                     "in-memory storage in the foreground until Ctrl-C, serving the Confluent Schema "
+                                     "Registry API that Avro topics need. fetch: only fetch the release and print "
+                                     "where its runner jar is.")
+    reg.add_argument("action", nargs="?", choices=("start", "fetch"), default="start")
+    reg.add_argument("--port", type=int, default=8081, help="port to listen on (default: 8081)")
+    reg.add_argument("--run-dir", default="runs", help="folder for the registry's log (default: runs)")
+    reg.set_defaults(func=_cmd_schema_registry)
 
     wrk = sub.add_parser("worker", help="run the repair agents of one worker process",
                          description="Run the record and embedding agents. Several worker processes with the same "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import urllib.error
 import urllib.request
@@ -12,9 +13,11 @@ import urllib.request
 import pytest
 
 from fairstream.streams.ops import schema_registry as module
-from fairstream.streams.ops.processes import is_alive
+from fairstream.streams.ops.processes import free_port, is_alive
 from fairstream.streams.ops.schema_registry import (CCOMPAT_PATH, REGISTRY_VERSION, SchemaRegistry,
                                                     SchemaRegistryError, fetch_registry)
+from tests.polling import wait_for
+from tests.streams.test_cli import background, fairstream
 
 LOAN_SCHEMA = {"type": "record", "name": "Loan", "fields": [{"name": "application_id", "type": "string"}]}
 CONFLUENT_JSON = "application/vnd.schemaregistry.v1+json"
@@ -79,3 +82,15 @@ def test_a_registry_starts_on_its_port_and_stops_without_leaving_its_jvm(tmp_pat
     finally:
         registry.stop()
     assert not registry.answers() and not is_alive(pid) and not registry.running
+
+
+def test_the_command_fetches_and_runs_a_registry_in_the_foreground(tmp_path):
+    assert fairstream("schema-registry", "fetch", cwd=tmp_path).stdout.strip() == str(fetch_registry())
+    port = free_port()
+    with background("schema-registry", "start", "--port", str(port), "--run-dir", str(tmp_path), cwd=tmp_path) as run:
+        url = f"http://127.0.0.1:{port}{CCOMPAT_PATH}"
+        wait_for(lambda: f"[schema_registry] url = \"{url}\"" in (tmp_path / "out.log").read_text(), 120,
+                 "the registry's URL on the command's output")
+        assert call(f"{url}/subjects") == (200, [])
+        run.send_signal(signal.SIGINT)  # Ctrl-C
+        assert run.wait(timeout=60) == 0

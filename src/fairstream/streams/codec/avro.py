@@ -162,7 +162,7 @@ def _widen(record: dict, path: tuple[str, ...]) -> None:
 
 
 def _add_output_field(record: dict, path: tuple[str, ...]) -> None:
-    """The optional :data:`ADDED_RECORD` at ``path``; an input field already there is replaced (re-processed outputs)."""
+    """The optional :data:`ADDED_RECORD` at ``path``; an input field of that name is replaced (re-processed outputs)."""
     for depth, key in enumerate(path[:-1]):
         inner = _field(record, key)
         nested = _record_of(inner["type"]) if inner is not None else None
