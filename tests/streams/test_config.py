@@ -22,7 +22,8 @@ from fairstream.streams.topics import TopicConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ADULT_TOML = ROOT / "deploy" / "pipeline.adult.toml"
-SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output"}
+SECTIONS = {"topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output",
+            "schema_registry"}
 PIPELINE_FIELDS = [f.name for f in fields(PipelineConfig) if f.name not in SECTIONS]
 
 
@@ -469,7 +470,8 @@ def test_the_configuration_reference_lists_every_key_with_type_default_and_range
     keys |= {(section, f.name) for section, obj in (("agents.records", config.records),
                                                     ("agents.embeddings", config.embeddings),
                                                     ("monitor", config.monitor), ("shadow", config.shadow),
-                                                    ("kafka", config.kafka), ("delivery", config.delivery))
+                                                    ("kafka", config.kafka), ("delivery", config.delivery),
+                                                    ("schema_registry", config.schema_registry))
              for f in fields(obj)}
     assert documented == keys
     assert all(row[2] and row[3] and row[4] and row[5] for row in reference_rows())

@@ -448,6 +448,26 @@ class DeliveryConfig(_Section):
         "agents.*.batch_size is the transaction's size)"))
 
 
+@dataclass(frozen=True)
+class SchemaRegistryConfig(_Section):
+    """The schema registry of Avro topics (``[topics] format = "avro"``): a Confluent Schema Registry API.
+
+    Parameters
+    ----------
+    url : str, default='http://127.0.0.1:8081'
+        Base URL of the Confluent-compatible API (Confluent Schema Registry; Apicurio Registry serves it under
+        /apis/ccompat/v7, as ``fairstream schema-registry start`` prints). Valid: an http:// or https:// URL.
+    """
+
+    section: ClassVar[str] = "schema_registry"
+    url: Annotated[str, Meta(pattern=r"^https?://[^\s]+$", extra={
+        "expected": "an http:// or https:// URL", "type": "string"})] = field(
+        default="http://127.0.0.1:8081", metadata=_doc(
+            "base URL of the Confluent-compatible API the Avro topics' schemas are read from and registered in "
+            "(Confluent Schema Registry; Apicurio Registry serves it under /apis/ccompat/v7, as `fairstream "
+            "schema-registry start` prints)"))
+
+
 # TopicConfig lives in topics.py (the admin code uses it without a pipeline); its keys' types and
 # ranges are stated here, checked when a pipeline is built, and listed in the reference.
 TOPIC_KEYS: dict[str, tuple[Any, str]] = {
@@ -538,6 +558,8 @@ class PipelineConfig(_Section):
         records are the fairstream envelope.
     output : OutputLayout, default=OutputLayout()
         ``[output]``: where a mapped record's output puts what fairstream adds.
+    schema_registry : SchemaRegistryConfig, default=SchemaRegistryConfig()
+        ``[schema_registry]``: where Avro topics' schemas are (``[topics] format = "avro"``).
     """
 
     section: ClassVar[str] = "pipeline"
@@ -573,6 +595,7 @@ class PipelineConfig(_Section):
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     mapping: RecordMapping | None = None
     output: OutputLayout = field(default_factory=OutputLayout)
+    schema_registry: SchemaRegistryConfig = field(default_factory=SchemaRegistryConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.valid_ranges, tuple):  # the stored form (a copy made by replace) reads back
@@ -593,6 +616,9 @@ class PipelineConfig(_Section):
         """The mapping must map exactly this pipeline's features, and the output field must be a path of its own."""
         if not isinstance(self.output, OutputLayout):
             raise ConfigError(f"pipeline output must be an OutputLayout, got {self.output!r}")
+        if self.mapping is None and self.topics.format == "avro":
+            raise ConfigError('topics.format = "avro" reads a team\'s own records: add a [mapping] table saying where '
+                              "each role is in them")
         if self.mapping is None:
             if self.output != OutputLayout():
                 raise ConfigError("output: [output] places what fairstream adds to a mapped record: add a [mapping] "
@@ -610,7 +636,7 @@ class PipelineConfig(_Section):
     def _check_sections(self) -> None:
         for name, cls in (("topics", TopicConfig), ("records", AgentConfig), ("embeddings", EmbeddingConfig),
                           ("monitor", MonitorConfig), ("shadow", ShadowConfig), ("kafka", KafkaConfig),
-                          ("delivery", DeliveryConfig)):
+                          ("delivery", DeliveryConfig), ("schema_registry", SchemaRegistryConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(f"pipeline {name} must be a {cls.__name__}, got {getattr(self, name)!r}")
         for key in TOPIC_KEYS:
@@ -707,7 +733,8 @@ class PipelineConfig(_Section):
         PipelineConfig
             The validated configuration.
         """
-        known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery", "mapping", "output"}
+        known = {"pipeline", "topics", "agents", "monitor", "shadow", "kafka", "delivery", "mapping", "output",
+                 "schema_registry"}
         unknown = set(data) - known
         if unknown:
             raise ConfigError(f"unknown top-level section(s): {sorted(unknown)}; known: {sorted(known)}")
@@ -728,6 +755,8 @@ class PipelineConfig(_Section):
             shadow=ShadowConfig(**_known(ShadowConfig, _table(data, "shadow"), "shadow")),
             kafka=KafkaConfig(**_known(KafkaConfig, _table(data, "kafka"), "kafka")),
             delivery=DeliveryConfig(**_known(DeliveryConfig, _table(data, "delivery"), "delivery")),
+            schema_registry=SchemaRegistryConfig(**_known(SchemaRegistryConfig, _table(data, "schema_registry"),
+                                                          "schema_registry")),
         )
 
     def to_toml(self) -> str:
@@ -750,6 +779,8 @@ class PipelineConfig(_Section):
                     "delivery": _asdict(self.delivery)}
         if self.mapping is not None:  # the envelope's configs stay as they were
             sections.update({"mapping": mapping_table(self.mapping), "output": _asdict(self.output)})
+        if self.topics.format == "avro" or self.schema_registry != SchemaRegistryConfig():  # JSON configs as they were
+            sections["schema_registry"] = _asdict(self.schema_registry)
         return "\n".join(f"[{name}]\n" + "".join(f"{_toml_key(k)} = {_toml_value(v)}\n" for k, v in values.items())
                          for name, values in sections.items())
 
@@ -770,7 +801,8 @@ class PipelineConfig(_Section):
         return replace(self, delivery=replace(self.delivery, **changes))
 
 
-_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output")
+_NESTED = ("topics", "records", "embeddings", "monitor", "shadow", "kafka", "delivery", "mapping", "output",
+           "schema_registry")
 
 
 def _mapping(data: dict, pipeline: dict) -> RecordMapping | None:
@@ -971,7 +1003,7 @@ def reference_rows() -> list[tuple[str, str, str, str, str, str]]:
     """(section, key, type, default, valid values, meaning) of every configuration key, section by section."""
     rows = []
     for cls in (PipelineConfig, AgentConfig, EmbeddingConfig, MonitorConfig, ShadowConfig, KafkaConfig,
-                DeliveryConfig):
+                DeliveryConfig, SchemaRegistryConfig):
         for f in fields(cls):
             if f.name in _NESTED:
                 continue
