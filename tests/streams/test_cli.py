@@ -34,8 +34,8 @@ from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.polling import wait_for
 
-COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "replay", "tail", "artifacts", "refit", "demo",
-            "alerts"]
+COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "replay", "tail", "init", "artifacts", "refit",
+            "demo", "alerts"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:

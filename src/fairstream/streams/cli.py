@@ -59,6 +59,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                           ("fairstream.repair.artifacts", ["ArtifactError"]),
                           ("fairstream.repair.datasets", ["RepairInputError"]),
                           ("fairstream.streams.topics", ["TopicConfigError"]),
+                          ("fairstream.streams.init_config", ["InitError"]),
                           ("fairstream.streams.codec.refit_requests", ["RefitRequestError"]),
                           ("fairstream.streams.refit.webhook", ["WebhookConfigError"]),
                           ("fairstream.streams.kafka", ["KafkaSecurityError"]),
@@ -360,6 +361,57 @@ def _cmd_tail(args: argparse.Namespace) -> int:
               + (f" (the broker at {broker.url} does not answer any more)" if gone else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def _cmd_init(args: argparse.Namespace) -> int:
+    from .init_config import check_config, infer_config, render_toml
+
+    if (args.samples is None) == (args.from_topic is None):
+        raise CliError("give one source of sample records: a JSON-lines FILE or --from-topic NAME")
+    if args.samples is not None:
+        records, keys, name = _file_samples(Path(args.samples), args.n), None, Path(args.samples).stem
+    else:
+        (records, keys), name = _topic_samples(args), args.from_topic
+    inferred = infer_config(records, keys, s=args.s, u=args.u, label=args.label, name=args.name or name,
+                            input_topic=args.from_topic)
+    text = render_toml(inferred)
+    check_config(text)  # what init writes, a worker reads
+    if args.out is None:
+        print(text, end="")
+        return 0
+    Path(args.out).write_text(text, encoding="utf-8")
+    print(f"wrote {args.out} from {inferred.records} sample records: check each role and the lines marked CHECK, "
+          f"then 'fairstream worker --config {args.out}'", file=sys.stderr)
+    return 0
+
+
+def _file_samples(path: Path, n: int) -> list[dict]:
+    """The first ``n`` records of a JSON-lines file (blank lines skipped)."""
+    from .init_config import parse_samples
+
+    lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+             if line.strip()][:n]
+    return parse_samples([line for _, line in lines], [f"{path} line {number}" for number, _ in lines])
+
+
+def _topic_samples(args: argparse.Namespace) -> tuple[list[dict], list]:
+    """The last ``-n`` records of ``--from-topic`` and their Kafka keys, read without joining a consumer group."""
+    from fairstream.streams.demo.collect import TopicReader, UnknownTopicError, last_messages
+
+    from .init_config import parse_samples
+
+    topic = args.from_topic
+    with _broker(args) as broker:
+        try:
+            with TopicReader(broker.bootstrap, topic, must_exist=True) as reader:
+                messages = last_messages(reader, args.n, args.timeout)
+        except UnknownTopicError:
+            raise CliError(f"no topic {topic!r} on {broker.url}") from None
+    if not messages:
+        raise CliError(f"no records on {topic} within {args.timeout:g} s")
+    records = parse_samples([m.value or b"" for m in messages],
+                            [f"{topic} partition {m.partition} offset {m.offset}" for m in messages])
+    return records, [m.key for m in messages]
 
 
 def _control(config, bootstrap: str):
@@ -688,6 +740,31 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--timeout", type=_seconds(positive=False), default=10.0, metavar="SECONDS",
                       help="wait this long for the topic to hold N records (default: 10)")
     tail.set_defaults(func=_cmd_tail)
+
+    init = sub.add_parser("init", help="infer a pipeline config (the record mapping) from a few sample records",
+                          description="Read sample records (a JSON-lines FILE, or the last N records of a topic) and "
+                                      "print a pipeline config whose [mapping] names the field of each role: numbers "
+                                      "as features; strings, integers or booleans with few values as the protected "
+                                      "attribute s and the stratum u; an ISO-8601 or epoch time; a field unique in "
+                                      "the sample as the id (else the Kafka key, $key); a label, score or decision by "
+                                      "its name. A comment above each role names the other candidates: check them, "
+                                      "and the lines marked CHECK, before running a worker on it.")
+    init.add_argument("samples", nargs="?", metavar="FILE", help="sample records, one JSON object a line")
+    init.add_argument("--from-topic", metavar="NAME", help="read the samples from this topic instead (its last N "
+                                                           "records, without joining a consumer group)")
+    init.add_argument("-n", type=_positive_int, default=100, metavar="N",
+                      help="read at most N sample records (default: 100)")
+    init.add_argument("--timeout", type=_seconds(positive=False), default=10.0, metavar="SECONDS",
+                      help="with --from-topic: wait this long for the topic to hold N records (default: 10)")
+    init.add_argument("--s", metavar="PATH", help="the protected attribute's field (dotted or JSON Pointer), "
+                                                  "instead of the inferred one")
+    init.add_argument("--u", metavar="PATH", help="the stratum's field, instead of the inferred one")
+    init.add_argument("--label", metavar="PATH",
+                      help="the label's field (0/1 or true/false), instead of the inferred one")
+    init.add_argument("--name", help="the pipeline name (default: the topic's, or the file's name without suffix)")
+    init.add_argument("--out", metavar="FILE", help="write the config to FILE instead of printing it")
+    _add_common(init, config=False)
+    init.set_defaults(func=_cmd_init)
 
     art = sub.add_parser("artifacts", help="publish, approve, list, roll back and trace artifact versions on the "
                                            "control topic",
