@@ -349,7 +349,7 @@ def test_every_key_refuses_a_value_of_the_wrong_type_naming_expected_and_found(s
     ("agents.records", "artifact", "plna", "an artifact kind ('flow', 'plan', 'scorer'"),  # then any later kinds
     ("agents.records", "artifact", "plna", "('plna' is not a record kind (known: ['flow', 'plan', 'scorer'"),
     ("agents.records", "artifact", ["scorer", "plan"], "'plan' (place repair) cannot come after 'scorer'"),
-    ("agents.records", "artifact", ["plan", "plan"], "a non-empty list of distinct kinds"),
+    ("agents.records", "artifact", ["plan", "plan"], "or a list of distinct kinds"),
     ("monitor", "threshold", float("inf"), "a number in (0, 1e6]"),
     ("monitor", "threshold", {"dependence_e": -1.0}, "a table of statistic = number"),
     ("monitor", "statistic", "e", "a statistic ('dependence_e', 'w1',"),

@@ -57,7 +57,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 import msgspec
 from msgspec import Meta
 
-from fairstream.models.kinds import DEFAULT_KIND, capabilities, chain_problem, chain_writes, kinds_for
+from fairstream.models.kinds import DEFAULT_KIND, capabilities, chain_problem, chain_writes, kinds_for, reads_carried
 from fairstream.repair.protocol import PipelineSchema
 
 from .kafka import MECHANISMS, PROTOCOLS
@@ -86,15 +86,17 @@ Ranges = Annotated[dict[str, tuple[float, float]], Meta(
            "type": "table", "range": "keys: configured features"})]
 RecordChain = Annotated[Union[Annotated[str, Meta(min_length=1)], tuple[Annotated[str, Meta(min_length=1)], ...]],
                         Meta(extra={
-    "expected": f"an artifact kind ({', '.join(map(repr, kinds_for('records')))}) or a non-empty list of distinct "
+    "expected": f"an artifact kind ({', '.join(map(repr, kinds_for('records')))}) or a list of distinct "
                 "kinds in chain order (repair, then score, then post), each reading only what the record or an "
-                "earlier kind provides",
+                "earlier kind provides ([]: none, the pipeline monitors what its records carry)",
     "type": "string or list of strings"})]
 """The record chain: its kinds are checked against the registry (:func:`fairstream.models.kinds.chain_problem`)."""
 IDENTITY = "identity"
 """``agents.embeddings.artifact`` of no module: vectors are L2-normalised only."""
 STATISTICS = ("dependence_e", "w1", "dp_difference", "dp_ratio", "conditional_dp", "eopp", "mdp", "otf")
 """Statistics the drift detector can watch (after the chain); each has an after/all/all/all gauge row."""
+CARRIED_ROLES = ("score", "decision")
+"""Mapped roles that are a record's own model's columns, named as the columns a chain writes (see ``carried``)."""
 STATISTIC_NEEDS = {"dp_difference": {"decision"}, "dp_ratio": {"decision"}, "conditional_dp": {"decision"},
                    "eopp": {"decision"}, "mdp": {"score", "counterparts"}, "otf": {"score"}}
 """What a statistic needs of the record chain (its capabilities): the columns it writes
@@ -642,13 +644,32 @@ class PipelineConfig(_Section):
         for key in TOPIC_KEYS:
             value = self.topics.partitions_setting if key == "partitions" else getattr(self.topics, key)
             check_value(value, _topic_hint(key, value), f"topics.{key}")
+        problem = chain_problem(self.records.chain, self.carried)
+        if problem is not None:  # agents.records alone allowed what a [mapping] may carry; this pipeline's does not
+            raise ConfigError(f"agents.records.artifact must be {_expected(_hints(AgentConfig)['artifact'])} "
+                              f"({problem}), got {_found(self.records.artifact)}; a [mapping] may map the records' own "
+                              "score and decision (mapping.score, mapping.decision)")
         self._check_statistics("monitor.statistic", self.monitor.statistics)
         self._check_statistics("shadow.statistic", self.shadow.statistics)
+        self._check_refits()
+
+    def _check_refits(self) -> None:
+        """A monitor-only pipeline (:attr:`refit_kind` None) has nothing to re-fit: settings that only govern a
+        re-fit candidate are refused in one line naming the key."""
+        if self.refit_kind is not None:
+            return
+        chain = f"agents.records.artifact = {list(self.records.chain)} only monitors, nothing is re-fitted"
+        if self.promotion != "auto":
+            raise ConfigError(f"pipeline.promotion = {self.promotion!r} governs re-fit candidates, but {chain}: "
+                              "remove it (or set it to \"auto\")")
+        changed = [f.name for f in fields(ShadowConfig) if getattr(self.shadow, f.name) != f.default]
+        if changed:
+            raise ConfigError(f"shadow.{changed[0]} governs a re-fit candidate's trial, but {chain}: remove [shadow]")
 
     def _check_statistics(self, key: str, names: tuple[str, ...]) -> None:
         """Each statistic must be computable on what the record chain writes (and eopp on labels)."""
         for name in names:
-            missing = _chain_lacks(self.records.chain, STATISTIC_NEEDS.get(name, set()))
+            missing = _chain_lacks(self.records.chain, STATISTIC_NEEDS.get(name, set()), self.carried)
             if missing:
                 raise ConfigError(f"{key} {name!r} needs a record chain that {missing}, got "
                                   f"agents.records.artifact = {list(self.records.chain)}")
@@ -672,10 +693,22 @@ class PipelineConfig(_Section):
                               dimension=self.embeddings.dimension, impute_s=self.imputes_s)
 
     @property
-    def refit_kind(self) -> str:
+    def carried(self) -> frozenset:
+        """What the records carry of their own model (:data:`CARRIED_ROLES` their [mapping] maps): the monitor
+        reads them where no module of the chain writes them (a monitor-only pipeline), and group thresholds
+        decide on the records' own score."""
+        if self.mapping is None:
+            return frozenset()
+        return frozenset(role for role in CARRIED_ROLES if getattr(self.mapping, role) is not None)
+
+    @property
+    def refit_kind(self) -> str | None:
         """The kind the monitor's drift trigger asks to re-fit: the chain's repair stage (its first kind placed
-        "repair"), else its first kind."""
+        "repair"), else its first kind; None for a monitor-only pipeline (no chain, or only kinds that read what
+        the records carry of their own model: nothing to re-fit)."""
         chain = self.records.chain
+        if not chain or set(reads_carried(chain)) == set(chain):
+            return None
         return next((kind for kind in chain if capabilities(kind).place == "repair"), chain[0])
 
     @property
@@ -847,23 +880,27 @@ def check_value(value, hint, key: str):
 def _check_chain(artifact, key: str) -> str | tuple[str, ...]:
     """The record chain, as :func:`~fairstream.models.kinds.chain_problem` accepts it (one kind stays a string)."""
     chain = artifact if isinstance(artifact, tuple) else (artifact,)
-    problem = chain_problem(chain)
+    problem = chain_problem(chain, frozenset(CARRIED_ROLES))  # the pipeline checks what its records carry
     if problem is not None:
         raise ConfigError(f"{key} must be {_expected(_hints(AgentConfig)['artifact'])} ({problem}), "
                           f"got {_found(artifact)}")
-    return chain if len(chain) > 1 else chain[0]
+    return chain if len(chain) != 1 else chain[0]
 
 
-def _chain_lacks(chain: tuple[str, ...], needs: set) -> str | None:
-    """What of ``needs`` (columns, or ``"counterparts"``) the record ``chain`` lacks, in words, or None.
+def _chain_lacks(chain: tuple[str, ...], needs: set, carried: frozenset = frozenset()) -> str | None:
+    """What of ``needs`` (columns, or ``"counterparts"``) the record ``chain`` lacks, in words, or None; a column
+    the records carry of their own model (``carried``: mapped) is there without a module.
 
     >>> _chain_lacks(("plan",), {"decision"})
     'writes a decision (it writes: features)'
+    >>> _chain_lacks((), {"decision"}, frozenset({"decision"})) is None
+    True
     """
     writes = chain_writes(chain)
-    missing = sorted(needs - writes - {"counterparts"})
+    missing = sorted(needs - writes - carried - {"counterparts"})
     if missing:
-        return f"writes a {' and a '.join(missing)} (it writes: {', '.join(sorted(writes))})"
+        lacking = f"writes a {' and a '.join(missing)} (it writes: {', '.join(sorted(writes)) or 'nothing'})"
+        return lacking if chain else f"{lacking}, or records that carry their own (mapping.{missing[0]})"
     if "counterparts" in needs and not any(capabilities(kind).counterparts for kind in chain):
         return "has a score module that matches counterparts (a group map)"
     return None
