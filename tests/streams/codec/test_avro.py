@@ -14,7 +14,9 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from fairstream.streams.codec.avro import (ADDED_RECORD, AvroError, AvroFormat, RegistryUnavailable, framing_problem,
                                            output_schema, schema_id)
 from fairstream.streams.codec.dead_letters import dead_letter, original_bytes
+from fairstream.streams.config import PipelineConfig
 from fairstream.streams.ops.processes import free_port
+from tests.streams.test_schema_registry_config import LOANS
 
 LOAN = {"application_id": "A-1", "submitted_at": "2026-11-28T10:00:00Z",
         "applicant": {"age": 37, "income": 52000, "sex": "F"}, "amount": 12000, "channel": "web", "branch": "north"}
@@ -180,3 +182,13 @@ def test_a_dead_letter_keeps_the_original_avro_bytes(client):
     value = producer(client, "avro-dead", LOAN_SCHEMA)(LOAN)
     letter = json.loads(dead_letter(value, "applicant.age: not a number", "avro-dead", 0, 5, "records"))
     assert original_bytes(letter) == value
+
+
+def test_a_pipeline_config_gives_the_topics_the_output_field_and_the_paths_repaired_in_place(schema_registry):
+    config = PipelineConfig.from_dict({**LOANS, "topics": {**LOANS["topics"], "output": "loans.out"},
+                                       "output": {"field": "meta.fs"}, "schema_registry": {"url": schema_registry.url}})
+    avro = AvroFormat.for_config(config)
+    assert (avro.input_topic, avro.output_topic, avro.subject) == ("loan-applications", "loans.out", "loans.out-value")
+    assert avro.output_field == ("meta", "fs") and avro.repaired_paths == (("applicant", "age"),)
+    under = PipelineConfig.from_dict({**LOANS, "output": {"repaired": "under"}})
+    assert AvroFormat.for_config(under).repaired_paths == ()

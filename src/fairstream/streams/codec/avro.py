@@ -217,6 +217,25 @@ class AvroFormat:
         self._lock = threading.Lock()  # one worker thread per input shares the format
         self._compatibility_set = False
 
+    @classmethod
+    def for_config(cls, config) -> "AvroFormat":
+        """The format of a pipeline with ``[topics] format = "avro"`` and a ``[mapping]``.
+
+        Parameters
+        ----------
+        config : PipelineConfig
+            Its ``[schema_registry] url``, topics, ``[output]`` layout and the paths of its mapped features.
+
+        Returns
+        -------
+        AvroFormat
+            The format (its registry client is created, nothing is asked yet).
+        """
+        in_place = config.output.repaired == "in_place"
+        paths = [config.mapping.feature(name).path for name in config.features] if in_place else []
+        return cls(config.schema_registry.url, config.topics.records_in, config.topics.records_repaired,
+                   output_field=config.output.path, repaired_paths=paths)
+
     @property
     def subject(self) -> str:
         """The output schema's subject (TopicNameStrategy)."""
