@@ -18,6 +18,7 @@ other readers share; :mod:`~fairstream.streams.codec.mapped` decodes and encodes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterator, Literal
@@ -163,8 +164,13 @@ class MappedField:
         """
         if not self.values:
             return value
-        text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        return dict(self.values).get(text, value)
+        text = ("true" if value else "false") if value.__class__ is bool else str(value)
+        return self.value_map.get(text, value)
+
+    @functools.cached_property
+    def value_map(self) -> dict:
+        """``values`` as a dict (built once: a label is looked up per record)."""
+        return dict(self.values)
 
 
 @dataclass(frozen=True)

@@ -107,6 +107,11 @@ class DecodedRecords:
 
     impute_s: bool = False  # records without s were accepted, to be repaired under an imputed s
     columns: tuple[str, ...] | None = None  # the features, in the order of X's columns (reasons name them)
+    # Mapped records only (codec/mapped.py): each usable record as it came (bytes, or the object another format
+    # decoded), for the pass-through, and the score and decision the record carries when the mapping names them.
+    originals: list | None = None
+    score: np.ndarray | None = None
+    decision: np.ndarray | None = None
 
     def batch(self) -> Batch:
         """The usable records as the modules' :class:`~fairstream.repair.protocol.Batch`."""
