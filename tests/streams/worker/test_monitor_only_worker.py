@@ -1,0 +1,54 @@
+"""A monitor-only worker's hooks without a broker: it consumes without waiting for an artifact, has nothing that
+blocks its readiness, exports the gauges of the records' own decisions, and asks no re-fit when they drift."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from fairstream.repair.measure.metrics import dp_difference
+from fairstream.streams.codec.repaired import NO_MODULE, RepairedBatch
+from fairstream.streams.config import AgentConfig, adult_config
+from fairstream.streams.worker.app import WorkerHooks
+from fairstream.streams.worker.consumer import NOT_LOADED
+from fairstream.streams.worker.drift import DriftEvent
+from fairstream.streams.worker.processing import BatchOutcome
+
+CONFIG = replace(adult_config(records=AgentConfig(artifact=())), name="monitor-only-hooks").with_monitor(
+    min_records=100, window_records=5000, buckets=1, metrics_port="off")
+
+
+@pytest.fixture
+def hooks():
+    return WorkerHooks(CONFIG, "127.0.0.1:1", "monitor-only-test", refit_source="test")
+
+
+def test_an_empty_chain_is_served_before_the_control_topic_is_replayed_and_nothing_blocks_readiness(hooks):
+    assert not hooks.ready.is_set()
+    served = hooks.active_chain()  # a consumer's lookup before replay: a chain would hold its input (NOT_LOADED)
+    assert served is not NOT_LOADED and served.active == () and served.candidate is None
+    hooks.ready.set()
+    assert hooks.blockers() == []
+
+
+def test_the_records_own_decisions_are_exported_and_their_drift_asks_no_refit(hooks):
+    rng = np.random.default_rng(5)
+    n = 600
+    s, u, y = rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 2, n)
+    decision = (rng.uniform(size=n) < 0.3 + 0.3 * s).astype(np.int64)
+    X = rng.uniform(20, 60, (n, 2))
+    batch = RepairedBatch(X, X, s, u, y, np.arange(n).astype(str), np.full(n, 1.7e9),
+                          out_of_range=np.zeros(n, dtype=bool), decision=decision)
+    hooks.records_delivered(BatchOutcome(version=NO_MODULE, monitor_batch=batch), ())
+    labels = {"pipeline": CONFIG.name, "role": "active", "statistic": "dp_difference", "stage": "after",
+              "stratum": "all", "feature": "all", "group_pair": "all", "window": "count"}
+    assert REGISTRY.get_sample_value("fairstream_fairness_rate_gap", labels) == pytest.approx(
+        dp_difference(decision, s), abs=1e-12)
+    assert hooks.refit_kind is None
+    before = REGISTRY.get_sample_value("fairstream_drift_events_total", {
+        "pipeline": CONFIG.name, "statistic": "dependence_e", "detector": "adwin"})
+    assert hooks.refit_request(DriftEvent("dependence_e", "adwin", 0.4, NO_MODULE, 1.7e9)) is None
+    assert REGISTRY.get_sample_value("fairstream_drift_events_total", {
+        "pipeline": CONFIG.name, "statistic": "dependence_e", "detector": "adwin"}) == before + 1
+    assert hooks.pending_refits == []
