@@ -543,7 +543,8 @@ def _print_listing(control) -> None:
         print(f"\nworkers (latest announcement on {control.topic}; a running worker announces every "
               f"{_ago(workers[0].every, '')}):")
     for worker in workers:
-        serving = ", ".join(f"{kind} v{version}" for kind, version, _ in worker.serving) or "nothing yet"
+        serving = ", ".join(f"{kind} v{version}" for kind, version, _ in worker.serving) or (
+            "nothing yet" if worker.kinds else "no module (monitors the records as they come)")
         shadows = "".join(f", shadows candidate {kind} v{version}" for kind, version, _ in worker.shadowing)
         state = "stopped" if worker.state == "stopped" else f"serves {serving}{shadows}"
         missing = [kind for kind in worker.kinds if kind not in {k for k, _, _ in worker.serving}]

@@ -52,3 +52,17 @@ def test_the_records_own_decisions_are_exported_and_their_drift_asks_no_refit(ho
     assert REGISTRY.get_sample_value("fairstream_drift_events_total", {
         "pipeline": CONFIG.name, "statistic": "dependence_e", "detector": "adwin"}) == before + 1
     assert hooks.pending_refits == []
+
+
+def test_a_monitor_only_worker_announces_that_it_applies_no_module_rather_than_nothing_yet():
+    from fairstream.streams.control.records import WorkerStatus
+    from fairstream.streams.control.registry import WorkerIdentity, _describe
+
+    identity = WorkerIdentity.of("monitor-only-test", CONFIG)
+    assert identity.kinds == ()
+    status = WorkerStatus(identity.name, identity.app_id, identity.host, identity.pid, at=0.0, every=10.0,
+                          kinds=identity.kinds, serving=())
+    assert _describe(status) == "serves no module (monitors the records as they come)"
+    waiting = WorkerStatus(identity.name, identity.app_id, identity.host, identity.pid, at=0.0, every=10.0,
+                           kinds=("plan",), serving=())
+    assert _describe(waiting) == "serves nothing yet"  # a chain whose artifact is not published: input held

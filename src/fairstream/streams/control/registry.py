@@ -564,7 +564,8 @@ def _describe(status: WorkerStatus) -> str:
     if status.state == STOPPED:
         return "stopped"
     shadows = "".join(f", shadows candidate {kind} v{version}" for kind, version, _ in status.shadowing)
-    serving = ", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or "nothing yet"
+    serving = ", ".join(f"{kind} v{version}" for kind, version, _ in status.serving) or (
+        "nothing yet" if status.kinds else "no module (monitors the records as they come)")
     return f"serves {serving}{shadows}"
 
 
