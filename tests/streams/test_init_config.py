@@ -16,6 +16,7 @@ from fairstream.streams.cli import main
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.init_config import (
     MAX_LEVELS,
+    MONITOR_ONLY,
     check_config,
     InitError,
     infer_config,
@@ -182,9 +183,22 @@ def test_a_label_score_and_decision_are_found_by_name_and_suggest_monitoring_onl
     assert (inferred.y, inferred.score, inferred.decision) == ("outcome", "model.score", "model.decision")
     assert inferred.monitor_only and "model.score" not in inferred.features.values()
     text = render_toml(inferred)
-    assert "label = true" in text and "`artifact = []` only monitors it" in text
-    assert config_of(text, tmp_path).label is True
+    assert "label = true" in text and config_of(text, tmp_path).label is True
     assert infer_config(records, label="model.decision").y == "model.decision"
+    config = check_config(monitoring_only(text))
+    assert config.records.chain == () and config.monitor.statistics == ("dp_difference", "conditional_dp", "eopp")
+    scored = [{**record, "model": {"score": record["model"]["score"]}} for record in records]
+    config = check_config(monitoring_only(render_toml(infer_config(scored))))
+    assert config.records.chain == () and config.monitor.statistics == ("otf",)
+    assert "artifact = []" not in render_toml(infer_config(loan_variants()))
+
+
+def monitoring_only(text: str) -> str:
+    """The config with its commented monitor-only alternative in place of [agents.records]."""
+    head, _, tail = text.partition("[agents.records]\n")
+    alternative = [line.removeprefix(MONITOR_ONLY) for line in tail.splitlines() if line.startswith(MONITOR_ONLY)]
+    assert alternative, text
+    return head + "\n".join(alternative) + "\n"
 
 
 def test_a_sample_without_a_number_or_a_group_says_what_to_pass():

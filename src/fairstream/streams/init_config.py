@@ -443,9 +443,8 @@ def _named_leaf(leaves: Sequence[Leaf], words: Sequence[str], fits) -> str | Non
 
 def group_candidates(leaves: Sequence[Leaf], records: int) -> list[GroupField]:
     """Fields that could be s or u: strings, 64-bit integers or booleans (one type per field) in every record, with
-    at most :data:`MAX_LEVELS` values. Strings whose every value differs over more than two records are ids rather than
-    groups; integers are numbers first, so they count only once the sample (of at least four records) repeats
-    their values."""
+    at most :data:`MAX_LEVELS` values (an id among them is left to the id). Integers are numbers first, so they count
+    only once the sample (of at least four records) repeats their values."""
     found = []
     for leaf in leaves:
         kinds, distinct = leaf.kinds, leaf.distinct
@@ -453,9 +452,7 @@ def group_candidates(leaves: Sequence[Leaf], records: int) -> list[GroupField]:
         if kinds not in ({"str"}, {"int"}, {"bool"}) or len(distinct) > MAX_LEVELS or len(leaf.values) < records \
                 or (kinds == {"int"} and not all(-2**63 <= value < 2**63 for value in distinct)):
             continue
-        every_value_differs = len(distinct) == len(leaf.values)
-        if (kinds == {"str"} and records > 2 and every_value_differs) or \
-                (kinds == {"int"} and (records < 4 or every_value_differs)):
+        if kinds == {"int"} and (records < 4 or len(distinct) == len(leaf.values)):
             continue
         found.append(GroupField.of(leaf))
     return found
@@ -677,10 +674,24 @@ def _output(inferred: InferredConfig) -> list[str]:
 
 
 def _agents(inferred: InferredConfig) -> list[str]:
-    lines = ["[agents.records]"]
-    if inferred.monitor_only:
-        lines.append("# Your records carry a model's score/decision: `artifact = []` only monitors it.")
-    return lines + ['artifact = ["plan"]  # repair the features with an optimal-transport plan']
+    lines = ["[agents.records]", 'artifact = ["plan"]  # repair the features with an optimal-transport plan']
+    return lines + (_monitor_only_lines(inferred) if inferred.monitor_only else [])
+
+
+MONITOR_ONLY = "#   "
+"""The indent of the commented lines of the monitor-only alternative (uncommented, they are TOML)."""
+
+
+def _monitor_only_lines(inferred: InferredConfig) -> list[str]:
+    """The monitor-only alternative, commented: no chain, and the statistics of what the records carry (decisions:
+    the DP gaps, with labels equal opportunity; a score alone: OTF)."""
+    carried = " and ".join(f"{role} ({path})" for role, path in (("decision", inferred.decision),
+                                                                 ("score", inferred.score)) if path is not None)
+    statistics = ["dp_difference", "conditional_dp", *(["eopp"] if inferred.y else [])] if inferred.decision \
+        else ["otf"]
+    return ["", f"# Your records carry their own model's {carried}.",
+            "# To monitor that model only, without repairing, put these lines in place of [agents.records] above:", f"{MONITOR_ONLY}[agents.records]",
+            f"{MONITOR_ONLY}artifact = []", f"{MONITOR_ONLY}[monitor]", f"{MONITOR_ONLY}statistic = {_value(statistics)}"]
 
 
 def _key(name: str) -> str:
