@@ -184,7 +184,8 @@ def test_a_label_score_and_decision_are_found_by_name_and_suggest_monitoring_onl
     assert inferred.monitor_only and "model.score" not in inferred.features.values()
     text = render_toml(inferred)
     assert "label = true" in text and config_of(text, tmp_path).label is True
-    assert infer_config(records, label="model.decision").y == "model.decision"
+    chosen = infer_config(records, label="model.decision")
+    assert (chosen.y, chosen.decision) == ("model.decision", None)  # one field, one role
     config = check_config(monitoring_only(text))
     assert config.records.chain == () and config.monitor.statistics == ("dp_difference", "conditional_dp", "eopp")
     scored = [{**record, "model": {"score": record["model"]["score"]}} for record in records]
@@ -222,6 +223,9 @@ def test_parse_samples_names_the_origin_of_what_is_not_a_json_object():
     assert parse_samples([b'{"a": {"b": 1}}'], ["p0"]) == [{"a": {"b": 1}}]
     with pytest.raises(InitError, match=r"^f line 2: not JSON"):
         parse_samples(['{"a": 1}', "{oops"], ["f line 1", "f line 2"])
+    with pytest.raises(InitError, match=r"^p3: not JSON \(Avro in the Confluent wire format\? magic byte 0, schema id "
+                                        r"7\); init reads JSON records$"):
+        parse_samples([b"\x00\x00\x00\x00\x07\x02ab"], ["p3"])
 
 
 # --------------------------------------------------------------------------- invariants

@@ -58,13 +58,14 @@ OUTPUT_SUFFIX = ".fair"
 """The output topic is the input topic's name with this suffix."""
 MAX_TOPIC = 249
 """Kafka's longest topic name."""
+# Words that, in a field's last key (see _named), say its role: the values alone cannot tell a label from a flag.
 ID_WORDS = ("id", "key", "uuid", "number")
 TIME_WORDS = ("time", "ts", "date", "at", "when", "created", "submitted")
 LABEL_WORDS = ("y", "label", "outcome", "target", "default", "defaulted", "repaid")
 SCORE_WORDS = ("score", "prob", "probability", "pd")
 DECISION_WORDS = ("decision", "approved", "approve", "prediction", "predicted", "pred", "accepted")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_-]+")
-_PLAIN_SEGMENT = re.compile(r"^[A-Za-z0-9_-]+$")
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 class InitError(ValueError):
@@ -132,12 +133,19 @@ def parse_samples(values: Sequence[bytes | str], origins: Sequence[str]) -> list
         try:
             record = json.loads(value)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise InitError(f"{origin}: not JSON ({exc}); init reads JSON records") from None
+            raise InitError(f"{origin}: not JSON ({_not_json(value, exc)}); init reads JSON records") from None
         if not isinstance(record, dict):
             raise InitError(f"{origin}: not a JSON object (a {_JSON_NAMES.get(type(record), 'value')}); init reads "
                             "JSON records")
         records.append(record)
     return records
+
+
+def _not_json(value: bytes | str, exc: Exception) -> str:
+    """Why a value is not JSON: Avro's Confluent wire format is named, as the likeliest other format on a topic."""
+    if isinstance(value, bytes) and len(value) > 5 and value[0] == 0:
+        return f"Avro in the Confluent wire format? magic byte 0, schema id {int.from_bytes(value[1:5], 'big')}"
+    return str(exc)
 
 
 _JSON_NAMES = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
@@ -294,8 +302,8 @@ def infer_config(samples: Sequence[dict], keys: Sequence | None = None, *, s: st
     ids = id_candidates(leaves, len(samples), times)
     id_path = _id_path(ids, keys, notes)
     y = chosen["label"].path if "label" in chosen else _named_leaf(leaves, LABEL_WORDS, _is_binary)
-    score = _named_leaf(leaves, SCORE_WORDS, _is_probability)
-    decision = _named_leaf(leaves, DECISION_WORDS, _is_binary)
+    score = _named_leaf(leaves, SCORE_WORDS, _is_probability, other_than=y)
+    decision = _named_leaf(leaves, DECISION_WORDS, _is_binary, other_than=y)
     # Every time-like number stays out of the features, not only the chosen time: a timestamp is no feature.
     taken = {id_path, y, score, decision, *(t.path for t in times)}
     groups = group_candidates(leaves, len(samples))
@@ -437,8 +445,10 @@ def _is_probability(leaf: Leaf) -> bool:
     return leaf.is_numeric() and all(0 <= value <= 1 for value in leaf.values)
 
 
-def _named_leaf(leaves: Sequence[Leaf], words: Sequence[str], fits) -> str | None:
-    return next((leaf.path for leaf in leaves if _named(leaf.path, words) and fits(leaf)), None)
+def _named_leaf(leaves: Sequence[Leaf], words: Sequence[str], fits, other_than: str | None = None) -> str | None:
+    """The first leaf named by one of ``words`` whose values ``fits`` (not the path a chosen label took)."""
+    return next((leaf.path for leaf in leaves if _named(leaf.path, words) and fits(leaf) and leaf.path != other_than),
+                None)
 
 
 def group_candidates(leaves: Sequence[Leaf], records: int) -> list[GroupField]:
@@ -695,7 +705,7 @@ def _monitor_only_lines(inferred: InferredConfig) -> list[str]:
 
 
 def _key(name: str) -> str:
-    return name if _PLAIN_SEGMENT.match(name) else json.dumps(name)
+    return name if _BARE_KEY.match(name) else json.dumps(name)
 
 
 def _value(value) -> str:
