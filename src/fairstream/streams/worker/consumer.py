@@ -102,6 +102,7 @@ FAILED_COMMITS_IN_A_ROW = 10  # a group that refuses this many commits in a row 
 HOLD_SECONDS = 0.05  # while no artifact is loaded: how often to look again (records wait meanwhile: latency)
 FRESH_FETCH_SECONDS = 5.0  # an idle partition counts as caught up only if its broker answered this recently
 METADATA_REFRESH_MS = 10_000
+_BY_KEY: dict = {}  # produce arguments of an output placed by its key (the partitioner's murmur2)
 """How often the worker's clients refresh topic metadata (librdkafka's default: 5 min). An operator's partition
 expansion of the input is seen within this and taken at the rebalance it starts."""
 TOPIC_GONE_MS = 5_000
@@ -275,6 +276,7 @@ class BatchConsumer(mode.Service):
         self._up = threading.Event()  # the first assignment came (or the thread ended): the start is over
         self._early: list = []  # read while joining, before the loop: its first batch
         self._pending: _Batch | None = None  # produced, not settled yet (at most one)
+        self._follow: tuple[bool, float] | None = None  # mapped outputs follow their input's partition (, since)
         self._owned: frozenset = frozenset()  # (topic, partition) assigned now
         self._joined = False  # an assignment (maybe empty) came since the last revocation: no join in flight
         self._rebalanced = False  # during the last consume(): drop messages of partitions no longer owned
@@ -563,22 +565,55 @@ class BatchConsumer(mode.Service):
             self._producer.begin_transaction()
         batch.reports = reports = _Reports(batch.sends)
         produce, report = self._producer.produce, reports.report
-        for topic, pairs in ((self.spec.output_topic, batch.outcome.repaired), (self.dlq_topic, batch.outcome.dead)):
-            for key, value in pairs:
+        placed = self._placements(batch.outcome.routes)
+        for topic, pairs, places in ((self.spec.output_topic, batch.outcome.repaired, placed),
+                                     (self.dlq_topic, batch.outcome.dead, None)):
+            for n, (key, value) in enumerate(pairs):
+                where = _BY_KEY if places is None else places[n]
                 try:
-                    produce(topic, value, key, on_delivery=report)
+                    produce(topic, value, key, on_delivery=report, **where)
                 except BufferError:  # the local queue is full: let it drain, then again
-                    self._produce_when_room(topic, key, value, report)
+                    self._produce_when_room(topic, key, value, report, where)
                 except KafkaException as exc:  # refused locally: counts as a failed delivery
                     report(exc.args[0] if exc.args else exc, None)
 
-    def _produce_when_room(self, topic: str, key, value, report) -> None:
+    def _produce_when_room(self, topic: str, key, value, report, where: dict = None) -> None:
         while True:
             self._producer.poll(0.05)
             try:
-                return self._producer.produce(topic, value, key, on_delivery=report)
+                return self._producer.produce(topic, value, key, on_delivery=report, **(where or _BY_KEY))
             except BufferError:
                 continue
+
+    def _placements(self, routes: list | None) -> list[dict] | None:
+        """The produce arguments of each output of a mapped batch: its input's headers and, when the output topic
+        has at least as many partitions as the input topic, its input's partition number (else by key)."""
+        if routes is None:
+            return None
+        follow = self._partitions_follow()
+        return [{**({"headers": headers} if headers else {}), **({"partition": partition} if follow else {})}
+                for headers, partition in routes]
+
+    def _partitions_follow(self) -> bool:
+        """Whether the output topic has at least as many partitions as the input topic (asked once a metadata
+        refresh interval: an operator may add partitions)."""
+        now = time.monotonic()
+        if self._follow is None or now - self._follow[1] > METADATA_REFRESH_MS / 1000:
+            try:
+                topics = self._producer.list_topics(timeout=5.0).topics
+                counts = [len(topics[name].partitions) for name in (self.spec.topic, self.spec.output_topic)]
+                follows = 0 < counts[0] <= counts[1]
+            except (KafkaException, KeyError) as exc:  # not known yet: by key this time, asked again next batch
+                log.info("%s: partition counts of %s and %s unknown (%s): outputs by key", self.spec.agent,
+                         self.spec.topic, self.spec.output_topic, exc)
+                return False
+            if self._follow is None or self._follow[0] != follows:
+                log.info("%s: outputs go to %s", self.spec.agent,
+                         "their input's partition number" if follows else
+                         f"the partition of their key ({self.spec.output_topic} has fewer partitions than "
+                         f"{self.spec.topic})")
+            self._follow = (follows, now)
+        return self._follow[0]
 
     def _settle(self, batch: _Batch, taken: _Batch | None = None, rewind: bool = True) -> bool:
         """Wait for batch's delivery (re-sent whole on a failure), commit it, hand it to the monitor.

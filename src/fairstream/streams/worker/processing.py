@@ -10,6 +10,10 @@ output that would not is dead-lettered instead, and dead letters fit by construc
 JSON: a record whose output holds a NaN or an infinity (which the chain refuses already) is dead-lettered
 with the field it names, never written; the encoders refuse such a value outright.
 
+On a pipeline with a ``[mapping]`` the records are a team's own (:mod:`~fairstream.streams.codec.mapped`): each
+output is its input with every field it had plus what fairstream adds, and keeps its input's key, headers and
+partition (:attr:`BatchOutcome.routes`).
+
 While a kind of the record chain has a pending candidate (:class:`Served`), the candidate chain is applied in
 shadow to the records the active chain delivered: its results are measured (``BatchOutcome.candidate_batch``),
 never written; the outputs are the active chain's, bit for bit what they would be without a candidate.
@@ -28,6 +32,7 @@ from fairstream.models.embedding import normalise
 from fairstream.repair.protocol import Batch, apply_chain
 from fairstream.streams.codec.dead_letters import dead_letter, dead_letter_key, oversized
 from fairstream.streams.codec.embeddings import decode_embeddings
+from fairstream.streams.codec.mapped import MappedRecords
 from fairstream.streams.codec.records import decode_records
 from fairstream.streams.codec.repaired import (
     RepairedBatch,
@@ -45,7 +50,8 @@ class MessageLike(Protocol):
     """The parts of a Kafka message the processing reads, through the methods of confluent-kafka's ``Message``.
 
     ``value()`` and ``key()`` are read for every message; ``topic()``, ``partition()``, ``offset()`` only for a
-    dead letter, and ``timestamp()`` (Kafka's: ``(type, milliseconds since the epoch)``, type 0 when it has
+    dead letter (and, on a mapped pipeline, ``partition()`` and ``headers()`` for every output: they follow the
+    input's), and ``timestamp()`` (Kafka's: ``(type, milliseconds since the epoch)``, type 0 when it has
     none) only for a record whose own ``ts`` is implausible: it is then the record's arrival time.
     """
 
@@ -61,6 +67,8 @@ class MessageLike(Protocol):
 
     def timestamp(self) -> tuple[int, int]: ...
 
+    def headers(self) -> list[tuple[str, bytes]] | None: ...
+
 
 TIMESTAMP_NOT_AVAILABLE = 0  # confluent_kafka.TIMESTAMP_NOT_AVAILABLE: the message has no timestamp
 TIMESTAMP_CREATE_TIME = 1  # confluent_kafka.TIMESTAMP_CREATE_TIME
@@ -72,12 +80,15 @@ class SimpleMessage:
     ``timestamp`` is Kafka's, in milliseconds since the epoch, or None when the message has none.
     """
 
-    __slots__ = ("_value", "_key", "_topic", "_partition", "_offset", "_timestamp")
+    __slots__ = ("_value", "_key", "_topic", "_partition", "_offset", "_timestamp", "_headers")
 
     def __init__(self, value: bytes | None, key: bytes | None = None, topic: str = "", partition: int = 0,
-                 offset: int = 0, timestamp: int | None = None):
+                 offset: int = 0, timestamp: int | None = None, headers: list[tuple[str, bytes]] | None = None):
         self._value, self._key, self._topic = value, key, topic
-        self._partition, self._offset, self._timestamp = partition, offset, timestamp
+        self._partition, self._offset, self._timestamp, self._headers = partition, offset, timestamp, headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
 
     def value(self) -> bytes | None:
         return self._value
@@ -120,6 +131,9 @@ class BatchOutcome:
     candidate_refused: int = 0  # records of monitor_batch the candidate chain refused (not in candidate_batch)
     candidate_failed: str | None = None  # why the candidate chain failed on the batch (then it refused every record)
     labelled: tuple | None = None  # embeddings: (vectors, identities, groups, ids) of records with an identity
+    # Mapped records: (headers, input partition) of each ``repaired`` output, in order; the consumer sends each
+    # to its input's partition number when the output topic has as many partitions (else by key). None: by key.
+    routes: list[tuple[list | None, int]] | None = None
 
 
 def _dead_letters(messages: Sequence[MessageLike], failures: list[tuple[int, str]], agent: str) -> list:
@@ -208,13 +222,18 @@ class RecordRepairer:
     def __init__(self, config: PipelineConfig):
         self.config = config
         self.failed_candidates: set = set()  # candidate chains whose failure was logged (once each)
+        # A pipeline with a [mapping] reads a team's own records; without one, the fairstream envelope.
+        self.mapped = MappedRecords.for_config(config) if config.mapping is not None else None
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
         """``active``: the registry's active artifacts of the configured chain, in order (or one of them), or a
         :class:`Served` (with a candidate chain, measured in shadow: ``candidate_batch``)."""
         chain = as_actives(active)
-        decoded = decode_records([m.value() for m in messages], self.config)
+        inputs = [m.value() for m in messages]
+        decoded = (decode_records(inputs, self.config) if self.mapped is None
+                   else self.mapped.decode(inputs, [m.key() for m in messages]))
         failures = list(decoded.errors)
+        prov = _provenance(chain)
         outcome = BatchOutcome(version=chain[0].version)
         if len(decoded.index):
             batch = decoded.batch()
@@ -226,8 +245,13 @@ class RecordRepairer:
             ok = _finite_rows(np.flatnonzero(result.ok), outputs, failures, decoded.index)
             fields = decoded.fields if len(ok) == len(decoded.fields) else decoded.fields.take(ok)
             imputed = result.imputed[ok] if result.imputed is not None else None
-            values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, _provenance(chain), imputed,
-                                     {name: column[ok] for name, column in added.items()})
+            if self.mapped is not None:  # the records as they came, with what fairstream adds
+                ok, fields, imputed, values = self._encode_mapped(decoded, ok, result.X[ok], prov, imputed,
+                                                                  {name: column[ok] for name, column in added.items()},
+                                                                  failures)
+            else:
+                values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, prov, imputed,
+                                         {name: column[ok] for name, column in added.items()})
             keys = _output_keys(messages, decoded.index[ok], decoded.keys[ok])
             fits = _fitting(keys, values, failures, decoded.index[ok])
             if not fits.all():  # rare: only then are the rows copied
@@ -235,6 +259,8 @@ class RecordRepairer:
                 imputed = imputed[fits] if imputed is not None else None
                 keys, values = ([item for item, fit in zip(column, fits.tolist()) if fit] for column in (keys, values))
             outcome.repaired = list(zip(keys, values))
+            if self.mapped is not None:
+                outcome.routes = _routes(messages, decoded.index[ok], self.mapped.headers(prov))
             outcome.out_of_range = int(result.out_of_range.sum())
             outcome.event_times = [ts for ts in fields.ts if ts is not None]
             outcome.imputed = 0 if imputed is None else int(imputed.sum())
@@ -252,6 +278,18 @@ class RecordRepairer:
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
+    def _encode_mapped(self, decoded, ok: np.ndarray, repaired: np.ndarray, prov: dict, imputed, added: dict,
+                       failures: list) -> tuple:
+        """(ok, fields, imputed, values) of the mapped records at ``ok``; a record whose output cannot be written
+        joins ``failures`` (its reason) and leaves ``ok``."""
+        values, refused = self.mapped.encode(decoded, ok.tolist(), repaired, prov, imputed, added)
+        if refused:  # rare: only then are the rows copied
+            failures += [(int(decoded.index[ok[k]]), reason) for k, reason in refused]
+            keep = np.ones(len(ok), dtype=bool)
+            keep[[k for k, _ in refused]] = False
+            ok, imputed = ok[keep], (imputed[keep] if imputed is not None else None)
+        return ok, decoded.fields.take(ok), imputed, values
+
     def _shadow_pass(self, outcome: BatchOutcome, candidate: tuple, delivered: Batch, ts: np.ndarray) -> None:
         """The candidate chain in shadow, which can never fail the batch: whatever it raises, the active outputs are
         delivered as they are, and every record counts as refused by the candidate (the shadow policy retires it)."""
@@ -266,6 +304,17 @@ class RecordRepairer:
                 log.error("the candidate chain %s failed in shadow (%s): its records count as refused; the active "
                           "chain's outputs are delivered as they are", ", ".join(f"{k} version {v}" for k, v, _ in ids),
                           outcome.candidate_failed, exc_info=exc)
+
+
+def _routes(messages: Sequence[MessageLike], positions: np.ndarray, added: list) -> list[tuple[list | None, int]]:
+    """(headers, partition) of each output: its input's headers (with ``added``, the provenance headers) and
+    partition."""
+    routes = []
+    for i in positions.tolist():
+        message = messages[i]
+        headers = message.headers()
+        routes.append(((list(headers or ()) + added) if added or headers else None, message.partition()))
+    return routes
 
 
 def monitor_times(event_times: Sequence, arrivals: Callable[[np.ndarray], Sequence], max_skew: float,
