@@ -119,7 +119,7 @@ def test_strict_refuses_unknown_fields_naming_their_paths():
     (loan(branch="east"), 'mapping: branch: "east" is not a configured stratum'),
     (loan(submitted_at="yesterday"), 'mapping: submitted_at: expected an ISO-8601 time, found "yesterday"'),
     (loan(application_id=""), "mapping: application_id: id must be a non-empty string or an integer"),
-    (loan(applicant=[1]), "missing field applicant.sex (mapping.s)"),
+    (loan(applicant=[1]), "mapping: applicant.sex: applicant holds a JSON array, not an object (mapping.s)"),
     (loan(amount=True), "mapping: amount: expected a number, found true"),
 ])
 def test_every_bad_value_or_missing_field_is_dead_lettered_naming_its_path(record, reason):

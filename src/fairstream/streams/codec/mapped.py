@@ -102,6 +102,17 @@ def _shown(value) -> str:
 _SMALL_INT = Annotated[int, msgspec.Meta(ge=INT64_RANGE[0], le=INT64_RANGE[1])]
 _TEXT_ID = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
 _SCORE = Annotated[float, msgspec.Meta(ge=0, le=1)]
+def _missing(obj: dict, role: _Role) -> str:
+    """Why ``role``'s path leads nowhere in ``obj``: a key is absent, or a value on the way is no object."""
+    path = role.field.path
+    for depth in range(1, len(path)):
+        value = get_path(obj, path[:depth])
+        if value is not MISSING and not isinstance(value, dict):
+            return (f"mapping: {role.field.text}: {path_text(path[:depth])} holds {_shown(value)}, not an object "
+                    f"({role.key})")
+    return f"missing field {role.field.text} ({role.key})"
+
+
 _ISO = msgspec.json.Decoder(datetime)  # the reference reads a time as the typed decoder does (RFC 3339)
 
 
@@ -216,7 +227,7 @@ class _ReferenceRows:
         if value is MISSING:
             if field.has_default or role.sparse:
                 return _default(role)
-            raise Invalid(f"missing field {field.text} ({role.key})")
+            raise Invalid(_missing(obj, role))
         if value is None and role.sparse and not field.has_default:
             return None
         return self._checked(role, value)
