@@ -156,12 +156,22 @@ def test_an_output_schema_the_registry_refuses_is_that_outputs_reason(client, sc
     client.set_compatibility("avro-breaking-value", "NONE")
     second = producer(client, "avro-breaking", required)({**LOAN, "score_band": "B"})
     avro = AvroFormat(schema_registry.url, "avro-breaking", "avro-breaking.repaired")
-    objects = avro.deserialize([first, second])
-    kept, refused = avro.serialize([repaired(obj) for obj in objects], [schema_id(first), schema_id(second)])
+    objects = avro.deserialize([first, second, second])
+    ids = [schema_id(first), schema_id(second), schema_id(second)]
+    kept, refused, again = avro.serialize([repaired(obj) for obj in objects], ids)
     assert consumer(client, "avro-breaking.repaired")(kept)["application_id"] == "A-1"
     assert isinstance(refused, AvroError) and str(refused).startswith(
         f"the output schema of input schema id {schema_id(second)} was refused under subject "
         "avro-breaking.repaired-value (BACKWARD)")
+    assert str(again) == str(refused)  # kept: the registry is not asked again for every record
+
+
+def test_an_input_schema_no_output_can_be_derived_from_is_that_outputs_reason(client, schema_registry):
+    value = producer(client, "avro-clash", LOAN_SCHEMA)(LOAN)
+    avro = AvroFormat(schema_registry.url, "avro-clash", "avro-clash.repaired", output_field=("channel", "fs"))
+    [out] = avro.serialize([LOAN], [schema_id(value)])
+    assert str(out) == (f"no output schema for input schema id {schema_id(value)}: output field channel.fs: the input "
+                        "field channel is not a record, so nothing can be written under it")
 
 
 def test_a_key_the_output_schema_has_no_field_for_is_refused_not_dropped(client, schema_registry):

@@ -332,32 +332,45 @@ class AvroFormat:
                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
 
     def _serializer_for(self, input_id: int):
+        """The serializer of input schema ``input_id``'s output, registering its schema the first time.
+
+        A refusal (the registry's, or an input schema no output can be derived from) is kept, as the serializer
+        would be: every later output of that input schema gets the same reason without asking again.
+        """
         from confluent_kafka.schema_registry.avro import AvroSerializer
-        from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         with self._lock:
-            if input_id in self._serializers:
-                return self._serializers[input_id]
-            try:
-                self.register_output(input_id)
-            except SchemaRegistryError as exc:
-                if exc.http_status_code is None or exc.http_status_code >= 500:
-                    raise RegistryUnavailable(f"the schema registry failed: {exc}") from exc
-                refused = AvroError(f"the output schema of input schema id {input_id} was refused under subject "
-                                    f"{self.subject} ({COMPATIBILITY}): {' '.join(exc.error_message.split())[:200]}")
-                self._serializers[input_id] = None
-                raise refused from None
-            except Exception as exc:
-                if _is_transport_error(exc):
-                    raise RegistryUnavailable(f"the schema registry cannot be reached: {exc}") from exc
-                raise
-            text = json.dumps(self.output_schema(self.input_schema(input_id)))
-            # Registered above: the serializer's own registration finds it in the client's cache. fastavro's
-            # "strict allow default" (without "strict"): a key the schema has no field for raises instead of
-            # vanishing from the output, and an absent field takes its default.
-            self._serializers[input_id] = AvroSerializer(self.client, text, conf={
-                "validate.strict.allow.default": True})
-            return self._serializers[input_id]
+            if input_id not in self._serializers:
+                try:
+                    self.register_output(input_id)
+                    text = json.dumps(self.output_schema(self.input_schema(input_id)))
+                    # Registered: the serializer's own registration finds it in the client's cache. fastavro's
+                    # "strict allow default" (without "strict"): a key the schema has no field for raises instead
+                    # of vanishing from the output, and an absent field takes its default.
+                    self._serializers[input_id] = AvroSerializer(self.client, text, conf={
+                        "validate.strict.allow.default": True})
+                except AvroError as exc:
+                    self._serializers[input_id] = AvroError(
+                        f"no output schema for input schema id {input_id}: {exc}")
+                except Exception as exc:
+                    self._serializers[input_id] = self._refusal(input_id, exc)
+            found = self._serializers[input_id]
+        if isinstance(found, AvroError):
+            raise found
+        return found
+
+    def _refusal(self, input_id: int, exc: Exception) -> AvroError:
+        """The reason of a registration the registry refused; raises when it was not the registry's answer."""
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        if _is_transport_error(exc):
+            raise RegistryUnavailable(f"the schema registry cannot be reached: {exc}") from exc
+        if not isinstance(exc, SchemaRegistryError):
+            raise exc
+        if exc.http_status_code is None or exc.http_status_code >= 500:
+            raise RegistryUnavailable(f"the schema registry failed: {exc}") from exc
+        return AvroError(f"the output schema of input schema id {input_id} was refused under subject "
+                         f"{self.subject} ({COMPATIBILITY}): {' '.join(str(exc.error_message).split())[:200]}")
 
     def _with_provenance_text(self, obj: dict) -> dict:
         """``obj`` with the provenance at ``[output] field`` as JSON text (a copy of the path only)."""

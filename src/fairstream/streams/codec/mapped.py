@@ -362,8 +362,8 @@ class MappedRecords:
 
         Parameters
         ----------
-        objects : sequence of dict
-            The records.
+        objects : sequence of dict or Exception
+            The records; an exception in place of one is why its message could not be deserialized (its reason).
         keys : sequence of bytes or None
             Their Kafka keys.
         values : sequence of bytes, optional
@@ -375,6 +375,8 @@ class MappedRecords:
             As :meth:`decode`; ``originals`` are the objects.
         """
         def decode(obj):
+            if isinstance(obj, Exception):
+                raise Invalid(str(obj))
             if not isinstance(obj, dict):
                 raise Invalid(f"a record must be an object, got {type(obj).__name__}")
             return self.reference.row(obj)

@@ -30,10 +30,11 @@ import numpy as np
 
 from fairstream.models.embedding import normalise
 from fairstream.repair.protocol import Batch, apply_chain
+from fairstream.streams.codec.avro import AvroFormat, schema_id
 from fairstream.streams.codec.dead_letters import dead_letter, dead_letter_key, oversized
 from fairstream.streams.codec.embeddings import decode_embeddings
 from fairstream.streams.codec.mapped import MappedRecords
-from fairstream.streams.codec.records import decode_records
+from fairstream.streams.codec.records import DecodedRecords, decode_records
 from fairstream.streams.codec.repaired import (
     RepairedBatch,
     encode_embeddings,
@@ -224,14 +225,15 @@ class RecordRepairer:
         self.failed_candidates: set = set()  # candidate chains whose failure was logged (once each)
         # A pipeline with a [mapping] reads a team's own records; without one, the fairstream envelope.
         self.mapped = MappedRecords.for_config(config) if config.mapping is not None else None
+        # Avro topics: each message is deserialized first (its schema read by id), each output serialized back.
+        self.avro = AvroFormat.for_config(config) if config.topics.format == "avro" else None
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
         """``active``: the registry's active artifacts of the configured chain, in order (or one of them), or a
         :class:`Served` (with a candidate chain, measured in shadow: ``candidate_batch``)."""
         chain = as_actives(active)
         inputs = [m.value() for m in messages]
-        decoded = (decode_records(inputs, self.config) if self.mapped is None
-                   else self.mapped.decode(inputs, [m.key() for m in messages]))
+        decoded = self._decode(inputs, messages)
         failures = list(decoded.errors)
         prov = _provenance(chain)
         outcome = BatchOutcome(version=chain[0].version)
@@ -248,7 +250,7 @@ class RecordRepairer:
             if self.mapped is not None:  # the records as they came, with what fairstream adds
                 ok, fields, imputed, values = self._encode_mapped(decoded, ok, result.X[ok], prov, imputed,
                                                                   {name: column[ok] for name, column in added.items()},
-                                                                  failures)
+                                                                  failures, inputs)
             else:
                 values = encode_repaired(fields, batch.X[ok], result.X[ok], self.config, prov, imputed,
                                          {name: column[ok] for name, column in added.items()})
@@ -278,17 +280,39 @@ class RecordRepairer:
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
+    def _decode(self, inputs: list, messages: Sequence[MessageLike]) -> DecodedRecords:
+        """The batch decoded: the fairstream envelope, a team's own JSON records, or its Avro records (a message
+        that is not Avro, or names a schema the registry does not know, carries its reason into the decoding)."""
+        if self.mapped is None:
+            return decode_records(inputs, self.config)
+        keys = [m.key() for m in messages]
+        if self.avro is not None:
+            return self.mapped.decode_objects(self.avro.deserialize(inputs), keys, inputs)
+        return self.mapped.decode(inputs, keys)
+
     def _encode_mapped(self, decoded, ok: np.ndarray, repaired: np.ndarray, prov: dict, imputed, added: dict,
-                       failures: list) -> tuple:
+                       failures: list, inputs: list) -> tuple:
         """(ok, fields, imputed, values) of the mapped records at ``ok``; a record whose output cannot be written
         joins ``failures`` (its reason) and leaves ``ok``."""
-        values, refused = self.mapped.encode(decoded, ok.tolist(), repaired, prov, imputed, added)
+        if self.avro is not None:
+            values, refused = self._serialize_avro(decoded, ok.tolist(), repaired, prov, imputed, added, inputs)
+        else:
+            values, refused = self.mapped.encode(decoded, ok.tolist(), repaired, prov, imputed, added)
         if refused:  # rare: only then are the rows copied
             failures += [(int(decoded.index[ok[k]]), reason) for k, reason in refused]
             keep = np.ones(len(ok), dtype=bool)
             keep[[k for k, _ in refused]] = False
             ok, imputed = ok[keep], (imputed[keep] if imputed is not None else None)
         return ok, decoded.fields.take(ok), imputed, values
+
+    def _serialize_avro(self, decoded, rows: list, repaired: np.ndarray, prov: dict, imputed, added: dict,
+                        inputs: list) -> tuple[list[bytes], list[tuple[int, str]]]:
+        """(outputs, refused) as :meth:`MappedRecords.encode` gives them, in the Confluent wire format: each output
+        under the output schema of its input message's writer schema."""
+        objects = self.mapped.repaired_objects(decoded, rows, repaired, prov, imputed, added)
+        encoded = self.avro.serialize(objects, [schema_id(inputs[decoded.index[j]]) for j in rows])
+        refused = [(k, str(value)) for k, value in enumerate(encoded) if isinstance(value, Exception)]
+        return [value for value in encoded if not isinstance(value, Exception)], refused
 
     def _shadow_pass(self, outcome: BatchOutcome, candidate: tuple, delivered: Batch, ts: np.ndarray) -> None:
         """The candidate chain in shadow, which can never fail the batch: whatever it raises, the active outputs are
