@@ -25,8 +25,10 @@ from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.collect import TopicReader
+from fairstream.streams.ops.schema_registry import SchemaRegistry
 from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
+from tests.polling import wait_for
 from tests.streams.codec.test_avro import LOAN, LOAN_SCHEMA, LOAN_SCHEMA_V2
 
 pytestmark = pytest.mark.integration
@@ -34,11 +36,12 @@ pytestmark = pytest.mark.integration
 INPUT, OUTPUT = "loan-applications", "loan-applications.repaired"
 
 
-def loan_config(registry_url: str, artifact_dir: str) -> PipelineConfig:
+def loan_config(registry_url: str, artifact_dir: str, prefix: str = "avro-loans", input_topic: str = INPUT,
+                output_topic: str = OUTPUT) -> PipelineConfig:
     return PipelineConfig.from_dict({
         "pipeline": {"name": "loans", "features": ["age", "income"], "groups": ["female", "male"],
                      "strata": ["north", "south"], "artifact_dir": artifact_dir},
-        "topics": {"prefix": "avro-loans", "input": INPUT, "output": OUTPUT, "format": "avro"},
+        "topics": {"prefix": prefix, "input": input_topic, "output": output_topic, "format": "avro"},
         "mapping": {"id": "application_id", "time": {"path": "submitted_at", "format": "iso8601"},
                     "s": {"path": "applicant.sex", "values": {"F": "female", "M": "male"}}, "u": "branch",
                     "features": {"age": "applicant.age", "income": "applicant.income"}},
@@ -157,3 +160,37 @@ def test_a_message_that_is_not_avro_is_dead_lettered_with_its_original_bytes(liv
     assert set(dead) == {"not-avro"} and {"D-0", "D-1"} <= set(repaired)
     assert dead["not-avro"]["reason"] == "not Confluent Avro: first byte 0x7b, expected the magic byte 0x00"
     assert base64.b64decode(dead["not-avro"]["original_b64"]) == junk
+
+
+def test_a_registry_outage_stops_the_worker_and_dead_letters_nothing(broker, tmp_path):
+    """Known schemas are cached (an outage is not noticed); a new one cannot be read, so the worker exits 1 with
+    the batch uncommitted (a restart replays it) instead of dead-lettering records for the registry's fault."""
+    with SchemaRegistry(tmp_path / "registry") as registry:
+        config = loan_config(registry.url, str(tmp_path / "artifacts"), "avro-outage", "outage-in", "outage-out")
+        ensure_topics(broker.bootstrap, config.topics)
+        ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(
+            fitted_plan().to_artifact())
+        worker = WorkerProcess(config, broker.bootstrap, tmp_path).start()
+        try:
+            client = SchemaRegistryClient({"url": registry.url})
+            old = AvroSerializer(client, json.dumps(LOAN_SCHEMA))
+            new = AvroSerializer(client, json.dumps(LOAN_SCHEMA_V2))
+            context = SerializationContext("outage-in", MessageField.VALUE)
+            producer = Producer({"bootstrap.servers": broker.bootstrap})
+            producer.produce("outage-in", old(loans(1, "E")[0], context), b"E-0")
+            assert producer.flush(30) == 0
+            read = AvroDeserializer(client)
+            with TopicReader(broker.bootstrap, "outage-out") as out:
+                wait_for(lambda: [m for m in out.poll() if read(m.value)["application_id"] == "E-0"], 180,
+                         "the first record's output")
+            unseen = new({**loans(1, "F")[0], "campaign": "spring"}, context)  # a schema id the worker never read
+            registry.stop()
+            producer.produce("outage-in", unseen, b"F-0")
+            assert producer.flush(30) == 0
+            assert worker.wait(timeout=120) == 1, worker.log_tail()
+            assert "the schema registry cannot be reached" in worker.log_path.read_text()
+            with TopicReader(broker.bootstrap, config.topics.dlq) as dlq:
+                time.sleep(1.0)
+                assert not dlq.poll(1000)
+        finally:
+            worker.stop()
