@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -235,10 +235,10 @@ class RecordRepairer:
         inputs = [m.value() for m in messages]
         decoded = self._decode(inputs, messages)
         failures = list(decoded.errors)
-        prov = _provenance(chain)
-        outcome = BatchOutcome(version=chain[0].version)
+        prov = _provenance(chain)  # an empty chain's says no module (a monitor-only pipeline)
+        outcome = BatchOutcome(version=prov["version"])
         if len(decoded.index):
-            batch = decoded.batch()
+            batch = with_carried(decoded.batch(), decoded)
             result = apply_chain([a.module for a in chain], batch)
             failures += [(int(decoded.index[i]), result.reasons[i]) for i in np.flatnonzero(~result.ok)]
             added = chain_added(chain, result.columns)
@@ -382,9 +382,22 @@ def _shadow(chain: Sequence, delivered: Batch, ts: np.ndarray) -> tuple[Repaired
             len(delivered) - len(rows))
 
 
+def with_carried(batch: Batch, decoded: DecodedRecords) -> Batch:
+    """``batch`` with the score and decision its records carry of their own model (mapped fields) among its added
+    columns: a module after them reads them (group thresholds decide on the records' own score), and where no module
+    of the chain writes one, the monitor measures the records' own (:func:`_monitor_batch`). They are never written
+    as the chain's columns: the records keep them where they were."""
+    carried = {name: column for name, column in (("score", decoded.score), ("decision", decoded.decision))
+               if column is not None}
+    return replace(batch, added={**batch.added, **carried}) if carried else batch
+
+
 def _monitor_batch(batch: Batch, repaired, out_of_range, ts: np.ndarray, added: dict, rows) -> RepairedBatch:
-    """What the monitor measures of the records sent: the chain's score and final decision as the records carry."""
-    pick = (lambda name: added[name][rows] if name in added else None)
+    """What the monitor measures of the records sent: the chain's score and final decision as the records carry; a
+    column no module of the chain writes is the records' own (mapped: ``batch.added``, see :func:`with_carried`), so
+    a monitor-only pipeline measures its records' own model, and group thresholds alone their decisions on its
+    scores."""
+    pick = (lambda name: added[name][rows] if name in added else batch.added.get(name))
     return RepairedBatch(before=batch.X, after=repaired, s=batch.s, u=batch.u, keys=batch.keys, ts=ts, y=batch.y,
                          out_of_range=out_of_range, decision=pick("decision"), score=pick("score"))
 
