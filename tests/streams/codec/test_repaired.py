@@ -16,7 +16,7 @@ from hypothesis.extra.numpy import arrays
 
 from fairstream.streams.codec.records import RecordFields, decode_records
 from fairstream.streams.codec.repaired import (
-    _json_tokens,
+    json_tokens,
     _scalar_json,
     decode_repaired,
     encode_embeddings,
@@ -57,7 +57,7 @@ JSON_SCALAR_VALUES = (st.none() | st.booleans() | st.integers() | HUGE_INTS | FI
 @PROPERTY
 @given(st.lists(JSON_SCALAR_VALUES, max_size=12))
 def test_a_column_of_scalars_is_written_as_the_json_text_of_each_value(values):
-    tokens = _json_tokens(values)
+    tokens = json_tokens(values)
     assert len(tokens) == len(values)
     assert tokens == [_scalar_json(value) for value in values]  # a value's text ignores its neighbours
     for token, value in zip(tokens, values):
@@ -71,7 +71,7 @@ def test_a_column_of_scalars_is_written_as_the_json_text_of_each_value(values):
 def test_a_column_with_a_value_that_is_not_a_json_scalar_is_refused(value):
     for column in ([value], ["a", value, 1], [None, value]):
         with pytest.raises(ValueError, match="not a JSON scalar"):
-            _json_tokens(column)
+            json_tokens(column)
 
 
 # --------------------------------------------------------------------------- encode_repaired

@@ -64,7 +64,7 @@ from .records import (
     range_errors,
     record_key,
 )
-from .repaired import _float_tokens, _json_tokens, _literal
+from .repaired import float_tokens, json_tokens, template_literal
 
 PROVENANCE_HEADER = "fairstream.provenance"
 """The Kafka header that carries the provenance (JSON) when ``output.provenance = "headers"``."""
@@ -574,21 +574,21 @@ class MappedRecords:
     def _tails(self, decoded, rows, repaired, prov, imputed, added) -> list[bytes]:
         """The added field's JSON text of every row (under), one template filled column by column."""
         n, d = len(rows), len(self.config.features)
-        tokens = _float_tokens(repaired)
+        tokens = float_tokens(repaired)
         columns = [tokens[f::d] for f in range(d)]
-        template = '{"features":{' + ",".join(f"{_literal(json.dumps(name))}:%s" for name in self.config.features) + "}"
+        template = '{"features":{' + ",".join(f"{template_literal(json.dumps(name))}:%s" for name in self.config.features) + "}"
         for name, column in (added or {}).items():
             column = np.asarray(column)
-            template += f",{_literal(json.dumps(name))}:%s"
-            columns.append(_float_tokens(column) if column.dtype.kind == "f" else _json_tokens(column.tolist()))
+            template += f",{template_literal(json.dumps(name))}:%s"
+            columns.append(float_tokens(column) if column.dtype.kind == "f" else json_tokens(column.tolist()))
         if self.config.imputes_s:
             template += ',"s_imputed":%s'
             flags = imputed.tolist() if imputed is not None else [False] * n
             columns.append([b"true" if flag else b"false" for flag in flags])
         template += ',"input_digest":%s'
-        columns.append(_json_tokens([decoded.fields.digests[j] for j in rows]))
+        columns.append(json_tokens([decoded.fields.digests[j] for j in rows]))
         if self.layout.provenance == "field":
-            template += ',"provenance":' + _literal(json.dumps(prov, separators=(",", ":")))
+            template += ',"provenance":' + template_literal(json.dumps(prov, separators=(",", ":")))
         template = (template + "}").encode()
         return [template % row for row in zip(*columns)]
 

@@ -117,7 +117,7 @@ def _require_finite(*arrays: np.ndarray) -> None:
                              "(non_finite_rows)")
 
 
-def _literal(text: str) -> str:
+def template_literal(text: str) -> str:
     """Constant text inside a %-format template ('%' in a feature name must stay a '%')."""
     return text.replace("%", "%%")
 
@@ -125,7 +125,7 @@ def _literal(text: str) -> str:
 _ENCODER = msgspec.json.Encoder()  # shortest round-trip floats, like repr; UTF-8 strings
 
 
-def _json_tokens(values: Sequence) -> list[bytes]:
+def json_tokens(values: Sequence) -> list[bytes]:
     """The JSON text of each scalar of ``values`` (null, a boolean, a string, an integer, a finite float).
 
     One C call for the column: the values are written as one JSON array and cut at its commas. A
@@ -148,7 +148,7 @@ def _json_tokens(values: Sequence) -> list[bytes]:
 
 
 def _scalar_json(value) -> bytes:
-    """The JSON text of one scalar, byte for byte as :func:`_json_tokens` writes it in a column (an output does
+    """The JSON text of one scalar, byte for byte as :func:`json_tokens` writes it in a column (an output does
     not depend on its batch); anything but a scalar raises."""
     if value is None or type(value) in (bool, int, str):
         return _ENCODER.encode(value)
@@ -158,7 +158,7 @@ def _scalar_json(value) -> bytes:
     raise ValueError(f"{value!r} is not a JSON scalar (null, string, boolean, integer or finite number)")
 
 
-def _float_tokens(values: np.ndarray) -> list[bytes]:
+def float_tokens(values: np.ndarray) -> list[bytes]:
     """The JSON text of every (finite) float of ``values``, row by row, in one C call: shortest round-trip form."""
     if not values.size:
         return []
@@ -172,7 +172,7 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
                     prov: dict, imputed: np.ndarray | None = None, added: dict | None = None) -> list[bytes]:
     """Repaired records as JSON bytes: one template for the batch, filled with every column's JSON text.
 
-    Each column is written in one C call (:func:`_json_tokens`, :func:`_float_tokens`; floats in their
+    Each column is written in one C call (:func:`json_tokens`, :func:`float_tokens`; floats in their
     shortest round-trip form, so a value read back equals the array's bit for bit) and the constant
     parts (field names, the provenance) are the template's bytes: the only Python per record is
     filling it. On an input that imputes a missing s, every record says whether its s was imputed
@@ -191,20 +191,20 @@ def encode_repaired(fields: RecordFields, X: np.ndarray, repaired: np.ndarray, c
     if not len(fields):
         return []
     d = len(config.features)
-    new = _float_tokens(repaired)
+    new = float_tokens(repaired)
     columns = [new[j::d] for j in range(d)]
     if config.include_original:
-        old = _float_tokens(X)
+        old = float_tokens(X)
         columns += [old[j::d] for j in range(d)]
     if config.imputes_s:
         marks = imputed if imputed is not None else np.zeros(len(fields), dtype=bool)
         columns.append([_S_IMPUTED[flag] for flag in marks.tolist()])
-    columns += [_float_tokens(values) if values.dtype.kind == "f" else _json_tokens(values.tolist())
+    columns += [float_tokens(values) if values.dtype.kind == "f" else json_tokens(values.tolist())
                 for values in added.values()]
     template = _record_template(config, prov, tuple(added))
-    return [template % row for row in zip(_json_tokens(fields.ids), _json_tokens(fields.ts), _json_tokens(fields.s),
-                                          _json_tokens(fields.u), _json_tokens(fields.y), *columns,
-                                          _json_tokens(fields.digests))]
+    return [template % row for row in zip(json_tokens(fields.ids), json_tokens(fields.ts), json_tokens(fields.s),
+                                          json_tokens(fields.u), json_tokens(fields.y), *columns,
+                                          json_tokens(fields.digests))]
 
 
 def _added_columns(added: dict | None) -> dict[str, np.ndarray]:
@@ -218,14 +218,14 @@ def _added_columns(added: dict | None) -> dict[str, np.ndarray]:
 
 def _record_template(config: PipelineConfig, prov: dict, added: tuple[str, ...]) -> bytes:
     """The bytes of a repaired record with a ``%s`` for every field that varies (field order of the schema)."""
-    features = ",".join(f"{_literal(json.dumps(name))}:%s" for name in config.features)
+    features = ",".join(f"{template_literal(json.dumps(name))}:%s" for name in config.features)
     template = '{"id":%s,"ts":%s,"s":%s,"u":%s,"y":%s,"features":{' + features + "}"
     if config.include_original:
         template += ',"original":{' + features + "}"
     if config.imputes_s:
         template += "%s"  # the s_imputed flag
     template += "".join(f",{json.dumps(name)}:%s" for name in added)  # the added columns (score, decision)
-    template += ',"input_digest":%s,"provenance":' + _literal(json.dumps(prov, separators=(",", ":"))) + "}"
+    template += ',"input_digest":%s,"provenance":' + template_literal(json.dumps(prov, separators=(",", ":"))) + "}"
     return template.encode()  # json.dumps writes ASCII
 
 
