@@ -215,3 +215,12 @@ def test_a_layout_is_checked():
         OutputLayout(provenance="kafka")
     with pytest.raises(ValueError, match="needs a pipeline with a \\[mapping\\]"):
         MappedRecords(replace(loans_config(), mapping=None))
+
+
+@pytest.mark.parametrize("fmt", ["epoch_s", "epoch_ms", "iso8601"])
+def test_a_time_another_format_decoded_as_a_datetime_is_read_whatever_the_configured_format(fmt):
+    # Avro's timestamp-millis and timestamp-micros logical types come out of fastavro as aware datetimes.
+    moment = datetime(2026, 11, 28, 10, 0, tzinfo=timezone.utc)
+    config = loans_config(time={"path": "submitted_at", "format": fmt})
+    decoded = MappedRecords(config).decode_objects([loan(submitted_at=moment)], [None])
+    assert decoded.errors == [] and decoded.fields.ts == [moment.timestamp()]

@@ -234,6 +234,8 @@ class _ReferenceRows:
 
     def _checked(self, role: _Role, value):
         where, name = f"mapping: {role.field.text}", "feature" if role.feature else role.name
+        if name == "time" and isinstance(value, datetime):  # Avro's timestamp logical types arrive as datetimes
+            return value
         if name == "feature" or (name == "time" and role.field.format != "iso8601"):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise Invalid(f"{where}: expected a number, found {_shown(value)}")
@@ -468,12 +470,8 @@ class MappedRecords:
         column = self._column(columns, "time")
         if column is None:
             return [None] * len(columns[0])
-        fmt = self.mapping.time.format
-        if fmt == "epoch_ms":
-            return [None if t is None else t / 1000 for t in column]
-        if fmt == "iso8601":
-            return [None if t is None else _epoch(t) for t in column]
-        return column
+        scale = 1000.0 if self.mapping.time.format == "epoch_ms" else 1.0
+        return [None if t is None else _epoch(t) if isinstance(t, datetime) else t / scale for t in column]
 
     # ------------------------------------------------------------------ encoding
 
