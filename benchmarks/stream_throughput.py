@@ -18,7 +18,11 @@ meanwhile):
     batch, and delivers the serving plan's outputs only. ``--shadow-only`` runs (c)'s one plan worker
     and (d) alone;
 (e) with ``--exactly-once`` (on ``--broker kafka``) alone: one plan worker at least once and exactly once
-    (one Kafka transaction per batch, outputs read back read_committed), per ``--transaction-sizes``.
+    (one Kafka transaction per batch, outputs read back read_committed), per ``--transaction-sizes``;
+(f) with ``--loan`` alone (issue 31): one worker serving the same plan on a team's own topic, the loan records of
+    ``benchmarks/loan_records.py`` with 40 pass-through fields (~1.9 KB a record, read by a ``[mapping]``,
+    ``[output] repaired = --loan-mode``), against one worker on the same applications in fairstream's envelope
+    (~120 bytes), alternated twice on topics of their own: records/s as a ratio (target >= 0.5 x).
 
 Throughput: outputs are read back only after the contestant has finished (its progress is polled:
 a counter file for the passthroughs, ``/metrics`` for workers), and the rate is taken from the
@@ -38,6 +42,7 @@ records on a topic); each worker's RSS, the broker's, lag and p99 latency per mi
     .venv/bin/python benchmarks/stream_throughput.py --broker kafka
     .venv/bin/python benchmarks/stream_throughput.py --broker kafka --exactly-once [--transaction-sizes 100 1000]
     .venv/bin/python benchmarks/stream_throughput.py --soak-minutes 10 --rate 1000
+    .venv/bin/python benchmarks/stream_throughput.py --loan [--records 50000] [--loan-mode under|in_place] [--broker kafka]
 """
 
 from __future__ import annotations
@@ -462,6 +467,41 @@ class Bench:
             (" + candidate in shadow" if shadow else "")
         return Result(name, rate, cpu / ((n - 1) / rate), share)
 
+    async def throughput_of(self, config, module, pairs: list[tuple[bytes, bytes]], name: str, tag: str = "") -> Result:
+        """One worker on ``config`` serving ``module``, on ``pairs`` pre-loaded on its input (any record format)."""
+        n = len(pairs)
+        await ensure_topics_async(self.bootstrap, config.topics)
+        await ControlClient(self.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish(
+            module.to_artifact())
+        await produce(self.bootstrap, config.topics.records_in, pairs)
+        workers = Workers(config, self.bootstrap, self.run_dir, 1).start()
+        try:
+            first: dict = {}
+            await wait_done(workers, n, self.args.timeout + 60,
+                            on_first=lambda: first.__setitem__("cpu", sum(cpu_seconds(p) for p in workers.pids)))
+            cpu = sum(cpu_seconds(p) for p in workers.pids) - first.get("cpu", float("nan"))
+        finally:
+            workers.stop()
+        outputs = await read_outputs(self.bootstrap, [config.topics.records_repaired, config.topics.dlq], n,
+                                     self.args.timeout)
+        dead = sum(1 for o in outputs if b'"reason"' in o.value[:4096] and b'"original_b64"' in o.value)
+        if dead:
+            raise RuntimeError(f"{dead} of {n} records were dead-lettered: the run would not measure the repair")
+        rate = rate_of(outputs)
+        return Result(name, rate, cpu / ((n - 1) / rate))
+
+    async def passthrough_of(self, src: str, n: int) -> Result:
+        """The raw librdkafka passthrough copying ``src`` (pre-loaded with ``n`` records) to a topic of its own."""
+        dst = f"{src}.out-raw"
+        create_topic(self.bootstrap, dst)
+        proc = Passthrough("confluent-kafka", self.bootstrap, src, dst, self.args.batch_size, self.run_dir).start()
+        try:
+            await wait_done(proc, n, self.args.timeout)
+        finally:
+            proc.stop()
+        return Result("raw confluent-kafka passthrough", rate_of(await read_outputs(self.bootstrap, [dst], n,
+                                                                                     self.args.timeout)))
+
     # ------------------------------------------------------------------ latency
 
     async def latency_raw(self, client: str) -> np.ndarray:
@@ -622,6 +662,9 @@ async def run(args, run_dir: Path, bootstrap: str, broker_pid: int | None = None
     if args.exactly_once:
         await exactly_once_cost(bench)
         return
+    if args.loan:
+        await loan_cost(bench)
+        return
     raw_topics = await bench.raw_topics("benchraw", args.records)
     print(f"pre-loaded {args.records:,} records on {PARTITIONS} partitions", flush=True)
     results = []
@@ -705,6 +748,43 @@ async def exactly_once_cost(bench: Bench) -> None:
         print(f"{batch:6d}{alo:11,.0f}{eos:11,.0f}{eos / alo:9.2f}{alo_p99:11.3f}{eos_p99:11.3f}{eos_p99 / alo_p99:7.2f}")
 
 
+async def loan_cost(bench: Bench) -> None:
+    """(f): one worker on envelope records and one on ~1.9 KB loan records through a mapping, the same plan, the same
+    broker, alternated twice (the machine's load drifts over a run): records/s as a ratio."""
+    from loan_records import loan_config, loan_plan, messages
+
+    args, plan = bench.args, loan_plan()
+    rates: dict[str, list[float]] = {"envelope": [], "loan2k": []}
+    raw: dict[str, list[float]] = {"envelope": [], "loan2k": []}
+    for run, kind in enumerate(("envelope", "loan2k", "loan2k", "envelope")):
+        prefix = f"benchloan{run}"
+        topics = {"prefix": prefix, "partitions": PARTITIONS}
+        if kind != "envelope":  # the team's own topic names
+            topics.update(input=f"{prefix}.loan-applications", output=f"{prefix}.loan-applications.fair")
+        config = loan_config(mapped=kind != "envelope", repaired=args.loan_mode, topics=topics,
+                             artifact_dir=str(bench.run_dir / "artifacts"))
+        config = replace(config, records=replace(config.records, batch_size=args.batch_size))
+        pairs = messages(args.records, kind, prefix=f"r{run}")
+        result = await bench.throughput_of(config, plan, pairs, f"plan worker x1, {kind}", tag=str(run))
+        rates[kind].append(result.rate)
+        size = sum(len(v) for _, v in pairs) / len(pairs)
+        print(f"  {result.name} ({size:,.0f} bytes a record): {result.rate:,.0f} records/s, "
+              f"{result.cores:.2f} CPU cores", flush=True)
+        passthrough = await bench.passthrough_of(config.topics.records_in, len(pairs))  # the same input, the ceiling
+        raw[kind].append(passthrough.rate)
+        print(f"  raw confluent-kafka passthrough of the same input: {passthrough.rate:,.0f} records/s", flush=True)
+    envelope, loan = np.mean(rates["envelope"]), np.mean(rates["loan2k"])
+    raw_ratio = np.mean(raw["loan2k"]) / np.mean(raw["envelope"])
+    print(f"\nthe raw librdkafka passthrough on the same inputs: envelope {np.mean(raw['envelope']):,.0f}, loan "
+          f"{np.mean(raw['loan2k']):,.0f} records/s: {raw_ratio:.2f} x (what the broker and the bytes allow); the worker "
+          f"at {envelope / np.mean(raw['envelope']):.2f} x the passthrough on the envelope, "
+          f"{loan / np.mean(raw['loan2k']):.2f} x on the loan records")
+    ratio = loan / envelope
+    print(f"\n{args.records:,} records, {PARTITIONS} partitions, batch {args.batch_size}, one plan worker: envelope "
+          f"{envelope:,.0f} records/s, loan records with 40 pass-through fields ({args.loan_mode}) {loan:,.0f} "
+          f"records/s: {ratio:.2f} x (target >= 0.5 x: {'met' if ratio >= 0.5 else 'MISSED'})")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
@@ -737,6 +817,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "--broker kafka), per --transaction-sizes")
     parser.add_argument("--transaction-sizes", type=int, nargs="+", default=[100, 1000],
                         help="with --exactly-once: the batch sizes (records per transaction) to compare (default 100 1000)")
+    parser.add_argument("--loan", action="store_true",
+                        help="only a team's own topic (issue 31): one worker on ~1.9 KB loan records read by a mapping "
+                             "against one on the envelope, records/s as a ratio")
+    parser.add_argument("--loan-mode", choices=("under", "in_place"), default="under",
+                        help="with --loan: [output] repaired (default under)")
     args = parser.parse_args(argv)
     if args.exactly_once and args.broker != "kafka":
         parser.error("--exactly-once needs --broker kafka: the embedded broker has no transactions it keeps")
