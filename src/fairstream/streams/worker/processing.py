@@ -30,11 +30,11 @@ import numpy as np
 
 from fairstream.models.embedding import normalise
 from fairstream.repair.protocol import Batch, apply_chain
-from fairstream.streams.codec.avro import AvroFormat, schema_id
+from fairstream.streams.codec.avro import schema_id
 from fairstream.streams.codec.dead_letters import dead_letter, dead_letter_key, oversized
 from fairstream.streams.codec.embeddings import decode_embeddings
-from fairstream.streams.codec.mapped import MappedRecords
-from fairstream.streams.codec.records import DecodedRecords, decode_records
+from fairstream.streams.codec.inputs import InputDecoder
+from fairstream.streams.codec.records import DecodedRecords
 from fairstream.streams.codec.repaired import (
     RepairedBatch,
     encode_embeddings,
@@ -223,17 +223,18 @@ class RecordRepairer:
     def __init__(self, config: PipelineConfig):
         self.config = config
         self.failed_candidates: set = set()  # candidate chains whose failure was logged (once each)
-        # A pipeline with a [mapping] reads a team's own records; without one, the fairstream envelope.
-        self.mapped = MappedRecords.for_config(config) if config.mapping is not None else None
-        # Avro topics: each message is deserialized first (its schema read by id), each output serialized back.
-        self.avro = AvroFormat.for_config(config) if config.topics.format == "avro" else None
+        # The envelope, a team's own JSON records or its Avro records: read as the re-fits read them.
+        self.inputs = InputDecoder.for_config(config)
+        # A pipeline with a [mapping] writes each record back whole; on Avro topics, serialized by its schema.
+        self.mapped, self.avro = self.inputs.mapped, self.inputs.avro
 
     def process(self, messages: Sequence[MessageLike], active) -> BatchOutcome:
         """``active``: the registry's active artifacts of the configured chain, in order (or one of them), or a
         :class:`Served` (with a candidate chain, measured in shadow: ``candidate_batch``)."""
         chain = as_actives(active)
         inputs = [m.value() for m in messages]
-        decoded = self._decode(inputs, messages)
+        # The envelope carries its own id: only a mapped record's key is read (its id may be "$key").
+        decoded = self.inputs.decode(inputs, [m.key() for m in messages] if self.mapped is not None else ())
         failures = list(decoded.errors)
         prov = _provenance(chain)  # an empty chain's says no module (a monitor-only pipeline)
         outcome = BatchOutcome(version=prov["version"])
@@ -280,16 +281,6 @@ class RecordRepairer:
         outcome.dead = _dead_letters(messages, failures, self.agent)
         return outcome
 
-    def _decode(self, inputs: list, messages: Sequence[MessageLike]) -> DecodedRecords:
-        """The batch decoded: the fairstream envelope, a team's own JSON records, or its Avro records (a message
-        that is not Avro, or names a schema the registry does not know, carries its reason into the decoding)."""
-        if self.mapped is None:
-            return decode_records(inputs, self.config)
-        keys = [m.key() for m in messages]
-        if self.avro is not None:
-            return self.mapped.decode_objects(self.avro.deserialize(inputs), keys, inputs)
-        return self.mapped.decode(inputs, keys)
-
     def _encode_mapped(self, decoded, ok: np.ndarray, repaired: np.ndarray, prov: dict, imputed, added: dict,
                        failures: list, inputs: list) -> tuple:
         """(ok, fields, imputed, values) of the mapped records at ``ok``; a record whose output cannot be written
@@ -307,8 +298,8 @@ class RecordRepairer:
 
     def _serialize_avro(self, decoded, rows: list, repaired: np.ndarray, prov: dict, imputed, added: dict,
                         inputs: list) -> tuple[list[bytes], list[tuple[int, str]]]:
-        """(outputs, refused) as :meth:`MappedRecords.encode` gives them, in the Confluent wire format: each output
-        under the output schema of its input message's writer schema."""
+        """(outputs, refused) as :meth:`~fairstream.streams.codec.mapped.MappedRecords.encode` gives them, in the
+        Confluent wire format: each output under the output schema of its input message's writer schema."""
         objects = self.mapped.repaired_objects(decoded, rows, repaired, prov, imputed, added)
         encoded = self.avro.serialize(objects, [schema_id(inputs[decoded.index[j]]) for j in rows])
         refused = [(k, str(value)) for k, value in enumerate(encoded) if isinstance(value, Exception)]
