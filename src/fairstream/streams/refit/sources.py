@@ -1,4 +1,8 @@
 """Research windows: the labelled records a re-fit fits on, read from the ``research`` topic or a file.
+
+The research topic carries the pipeline's own records, in its own format: fairstream's envelope, or, with a
+``[mapping]``, a team's own records (JSON or Avro, ``y`` mapped), read by the worker's decoder
+(:class:`~fairstream.streams.codec.inputs.InputDecoder`), so a window accepts what a worker accepts.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
 
 import numpy as np
 
+from fairstream.streams.codec.inputs import InputDecoder
+from fairstream.streams.codec.records import decode_records
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 if TYPE_CHECKING:
+    from fairstream.streams.codec.records import DecodedRecords
     from fairstream.streams.config import PipelineConfig
 
 log = logging.getLogger(__name__)
@@ -73,12 +80,9 @@ class ResearchWindow:
                               y=pick(self.y), identity=pick(self.identity))
 
 
-def _window_from_values(values: list[bytes], config: "PipelineConfig", source: str, n_invalid: int = 0,
-                        examples: Sequence[str] = ()) -> ResearchWindow:
-    """Decode records.in-format values with the stream's own codec, so a window accepts what a worker accepts."""
-    from fairstream.streams.codec.records import decode_records
-
-    decoded = decode_records(values, config)
+def _window_from_decoded(decoded: "DecodedRecords", source: str, n_invalid: int = 0,
+                         examples: Sequence[str] = ()) -> ResearchWindow:
+    """The window of records a codec decoded; its refused ones are counted with the codec's reasons."""
     examples = (list(examples) + [reason for _, reason in decoded.errors])[:5]
     n_invalid += len(decoded.errors)
     if n_invalid:
@@ -105,6 +109,7 @@ def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | 
     if last_n is not None and last_n < 1:
         raise ValueError(f"last_n must be a positive number of records or None (all), got {last_n!r}")
     topic = config.topics.research
+    decoder = InputDecoder.for_config(config)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, api_version=KAFKA_API_VERSION, group_id=None,
                              enable_auto_commit=False, fetch_max_wait_ms=100,
                              max_partition_fetch_bytes=8 * 1024 * 1024, auto_offset_reset="earliest",
@@ -113,18 +118,19 @@ def read_research_topic(bootstrap: str, config: "PipelineConfig", last_n: int | 
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         if not partitions:
             log.warning("research topic %s does not exist: the window is empty", topic)
-            return _window_from_values([], config, f"topic {topic}")
+            return _window_from_decoded(decoder.decode([], []), f"topic {topic}")
         assigned = [TopicPartition(topic, p) for p in partitions]
         consumer.assign(assigned)
         consumer.seek_to_beginning()
         if tail and last_n is not None:
             _seek_to_tails(consumer, assigned, last_n, min(timeout, 10.0))
-        tails, n_invalid, examples, cut_short = _read_tails(consumer, assigned, config, last_n, idle_seconds, timeout)
+        tails, n_invalid, examples, cut_short = _read_tails(consumer, assigned, decoder, last_n, idle_seconds, timeout)
     finally:
         consumer.close()
     latest = sorted((entry for tail in tails.values() for entry in tail), key=lambda entry: entry[:3])
-    values = [entry[3] for entry in (latest[-last_n:] if last_n else latest)]
-    window = _window_from_values(values, config, f"topic {topic}", n_invalid, examples)
+    chosen = latest[-last_n:] if last_n else latest
+    decoded = decoder.decode([entry[3] for entry in chosen], [entry[4] for entry in chosen])
+    window = _window_from_decoded(decoded, f"topic {topic}", n_invalid, examples)
     return dataclasses.replace(window, cut_short=True) if cut_short else window
 
 
@@ -147,12 +153,10 @@ def _seek_to_tails(consumer, assigned: list, last_n: int, timeout: float) -> Non
             consumer.seek_to_beginning(tp)
 
 
-def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int | None, idle_seconds: float,
+def _read_tails(consumer, assigned: list, decoder: InputDecoder, last_n: int | None, idle_seconds: float,
                 timeout: float) -> tuple[dict, int, list[str], bool]:
-    """Per partition, the last ``last_n`` valid values as (timestamp, partition, offset, value); the invalid ones
-    (count, a few reasons) and whether the read stopped at ``timeout`` before the end."""
-    from fairstream.streams.codec.records import decode_records
-
+    """Per partition, the last ``last_n`` valid messages as (timestamp, partition, offset, value, key); the invalid
+    ones (count, a few reasons) and whether the read stopped at ``timeout`` before the end."""
     started_ms = time.time() * 1000.0
     tails = {tp: deque(maxlen=last_n) for tp in assigned}
     caught_up: set = set()
@@ -165,11 +169,11 @@ def _read_tails(consumer, assigned: list, config: "PipelineConfig", last_n: int 
             return tails, n_invalid, examples, True
         batches = consumer.poll(timeout_ms=200, max_records=50_000)
         for tp, messages in batches.items():
-            decoded = decode_records([m.value for m in messages], config)
+            decoded = decoder.decode([m.value for m in messages], [m.key for m in messages])
             n_invalid += len(decoded.errors)
             examples.extend(reason for _, reason in decoded.errors[: max(0, 5 - len(examples))])
-            tails[tp].extend((messages[i].timestamp, tp.partition, messages[i].offset, messages[i].value)
-                             for i in decoded.index.tolist())
+            tails[tp].extend((messages[i].timestamp, tp.partition, messages[i].offset, messages[i].value,
+                              messages[i].key) for i in decoded.index.tolist())
             if any(m.timestamp >= started_ms for m in messages):
                 caught_up.add(tp)
             last_data = time.monotonic()
@@ -191,13 +195,15 @@ class ResearchFileError(ValueError):
 
 
 def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWindow:
-    """A research window from a file: JSON lines in the ``records.in`` format, or CSV.
+    """A research window from a file: JSON lines of the pipeline's own records, or CSV.
 
-    CSV files have a header with the feature columns and ``s`` and ``u`` (or the pipeline's
-    ``s_name``/``u_name``), optionally ``id`` and the label ``y``; other columns are ignored. Either way every row goes
-    through the stream's codec, so invalid rows are skipped and counted with the same reasons.
-    ``.csv`` files are read as CSV, ``.jsonl``/``.ndjson``/``.json`` as JSON lines, anything else
-    by its first character.
+    A JSON-lines file holds the records the pipeline reads, one a line: fairstream's envelope, or with a
+    ``[mapping]`` a team's own records (JSON, whatever the topics carry), decoded as a worker decodes them. A file has
+    no Kafka keys: a line's number is its key (for ``mapping.id = "$key"``). CSV files have a header with the feature
+    columns and ``s`` and ``u`` (or the pipeline's ``s_name``/``u_name``), optionally ``id`` and the label ``y``; other
+    columns are ignored; each row becomes an envelope record, whatever the mapping. Either way every row goes through
+    the stream's codec, so invalid rows are skipped and counted with the same reasons. ``.csv`` files are read as CSV,
+    ``.jsonl``/``.ndjson``/``.json`` as JSON lines, anything else by its first character.
     """
     path = Path(path)
     try:
@@ -206,10 +212,12 @@ def read_research_file(path: str | Path, config: "PipelineConfig") -> ResearchWi
         raise ResearchFileError(f"--source {path}: not a UTF-8 text file (byte {exc.start}); research files are CSV "
                                 "or JSON lines") from None
     if _looks_like_csv(path, text):
-        values = _csv_values(text, config, path)
+        decoded = decode_records(_csv_values(text, config, path), config)
     else:
-        values = [line.strip().encode("utf-8") for line in text.splitlines() if line.strip()]
-    window = _window_from_values(values, config, f"file {path}")
+        lines = [(number, line.strip()) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        decoded = InputDecoder.for_config(config, format="json").decode(
+            [line.encode("utf-8") for _, line in lines], [str(number).encode() for number, _ in lines])
+    window = _window_from_decoded(decoded, f"file {path}")
     if not len(window):  # a file is chosen by hand: nothing usable in it is a mistake, not an empty window
         examples = f", e.g. {window.invalid_examples[0]}" if window.invalid_examples else ""
         raise ResearchFileError(f"--source {path}: no valid research record ({window.n_invalid} invalid{examples})")
