@@ -90,10 +90,13 @@ def test_the_thresholds_trainer_is_the_kinds_capability():
     assert trainer_class("thresholds") is ThresholdsTrainer
 
 
-def test_thresholds_need_a_score_from_the_chain_before_them():
+def test_thresholds_behind_no_scorer_read_the_records_own_score_and_are_not_re_fitted():
+    # No module before them writes a score: they decide on the score the records carry (a monitor-only
+    # pipeline's), which a research window does not hold.
     config = SimpleNamespace(records=SimpleNamespace(chain=("plan", "thresholds")))
     plan = SimpleNamespace(module=SimpleNamespace(kind="plan"))
-    with pytest.raises(TrainerError, match=r"the chain before the thresholds \(\['plan'\]\) writes no score"):
+    with pytest.raises(TrainerError, match=r"thresholds reads what the records carry of their own model, not what a "
+                                           r"module of the chain \['plan', 'thresholds'\] writes"):
         ThresholdsTrainer(config).fit(None, {"plan": plan})
 
 
