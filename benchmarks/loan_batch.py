@@ -128,7 +128,8 @@ def avro_registry(kind, label, repaired, n, active, prov, kafka_messages, url) -
 
     def encode(d, a):
         rows = _ok_rows(a)
-        return avro.serialize(codec.repaired_objects(d, rows, a.X[rows], prov), [input_id] * len(rows))
+        objects = [obj for _, obj in codec.repaired_objects(d, rows, a.X[rows], prov)[0]]
+        return avro.serialize(objects, [input_id] * len(objects))
     return Contestant(f"Avro {repaired}, {label}", _batches(pairs, topic, kafka_messages), decode, encode,
                       (lambda b: agent.process(b, active)) if wired else None)
 
@@ -165,7 +166,7 @@ def avro_schemaless(kind, label, repaired, n, active, prov, kafka_messages) -> C
     def encode(d, a):
         rows = _ok_rows(a)
         out = []
-        for obj in codec.repaired_objects(d, rows, a.X[rows], prov):
+        for _, obj in codec.repaired_objects(d, rows, a.X[rows], prov)[0]:
             obj["fairstream"]["provenance"] = json.dumps(obj["fairstream"]["provenance"], separators=(",", ":"),
                                                          sort_keys=True)
             out.append(framed(obj, writer))

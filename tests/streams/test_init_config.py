@@ -318,6 +318,13 @@ def test_init_writes_the_config_of_a_json_lines_file(tmp_path, capsys):
     assert 's = { path = "channel" }' in capsys.readouterr().out
 
 
+def test_init_reads_a_file_that_starts_with_a_byte_order_mark(tmp_path, capsys):
+    sample = tmp_path / "export.jsonl"  # as Windows tools write UTF-8
+    sample.write_bytes(b"\xef\xbb\xbf" + "\n".join(json.dumps(record) for record in loan_variants()).encode())
+    assert main(["init", str(sample)]) == 0
+    assert 's = { path = "applicant.sex" }' in capsys.readouterr().out
+
+
 def test_init_refuses_two_sources_or_none_in_one_line(tmp_path, capsys):
     assert main(["init"]) == 1
     assert capsys.readouterr().err == ("fairstream init: error: give one source of sample records: a JSON-lines FILE "

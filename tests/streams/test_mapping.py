@@ -160,6 +160,11 @@ def test_a_pipeline_without_a_mapping_writes_its_config_as_before():
     ({"output__repaired": "beside"}, "output.repaired must be 'in_place' or 'under', got 'beside'"),
     ({"topics__format": "xml"}, "topics.format must be 'json' or 'avro', got 'xml'"),
     ({"topics__input": "bad name!"}, "topics.input must be a topic name"),
+    ({"mapping__features": {"age": {"path": "a", "default": float("nan")}, "income": "b", "amount": "c"}},
+     "mapping.features.age.default: nan is not a valid feature value"),
+    ({"mapping__time": {"path": "t", "default": float("inf")}}, "mapping.time.default: inf is not a valid time value"),
+    ({"topics__output": "loan-applications"}, "topics.output 'loan-applications' is the input topic"),
+    ({"topics__input": "fairstream.dlq"}, "topics.input 'fairstream.dlq' is one of the pipeline's own topics"),
 ])
 def test_a_mapping_mistake_is_one_config_error_naming_the_key(tables, message):
     assert message in refusal(loans(**tables))

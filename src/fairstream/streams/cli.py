@@ -386,10 +386,11 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 
 def _file_samples(path: Path, n: int) -> list[dict]:
-    """The first ``n`` records of a JSON-lines file (blank lines skipped)."""
+    """The first ``n`` records of a JSON-lines file (blank lines skipped; a leading byte-order mark, as Windows
+    tools write one, too)."""
     from .init_config import parse_samples
 
-    lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+    lines = [(number, line) for number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1)
              if line.strip()][:n]
     return parse_samples([line for _, line in lines], [f"{path} line {number}" for number, _ in lines])
 

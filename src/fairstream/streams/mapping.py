@@ -19,6 +19,7 @@ other readers share; :mod:`~fairstream.streams.codec.mapped` decodes and encodes
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterator, Literal
@@ -359,16 +360,19 @@ def _values(table: dict, key: str, role: str, labels: tuple) -> tuple[tuple[str,
     return tuple(values.items())
 
 
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _default(table: dict, key: str, role: str, labels: tuple) -> dict:
     if "default" not in table:
         return {}
     default = table["default"]
     if role == "id":
         raise MappingError(f"{key}.default: an id has no default (each record names its own)")
-    problem = {
-        "feature": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "time": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) if table.get("format") != "iso8601"
-        else _is_iso8601(v),
+    problem = {  # TOML has nan and inf: a default is held to what a record's own value must be, a finite number
+        "feature": _finite_number,
+        "time": _finite_number if table.get("format") != "iso8601" else _is_iso8601,
         "y": lambda v: v in (0, 1) and not isinstance(v, float),
         "decision": lambda v: v in (0, 1) and not isinstance(v, float),
         "score": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1,

@@ -141,6 +141,19 @@ class TopicConfig:
             raise ValueError(f"topics.replication must be an integer of at least 1, got {self.replication!r}")
         if self.format not in FORMATS:
             raise ValueError(f"topics.format must be {' or '.join(map(repr, FORMATS))}, got {self.format!r}")
+        self._check_named_topics()
+
+    def _check_named_topics(self) -> None:
+        # A worker reading its own outputs (or dead letters, or the control topic) would process them again, forever.
+        if self.records_in == self.records_repaired:
+            raise ValueError(f"topics.output {self.records_repaired!r} is the input topic: a worker would read its "
+                             "own outputs")
+        own = {self.name(suffix) for suffix in (*DATA_TOPICS, CONTROL)} - {self.name("records.in"),
+                                                                           self.name("records.repaired")}
+        for key, name in (("input", self.input), ("output", self.output)):
+            if name in own:
+                raise ValueError(f"topics.{key} {name!r} is one of the pipeline's own topics (under the prefix "
+                                 f"{self.prefix!r}): name the team's topic")
 
     @property
     def default_partitions(self) -> int:

@@ -176,7 +176,8 @@ def test_objects_decoded_by_another_format_come_out_as_objects_and_are_not_chang
     objects = [loan(), loan(applicant={"age": "x", "income": 1, "sex": "F"})]
     decoded = codec.decode_objects(objects, [None, None], [encoded(o) for o in objects])
     assert list(decoded.index) == [0] and "applicant.age" in decoded.errors[0][1]
-    (out,) = codec.repaired_objects(decoded, [0], decoded.X + 1, PROV)
+    ((_, out),), refused = codec.repaired_objects(decoded, [0], decoded.X + 1, PROV)
+    assert refused == []
     assert objects[0] == LOAN and out["applicant"]["age"] == 38.0 and out["fairstream"]["original"]["age"] == 37
     json_codec_out, _ = codec.encode(codec.decode([encoded(LOAN)], [None]), [0], decoded.X + 1, PROV)
     assert json.loads(json_codec_out[0]) == out  # the two formats' outputs hold the same values
@@ -224,3 +225,41 @@ def test_a_time_another_format_decoded_as_a_datetime_is_read_whatever_the_config
     config = loans_config(time={"path": "submitted_at", "format": fmt})
     decoded = MappedRecords(config).decode_objects([loan(submitted_at=moment)], [None])
     assert decoded.errors == [] and decoded.fields.ts == [moment.timestamp()]
+
+
+@pytest.mark.parametrize("constant", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_pass_through_value_that_is_not_json_is_refused_at_decode(constant):
+    # The typed decoder refuses it and Python's parser would accept it: the record would go out as invalid JSON.
+    value = encoded(LOAN).replace(b'"web"', constant)
+    decoded = MappedRecords(loans_config()).decode([value], [None])
+    assert decoded.errors == [(0, f"malformed JSON: {constant.decode()} is not a JSON value")]
+
+
+def test_a_pass_through_string_that_is_not_utf8_is_refused_at_decode():
+    value = encoded(LOAN).replace(b'"web"', b'"\xff"')
+    decoded = MappedRecords(loans_config()).decode([value, encoded(LOAN)], [None, None])
+    assert len(decoded.errors) == 1 and decoded.errors[0][1].startswith("message is not UTF-8")
+    assert decoded.index.tolist() == [1]
+
+
+def test_a_pass_through_number_beyond_the_float_range_stays_under_and_is_refused_in_place():
+    value = encoded(LOAN).replace(b'"web"', b"1e400")
+    under = loans_config(output={"repaired": "under"})
+    decoded, _, refused = through(under, [value])
+    codec = MappedRecords(under)
+    outputs, refused = codec.encode(decoded, [0], decoded.X, PROV)
+    assert refused == [] and outputs[0].startswith(value[:-1]) and b'"channel": 1e400' in outputs[0]
+    decoded, outputs, refused = through(loans_config(), [value])
+    assert outputs == [] and refused[0][1].startswith("the output could not be written") and "1e400" in refused[0][1]
+
+
+def test_objects_whose_output_field_cannot_be_placed_are_refused_one_by_one():
+    # An optional Avro record is None when absent: a nested output field under it cannot be written for that record.
+    config = loans_config(output={"field": "meta.fairstream"})
+    codec = MappedRecords(config)
+    objects = [loan(meta=None), loan(meta={"x": 1})]
+    decoded = codec.decode_objects(objects, [None, None], [encoded(o) for o in objects])
+    placed, refused = codec.repaired_objects(decoded, [0, 1], decoded.X, PROV)
+    assert [k for k, _ in placed] == [1] and placed[0][1]["meta"]["x"] == 1
+    assert refused == [(0, "the output could not be written: meta holds NoneType, not an object: cannot write "
+                           "meta.fairstream")]

@@ -344,13 +344,14 @@ class MappedRecords:
             The usable records (``originals``: their bytes) and ``errors``: (position, reason naming the path).
         """
         limit = self.config.max_message_bytes
-        rows = self.typed.rows(values) if _all_within(values, limit) else None
+        rows = self.typed.rows(values) if _all_within(values, limit) and all(map(_utf8, values)) else None
         if rows is not None:
             positions, errors = list(range(len(values))), []
         else:
             def decode(value):
-                row = self.typed.row_of(value) if value is not None and len(value) <= limit else None
-                return row if row is not None else self.reference.row(parse_json_object(value, limit))
+                # The typed decoder skips unmapped fields unread: a value it accepts must still be UTF-8 JSON.
+                row = self.typed.row_of(value) if value is not None and len(value) <= limit and _utf8(value) else None
+                return row if row is not None else self.reference.row(parse_json_object(value, limit, constants=False))
 
             positions, rows, errors = decode_each_message(values, decode, "records")
         usable = values if len(positions) == len(values) else [values[i] for i in positions]
@@ -521,14 +522,28 @@ class MappedRecords:
         return outputs, refused
 
     def repaired_objects(self, decoded: DecodedRecords, rows: Sequence[int], repaired: np.ndarray, prov: dict,
-                         imputed: np.ndarray | None = None, added: dict | None = None) -> list[dict]:
+                         imputed: np.ndarray | None = None,
+                         added: dict | None = None) -> tuple[list[tuple[int, dict]], list[tuple[int, str]]]:
         """The outputs of :meth:`encode` as objects (what another format, Avro, serializes); the inputs are not changed.
 
-        Parameters and the order of the outputs are those of :meth:`encode`; every row is written.
+        Parameters are those of :meth:`encode`.
+
+        Returns
+        -------
+        objects : list of (int, dict)
+            (position in ``rows``, output object) of every row that could be written, in order.
+        refused : list of (int, str)
+            (position in ``rows``, reason) of a row that could not (e.g. its output field would sit under a value
+            that is not an object): that record alone is dead-lettered, as :meth:`encode` does.
         """
-        rows = list(rows)
-        return [self._object(k, decoded.originals[j], decoded, rows, repaired, prov, imputed, added)
-                for k, j in enumerate(rows)]
+        rows, objects, refused = list(rows), [], []
+        for k, j in enumerate(rows):
+            try:
+                objects.append((k, self._object(k, decoded.originals[j], decoded, rows, repaired, prov, imputed,
+                                                added)))
+            except ValueError as exc:  # a path through a non-object: this record's reason, never the batch's
+                refused.append((k, f"the output could not be written: {exc}"))
+        return objects, refused
 
     def headers(self, prov: dict) -> list[tuple[str, bytes]]:
         """The Kafka headers every output adds: the provenance when ``output.provenance = "headers"``, else none."""
@@ -611,6 +626,25 @@ def _all_within(values: Sequence, limit: int) -> bool:
         return False
 
 
+def _utf8(value: bytes) -> bool:
+    """Whether ``value`` is UTF-8 text (ASCII, the common case, is checked in one C pass)."""
+    if value.isascii():
+        return True
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400: a valid JSON number no float holds, so no output could carry it
+        raise ValueError(f"the pass-through number {text[:40]} is beyond the float range: it cannot be written in "
+                         "place (output.repaired = \"under\" keeps it as it came)")
+    return number
+
+
 def _splice(original: bytes, key: bytes, tail: bytes) -> bytes | None:
     """``original`` with ``"key":tail`` as its last member, its own text untouched; None when it may hold ``key``."""
     if key in original:  # perhaps the field itself (or only text that holds it): the dict path decides
@@ -628,8 +662,8 @@ def _decoded_object(original) -> dict:
         return copy.deepcopy(original)
     try:
         return msgspec.json.decode(original)
-    except msgspec.DecodeError:  # a number msgspec will not read (1e400): the reference parser, as decode did
-        return json.loads(original)
+    except msgspec.DecodeError:  # a number msgspec will not read (1e400): the reference parser decides
+        return json.loads(original, parse_float=_finite_float)
 
 
 def _epoch(moment: datetime) -> float:

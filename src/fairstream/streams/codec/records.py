@@ -121,10 +121,12 @@ class DecodedRecords:
                      impute_s=self.impute_s, columns=self.columns)
 
 
-def parse_json_object(value: bytes | None, limit: int) -> dict:
+def parse_json_object(value: bytes | None, limit: int, constants: bool = True) -> dict:
     """The JSON object a message of at most ``limit`` bytes holds (the reference path of every input reader).
 
-    Raises :class:`Invalid`, whose message is the dead-letter reason, for anything else.
+    ``constants=False`` also refuses ``NaN``, ``Infinity`` and ``-Infinity``, which Python's parser accepts
+    but JSON has not: a reader that passes fields through unread must not pass them on. Raises
+    :class:`Invalid`, whose message is the dead-letter reason, for anything else.
     """
     if not value:
         raise Invalid("empty message")
@@ -132,7 +134,7 @@ def parse_json_object(value: bytes | None, limit: int) -> dict:
         raise Invalid(f"message of {len(value)} bytes exceeds the limit of {limit} bytes")
     try:
         # Decode explicitly: json.loads(bytes) would also accept UTF-16/32 by guessing the encoding.
-        obj = json.loads(value.decode("utf-8"))
+        obj = json.loads(value.decode("utf-8"), **({} if constants else {"parse_constant": _not_json}))
     except UnicodeDecodeError as exc:
         raise Invalid(f"message is not UTF-8: {exc}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, the int digit limit, deep nesting
@@ -165,6 +167,10 @@ def finite_number(value, what: str) -> float:
     if not math.isfinite(number):
         raise Invalid(f"{what} has a non-finite value {value!r}")
     return number
+
+
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON value")
 
 
 MAX_ID_CHARS = 1024

@@ -300,10 +300,12 @@ class RecordRepairer:
                         inputs: list) -> tuple[list[bytes], list[tuple[int, str]]]:
         """(outputs, refused) as :meth:`~fairstream.streams.codec.mapped.MappedRecords.encode` gives them, in the
         Confluent wire format: each output under the output schema of its input message's writer schema."""
-        objects = self.mapped.repaired_objects(decoded, rows, repaired, prov, imputed, added)
-        encoded = self.avro.serialize(objects, [schema_id(inputs[decoded.index[j]]) for j in rows])
-        refused = [(k, str(value)) for k, value in enumerate(encoded) if isinstance(value, Exception)]
-        return [value for value in encoded if not isinstance(value, Exception)], refused
+        placed, refused = self.mapped.repaired_objects(decoded, rows, repaired, prov, imputed, added)
+        positions = [k for k, _ in placed]
+        encoded = self.avro.serialize([obj for _, obj in placed],
+                                      [schema_id(inputs[decoded.index[rows[k]]]) for k in positions])
+        refused += [(k, str(value)) for k, value in zip(positions, encoded) if isinstance(value, Exception)]
+        return [value for value in encoded if not isinstance(value, Exception)], sorted(refused)
 
     def _shadow_pass(self, outcome: BatchOutcome, candidate: tuple, delivered: Batch, ts: np.ndarray) -> None:
         """The candidate chain in shadow, which can never fail the batch: whatever it raises, the active outputs are
