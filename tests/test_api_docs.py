@@ -126,7 +126,7 @@ def returns_value(func) -> bool:
     func = inspect.unwrap(func)
     try:
         hint = typing.get_type_hints(func).get("return", inspect.Signature.empty)
-    except Exception:
+    except Exception:  # an unresolvable forward reference: the annotation as written
         hint = func.__annotations__.get("return", inspect.Signature.empty)
     if hint is type(None) or hint in (None, "None"):
         return False

@@ -174,5 +174,13 @@ def test_fairstream_refit_publishes_a_plan_fitted_on_the_loan_records_of_the_res
     fit_rows, _ = stratified_split(window.s, window.u, 0.2, 0)
     fit = window.subset(fit_rows)
     offline = DistributionalRepair(n_q=50, columns=FEATURES, posterior=False).fit(fit.X, fit.s, fit.u)
-    assert np.array_equal(published.transform(X, s, u, keys=ids), offline.transform(X, s, u, keys=ids))
+    # The fit ran in another process: its fitted arrays are compared to rounding (threads may sum in another order),
+    # not its draws, which a last-bit change of a probability may move to a neighbouring bin.
+    ours, theirs = offline.to_artifact().arrays, published.to_artifact().arrays
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        if ours[name].dtype.kind == "f":
+            np.testing.assert_allclose(theirs[name], ours[name], rtol=1e-9, atol=1e-12, err_msg=name)
+        else:  # labels, counts, flags: exact
+            np.testing.assert_array_equal(theirs[name], ours[name], err_msg=name)
     assert not np.array_equal(offline.transform(X, s, u, keys=ids), X)  # the plan repairs: the check can fail

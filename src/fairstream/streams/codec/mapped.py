@@ -198,7 +198,7 @@ class _TypedRecords:
             return None
         try:
             return self.row(self.decoder.decode(value))
-        except Exception:
+        except Exception:  # nothing is dropped: the reference path re-reads the value and words its reason
             return None
 
 
@@ -589,7 +589,8 @@ class MappedRecords:
         n, d = len(rows), len(self.config.features)
         tokens = float_tokens(repaired)
         columns = [tokens[f::d] for f in range(d)]
-        template = '{"features":{' + ",".join(f"{template_literal(json.dumps(name))}:%s" for name in self.config.features) + "}"
+        names = ",".join(f"{template_literal(json.dumps(name))}:%s" for name in self.config.features)
+        template = '{"features":{' + names + "}"
         for name, column in (added or {}).items():
             column = np.asarray(column)
             template += f",{template_literal(json.dumps(name))}:%s"
