@@ -37,7 +37,8 @@ STREAMS_ROOMS = {
     "worker": ("control",),
     "refit": ("control",),
     "ops": ("worker",),  # alert_rules renders the rules from the worker's metric families
-    "demo": ("control", "ops", "refit", "worker"),
+    "agent": ("control", "worker"),  # the pipeline's monitor: the workers' windows, detectors and metric families
+    "demo": ("agent", "control", "ops", "refit", "worker"),
 }
 SHARED_PACKAGES = ("codec",)  # folders of streams/ that belong to the shared layer, not rooms
 

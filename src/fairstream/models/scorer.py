@@ -243,16 +243,16 @@ class Scorer:
         self.group_map_ = group_map
         return self
 
-    def matched_counterparts(self, X, s, y=None) -> Counterparts:
+    def matched_counterparts(self, X, s, y=None, draws=None) -> Counterparts:
         """Each row's counterpart(s) in the other group(s) by the scorer's frozen map (for MDP).
 
         Returns ``(X, s, rows)``: counterparts, their groups and the input row each belongs to
-        (see :meth:`~fairstream.repair.group_maps.GroupTransportMap.counterparts`).
+        (see :meth:`~fairstream.repair.group_maps.GroupTransportMap.counterparts`; ``draws`` break ties per row).
         """
         self._check_fitted()
         if self.group_map_ is None:
             raise RepairInputError("this scorer carries no group map; fit one (GroupTransportMap) and attach it")
-        return self.group_map_.counterparts(X, s, y)
+        return self.group_map_.counterparts(X, s, y, draws)
 
     # ------------------------------------------------------------------ module protocol
 

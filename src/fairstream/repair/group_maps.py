@@ -195,9 +195,11 @@ def _unique_rows(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered[new], inverse
 
 
-def _round_robin(ties: np.ndarray, distinct_of_row: np.ndarray) -> np.ndarray:
+def _round_robin(ties: np.ndarray, distinct_of_row: np.ndarray, draws: np.ndarray | None = None) -> np.ndarray:
     """For rows in order, each tied between the fitted points ``ties[distinct_of_row[i]]``: the k-th row with a
-    given set of tied points takes the k-th of them (cyclically)."""
+    given set of tied points takes the k-th of them (cyclically). With ``draws`` (a uniform in [0, 1) per row, e.g.
+    from the record's key) a row takes the tied point its draw picks instead: its counterpart then does not depend on
+    the other rows of its batch, and the choice is still uniform over the tied points."""
     packed = np.packbits(ties, axis=1)  # 1024 booleans -> 128 bytes per row, compared exactly
     _, set_of_distinct = _unique_rows(packed)
     sets = ties[np.unique(set_of_distinct, return_index=True)[1]]
@@ -207,6 +209,8 @@ def _round_robin(ties: np.ndarray, distinct_of_row: np.ndarray) -> np.ndarray:
     turn = np.empty(len(order), dtype=np.int64)
     turn[order] = np.arange(len(order)) - first
     counts = sets.sum(axis=1)
+    if draws is not None:
+        turn = np.minimum((np.asarray(draws) * counts[set_of_row]).astype(np.int64), counts[set_of_row] - 1)
     members = np.flatnonzero(sets.ravel()) % sets.shape[1]  # each set's tied points, in index order
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
     return members[offsets[set_of_row] + turn % counts[set_of_row]]
@@ -443,13 +447,15 @@ class GroupTransportMap(Estimator):
         gaps = self.weight_ * np.sum((self._unit(self.source_) - self._unit(self.target_)) ** 2, axis=1)
         return {self.groups_[k].item(): float(gaps[self.pair_ == k].sum()) for k in np.unique(self.pair_)}
 
-    def counterparts(self, X, s, y=None) -> Counterparts:
+    def counterparts(self, X, s, y=None, draws=None) -> Counterparts:
         """Every row's counterparts in the other group(s), weighted: vectorised, one nearest-point pass per pair.
 
         Rows of a non-reference group get counterparts in the reference group; rows of the reference
         group in every other group. Rows with a group the map was not fitted on or a non-finite
         feature get none (they are absent from ``rows``). ``y`` (optional, joint map) snaps each row
-        to a fitted point with its own label.
+        to a fitted point with its own label. ``draws`` (optional, one uniform in [0, 1) per row) breaks exact ties
+        between fitted points by the row's own draw rather than round-robin over the batch's tied rows: a caller that
+        derives them from the record keys gets each record's counterparts whatever batch it comes in.
         """
         self._check_fitted()
         X = as_2d(X, n_features=self.n_features_in_, columns=self.columns_)
@@ -464,7 +470,8 @@ class GroupTransportMap(Estimator):
                 rows = np.flatnonzero(valid & (codes == from_group))
                 if rows.size:
                     side = self._side(int(k), forward, y is not None)
-                    nearest = self._nearest(Z[rows], side, None if y is None else y[rows], (int(k), forward))
+                    nearest = self._nearest(Z[rows], side, None if y is None else y[rows], (int(k), forward),
+                                            None if draws is None else np.asarray(draws)[rows])
                     parts.append((*self._partners(X, rows, side, nearest, forward), to_group))
         if not parts:
             return Counterparts(np.empty((0, self.n_features_in_)), self.groups_[:0], np.empty(0, dtype=np.int64),
@@ -516,7 +523,7 @@ class GroupTransportMap(Estimator):
         pos = np.clip(np.searchsorted(keys[order], probe), 0, len(keys) - 1)
         return np.where(keys[order][pos] == probe, order[pos], -1)
 
-    def _nearest(self, Z: np.ndarray, side: _Side, y, direction) -> np.ndarray:
+    def _nearest(self, Z: np.ndarray, side: _Side, y, direction, draws: np.ndarray | None = None) -> np.ndarray:
         """Index of the nearest of the side's points (scaled space) for each row of ``Z``.
 
         Exact ties between distinct points are broken round-robin: the k-th row tied between the
@@ -536,7 +543,7 @@ class GroupTransportMap(Estimator):
         position[tied] = np.arange(len(tied))
         rows = np.flatnonzero(position[inverse] >= 0)
         if rows.size:
-            out[rows] = _round_robin(ties, position[inverse[rows]])
+            out[rows] = _round_robin(ties, position[inverse[rows]], None if draws is None else draws[rows])
         return out
 
     def _tree(self, direction, points: np.ndarray):

@@ -258,6 +258,18 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    from fairstream.streams.agent.service import run_agent
+
+    from .topics import ensure_topics
+
+    config = _config(args)
+    with _broker(args, may_start=False) as broker:
+        ensure_topics(broker.bootstrap, config.topics)
+        run_agent(config, broker.bootstrap, app_id=args.app_id, metrics_port=args.metrics_port)
+    return 0
+
+
 def _port_arg(text: str) -> int | str:
     if text == "off":
         return text
@@ -706,6 +718,20 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--max-restarts", type=int, default=10, metavar="N",
                      help="with --supervise: give up after N restarts within 10 minutes (default: 10)")
     wrk.set_defaults(func=_cmd_worker)
+
+    mon = sub.add_parser("monitor", help="run the pipeline's monitoring agent (its fairness numbers, drift, promotions)",
+                         description="Merge every worker's partial aggregates from the stats topic into the "
+                                     "pipeline's windows, export the pipeline's fairness gauges, detect drift once per "
+                                     "pipeline (one re-fit request per drift) and apply the shadow promotion policy. "
+                                     "One per pipeline; a second one started with the same --app-id waits as a standby "
+                                     "and takes over if the first goes.")
+    _add_common(mon)
+    mon.add_argument("--app-id", help="the workers' app id (default: <prefix>-<pipeline name>); the agent's group is "
+                                      "<app id>.monitor")
+    mon.add_argument("--metrics-port", type=_port_arg, metavar="PORT|0|off",
+                     help="the agent's /metrics port, overriding [monitor] metrics_port: 0 = any free port (logged), "
+                          "off = no endpoint")
+    mon.set_defaults(func=_cmd_monitor)
 
     rpl = sub.add_parser("replay", help="send a data set to records.in (or its research split to research) as JSON records",
                          description="Send the archive part of a data set (the rows outside its research split) to "

@@ -269,6 +269,24 @@ class MonitorConfig(_Section):
         Seconds a record's ts may be from the worker's clock (either way); the time window files a record with a
         ts further off at its arrival time (Kafka timestamp, else now) and counts it
         (fairstream_records_event_time_skewed_total); at most window_seconds. Valid: a number > 0 and <= 604800.
+    slice_seconds : float, default=1.0
+        The pipeline's statistics are counted in slices of this much event time: the unit of the workers' partial
+        aggregates, of the monitoring agent's windows and of its detectors' chunks. Valid: a number > 0 and <=
+        3600.
+    lateness_seconds : float, default=2.0
+        The agent closes a slice (it joins the windows and the detectors) once the pipeline's event time is this far
+        past its end, or no partial for it arrived for this long; a later partial is counted as late. Valid: a
+        number >= 0 and <= 3600.
+    stats_seconds : float, default=1.0
+        A worker sends its partial aggregates to the stats topic at most this often (and when its partitions are
+        revoked). Valid: a number > 0 and <= 60.
+    sample_share : float, default=0.125
+        Share of the records, chosen by a hash of their key (the same records whatever worker reads them), on which
+        the statistics that need extra scorer calls are measured: MDP and the classifier alone. Valid: a number > 0
+        and <= 1.
+    min_group_records : int, default=30
+        A window holding fewer records of a configured group does not report the statistics between groups (they
+        are exported as unmeasurable, with the reason). Valid: an integer >= 1 and <= 10000000.
     """
 
     section: ClassVar[str] = "monitor"
@@ -299,6 +317,21 @@ class MonitorConfig(_Section):
         "seconds a record's ts may be from the worker's clock (either way); the time window files a record with a "
         "ts further off at its arrival time (Kafka timestamp, else now) and counts it "
         "(fairstream_records_event_time_skewed_total); at most window_seconds"))
+    slice_seconds: Annotated[float, Meta(gt=0, le=3600)] = field(default=1.0, metadata=_doc(
+        "the pipeline's statistics are counted in slices of this much event time: the unit of the workers' partial "
+        "aggregates, of the monitoring agent's windows and of its detectors' chunks"))
+    lateness_seconds: Annotated[float, Meta(ge=0, le=3600)] = field(default=2.0, metadata=_doc(
+        "the agent closes a slice (it joins the windows and the detectors) once the pipeline's event time is this "
+        "far past its end, or no partial for it arrived for this long; a later partial is counted as late"))
+    stats_seconds: Annotated[float, Meta(gt=0, le=60)] = field(default=1.0, metadata=_doc(
+        "a worker sends its partial aggregates to the stats topic at most this often (and when its partitions are "
+        "revoked)"))
+    sample_share: Annotated[float, Meta(gt=0, le=1)] = field(default=0.125, metadata=_doc(
+        "share of the records, chosen by a hash of their key (the same records whatever worker reads them), on "
+        "which the statistics that need extra scorer calls are measured: MDP and the classifier alone"))
+    min_group_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(default=30, metadata=_doc(
+        "a window holding fewer records of a configured group does not report the statistics between groups (they "
+        "are exported as unmeasurable, with the reason)"))
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, tuple):  # the stored form (a copy made by replace) reads back
@@ -364,6 +397,13 @@ class ShadowConfig(_Section):
     max_decision_rate_change : float, default=0.05
         Guard without labels: the candidate's overall decision rate may differ from the active chain's by at
         most this. Valid: a number >= 0 and <= 1.
+    alpha : float, default=0.05
+        The false-promotion rate the shadow policy allows: the chance of promoting a candidate that is not better
+        by min_improvement, however often the evidence is checked (an anytime-valid test). Valid: a number > 0 and
+        < 0.5.
+    max_records : int, default=200000
+        A candidate neither promoted nor retired after this many paired live records is retired. Valid: an integer
+        >= 1 and <= 1000000000.
     """
 
     section: ClassVar[str] = "shadow"
@@ -379,6 +419,11 @@ class ShadowConfig(_Section):
     max_decision_rate_change: Annotated[float, Meta(ge=0, le=1)] = field(default=0.05, metadata=_doc(
         "guard without labels: the candidate's overall decision rate may differ from the active chain's by at "
         "most this"))
+    alpha: Annotated[float, Meta(gt=0, lt=0.5)] = field(default=0.05, metadata=_doc(
+        "the false-promotion rate the shadow policy allows: the chance of promoting a candidate that is not better "
+        "by min_improvement, however often the evidence is checked (an anytime-valid test)"))
+    max_records: Annotated[int, Meta(ge=1, le=1_000_000_000)] = field(default=200_000, metadata=_doc(
+        "a candidate neither promoted nor retired after this many paired live records is retired"))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -75,6 +75,10 @@ DATA_TOPICS = ("records.in", "records.repaired", "embeddings.in", "embeddings.re
                "research")
 """Every topic but the control topic, by its name after the prefix (the keys of a ``partitions`` table)."""
 CONTROL = "control"
+STATS = "stats"
+"""The workers' partial aggregates, read by the pipeline's monitoring agent: one partition, so one agent of the
+pipeline's group reads them all (a second one waits as a standby), in the order the workers sent them."""
+STATS_RETENTION = {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}
 DEFAULT = "default"
 """The key of a ``partitions`` table that gives every data topic it does not name its count."""
 DEFAULT_PARTITIONS = 4
@@ -216,6 +220,11 @@ class TopicConfig:
         return self.name("control")
 
     @property
+    def stats(self) -> str:
+        """The workers' partial aggregates (one partition), merged by the monitoring agent."""
+        return self.name(STATS)
+
+    @property
     def refit_requests(self) -> str:
         """Re-fit requests from monitors."""
         return self.name("refit.requests")
@@ -233,6 +242,7 @@ class TopicConfig:
         # One partition so every worker reads every artifact version in publication order;
         # compacted so a new worker replays only the latest version per artifact kind.
         specs.append(TopicSpec(self.control, 1, self.replication, dict(COMPACT), may_grow=False))
+        specs.append(TopicSpec(self.stats, 1, self.replication, dict(STATS_RETENTION), may_grow=False))
         return specs
 
     def spec(self, name: str) -> TopicSpec:

@@ -52,6 +52,7 @@ from .metrics import (
 
 __all__ = [
     "DamageAccumulator",
+    "DecisionRateAccumulator",
     "HistogramDependenceAccumulator",
     "PositiveRateAccumulator",
     "EncodedLabels",
@@ -511,3 +512,43 @@ class RateAccumulator(Mergeable):
                           overall=float(safe_ratio(self.flagged_.sum(), self.totals_.sum(), empty=0.0)),
                           weights=stratum_weights(self.totals_), flagged=self.flagged_.copy(),
                           totals=self.totals_.copy(), strata=self.strata)
+
+
+def check_decisions(decisions) -> np.ndarray:
+    """The scorer's decisions as an array of 0 and 1; any other value raises naming it."""
+    decisions = np.asarray(decisions)
+    if decisions.size and (decisions.dtype.kind not in "iub" or decisions.min() < 0 or decisions.max() > 1):
+        bad = decisions[(decisions != 0) & (decisions != 1)][0]
+        raise RepairInputError(f"decisions must be 0 or 1, got {bad!r}")
+    return decisions
+
+
+class DecisionRateAccumulator(PositiveRateAccumulator):
+    """Positive rates per (stratum, group) of decisions known for every record or for a weighted sample of them.
+
+    The chain's decisions are known for every record (exact counts). The classifier alone's are known on a
+    uniform sample of each batch only: the totals stay exact (every record's group and stratum is known), the
+    positives are estimated from the sample, each sampled decision counting the records it stands for
+    (``n / m``). The estimated positives are unbiased, so each (stratum, group) rate of the window is an
+    unbiased estimate of the rate of all its records (a small cell's estimate may exceed 1). Merges and reads
+    like :class:`PositiveRateAccumulator`.
+    """
+
+    def __init__(self, groups, strata=None):
+        super().__init__(groups, strata)
+        self.positives_ = self.positives_.astype(np.float64)
+
+    def count(self, decisions: np.ndarray, s: EncodedLabels, u: EncodedLabels, among: np.ndarray | None = None,
+              rows: np.ndarray | None = None, weight: float = 1.0) -> "DecisionRateAccumulator":
+        """Count every record (of ``among``, a mask, if given) with the batch's encoded groups ``s`` and strata
+        ``u``, and the positive ``decisions``: of every record, or of the sampled batch rows ``rows``, each
+        weighing ``weight``."""
+        decisions = check_decisions(decisions)
+        cell = np.asarray(u) * len(self.groups) + np.asarray(s)
+        shape, size = self.totals_.shape, self.totals_.size
+        counted = np.ones(len(cell), dtype=bool) if among is None else among
+        self.totals_ = self.totals_ + np.bincount(cell[counted], minlength=size).reshape(shape)
+        rows = slice(None) if rows is None else rows
+        positive = weight * decisions * counted[rows]
+        self.positives_ = self.positives_ + np.bincount(cell[rows], positive, size).reshape(shape)
+        return self

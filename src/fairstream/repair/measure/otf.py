@@ -433,8 +433,12 @@ class OTF0Accumulator:
         """Rows held (at most ``max_rows``)."""
         return int(self.scores_.size)
 
-    def update(self, scores, X, s, y=None) -> OTF0Accumulator:
-        """Add a batch: scores, non-protected features ``X`` (n, d), groups ``s`` and (for ``"eo"``) labels ``y``."""
+    def update(self, scores, X, s, y=None, priority=None) -> OTF0Accumulator:
+        """Add a batch: scores, non-protected features ``X`` (n, d), groups ``s`` and (for ``"eo"``) labels ``y``.
+
+        ``priority`` (uniforms in [0, 1), one per row) replaces the random priorities: a caller that derives them
+        from the record keys keeps the same sample of the same records however they are split into batches and
+        workers."""
         scores = as_scores(scores, "scores")
         n = scores.size
         X = as_2d(X)
@@ -445,7 +449,8 @@ class OTF0Accumulator:
         labels = as_binary(y, n) if y is not None else np.full(n, -1, dtype=np.int64)
         if self.notion == "eo" and y is None:
             raise RepairInputError("equalized odds needs the labels y of every batch")
-        self._keep(self._rng.random(n), scores, X, codes, labels)
+        priority = self._rng.random(n) if priority is None else as_scores(priority, "priority", n_rows=n)
+        self._keep(priority, scores, X, codes, labels)
         return self
 
     def _keep(self, priority, scores, X, codes, labels) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Self
 
+from fairstream.streams.codec.partials import AGENT_SUFFIX
 from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError, parse_request
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
@@ -19,9 +20,12 @@ from .sources import Source
 
 log = logging.getLogger(__name__)
 _SEEN_REQUESTS = 10_000  # request ids remembered for de-duplication (oldest forgotten first)
+_UNREAD = object()  # the serving version, not read yet in this step
+_WARNED = frozenset({"superseded"})  # decisions an operator should see: a drift no re-fit will answer
 
 # Where a request comes from, told by its ``source``. The worker's monitor signs its requests
-# "monitor@<app id>" (streams/worker/app.py); the Alertmanager webhook (webhook.py) signs
+# "monitor@<app id>" (streams/worker/app.py) and the pipeline's monitoring agent "<app id>.monitor@<host>:<pid>"
+# (streams/agent/service.py): both are the monitor trigger. The Alertmanager webhook (webhook.py) signs
 # "alertmanager:<alert name>@<instance>". Anything else (a person, a script) is "other".
 MONITOR_SOURCE_PREFIX = "monitor@"
 ALERT_SOURCE_PREFIX = "alertmanager:"
@@ -39,7 +43,8 @@ different hosts, whose clocks may disagree by this much."""
 def trigger_of(request: RefitRequest) -> str:
     """``monitor``, ``alertmanager`` or ``other``: which trigger sent ``request`` (from its source)."""
     source = request.source or ""
-    if source.startswith(MONITOR_SOURCE_PREFIX):
+    app_id, at, _ = source.partition("@")
+    if source.startswith(MONITOR_SOURCE_PREFIX) or (at and app_id.endswith(AGENT_SUFFIX)):
         return "monitor"
     if source.startswith(ALERT_SOURCE_PREFIX):
         return "alertmanager"
@@ -74,7 +79,7 @@ class Decision:
     """What the service did with a request, and why (also logged)."""
 
     request_id: str | None
-    action: str  # queued | coalesced | duplicate | ignored | stale | invalid | refit | error
+    action: str  # queued | coalesced | duplicate | ignored | stale | superseded | invalid | refit | error
     reason: str
     at: float = field(default_factory=time.time)
 
@@ -89,6 +94,14 @@ class RefitService:
       wait and are answered together by at most one follow-up re-fit, once the interval has passed.
     - A request older than ``max_request_age_seconds`` is stale (a drift alarm from long ago says
       nothing about the data now) and is dropped.
+    - A request that names the version it is about (the monitoring agent's do) is superseded, and
+      dropped with one warning, when that version of the kind no longer serves: a newer one was
+      promoted since (or it was rolled back), so its drift was measured on a chain the pipeline no
+      longer runs. What serves is read from the control topic as the job reads it
+      (:meth:`RefitJob.current`), at most once per poll, and again before a waiting re-fit starts
+      (a request may wait out the rate limit while a newer version is promoted). When it cannot be
+      read the request is taken. A request without a version (a person's, an alert's) is about
+      whatever serves.
     - Two triggers report drift: the worker's monitor (its own requests) and Prometheus through the
       Alertmanager webhook (:mod:`~fairstream.streams.refit.webhook`). A deployment answers either
       or both (``triggers``); with both, one drift is answered once: a request of one trigger that
@@ -128,6 +141,7 @@ class RefitService:
         self._drift_reports: deque[_DriftReport] = deque(maxlen=1000)
         self._last_refit_end: float | None = None
         self._last_message: float = time.monotonic()
+        self._serving: int | None | object = _UNREAD
         self._consumer = None
 
     # ------------------------------------------------------------------ running
@@ -173,6 +187,7 @@ class RefitService:
     # ------------------------------------------------------------------ one step
 
     def _step(self) -> None:
+        self._serving = _UNREAD  # a promotion may have happened since the last poll
         consumer = self._open()
         batches = consumer.poll(timeout_ms=int(self.poll_seconds * 1000), max_records=1000)
         messages = sorted((m for batch in batches.values() for m in batch), key=lambda m: (m.timestamp, m.partition, m.offset))
@@ -233,11 +248,40 @@ class RefitService:
         age = time.time() - request.ts
         if self.max_request_age_seconds is not None and age > self.max_request_age_seconds:
             return "stale", f"asked {age:.0f}s ago, over the {self.max_request_age_seconds:.0f}s limit; dropped"
+        replaced = self._replaced(request)
+        if replaced is not None:
+            return "superseded", replaced
         twin = self._same_drift_from_other_trigger(request, trigger)
         if twin is not None:
             return "duplicate", (f"the same drift of {request.statistic} as {twin.trigger} request {twin.request_id} "
                                  f"({abs(request.ts - twin.ts):.0f}s apart): one re-fit answers both")
         return None
+
+    def _replaced(self, request: RefitRequest) -> str | None:
+        """Why ``request`` is about a version that no longer serves, or None (it names none, it serves, or unknown)."""
+        if request.version is None:
+            return None
+        serving = self._serving_version()
+        if serving is None or serving == request.version:
+            return None
+        since = "a newer version was promoted since" if serving > request.version else "it was rolled back since"
+        return (f"about {request.kind} version {request.version}, but {request.kind} version {serving} serves now "
+                f"({since}): its drift was measured on a chain no longer running; dropped")
+
+    def _serving_version(self) -> int | None:
+        """The version of the job's kind the workers serve now (None: none, or unknown), read once per step."""
+        if self._serving is _UNREAD:
+            self._serving = self._read_serving_version()
+        return self._serving
+
+    def _read_serving_version(self) -> int | None:
+        try:
+            current = self.job.current()
+        except Exception as exc:  # a broker or store failing now must not drop a drift: the request is taken
+            log.warning("could not read which %s version serves (%s: %s); requests naming a version are taken",
+                        self.job.kind, type(exc).__name__, exc)
+            return None
+        return None if current is None else current.version
 
     def _same_drift_from_other_trigger(self, request: RefitRequest, trigger: str) -> _DriftReport | None:
         """An accepted request of the other drift trigger that reports the drift ``request`` reports, if any."""
@@ -283,8 +327,22 @@ class RefitService:
         assigned = self._consumer is not None and bool(self._consumer.assignment())
         return assigned and not self._pending and time.monotonic() - self._last_message >= idle_seconds
 
+    def _still_serving(self, requests: list[RefitRequest]) -> list[RefitRequest]:
+        """``requests`` less those whose version was replaced while they waited (each dropped with its decision)."""
+        kept = []
+        for request in requests:
+            replaced = self._replaced(request)
+            if replaced is None:
+                kept.append(request)
+            else:
+                self._decide(request.request_id, "superseded", replaced)
+        return kept
+
     def _refit(self) -> None:
-        answered, self._pending = self._pending, []
+        answered, self._pending = self._still_serving(self._pending), []
+        if not answered:  # every waiting request was about a replaced version: nothing to re-fit
+            self._commit()
+            return
         ids = [request.request_id for request in answered]
         self.refit_started.append(time.monotonic())
         try:
@@ -316,4 +374,5 @@ class RefitService:
 
     def _decide(self, request_id: str | None, action: str, reason: str) -> None:
         self.decisions.append(Decision(request_id, action, reason))
-        log.info("refit request %s: %s: %s", request_id or "-", action, reason)
+        level = logging.WARNING if action in _WARNED else logging.INFO
+        log.log(level, "refit request %s: %s: %s", request_id or "-", action, reason)

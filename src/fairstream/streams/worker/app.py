@@ -29,9 +29,13 @@ its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it i
 Shadow candidates: while a kind of the record chain has a pending candidate, each batch also goes through the
 candidate chain (:class:`~fairstream.streams.worker.processing.Served`, read from one registry state); the
 outputs stay the active chain's. The worker's :class:`~fairstream.streams.worker.shadow.ShadowTrial` measures the
-candidate and compares the two chains on the same records; its figures are announced on the control topic. Under
-``promotion = "shadow"`` it decides each candidate once (:mod:`.shadow`) and the worker writes the decision to the
-control topic through its notice producer.
+candidate and compares the two chains on the same records; its figures are announced on the control topic.
+
+Fairness is measured for the pipeline, not per worker: the worker's monitors count every delivered record into
+mergeable accumulators and the worker sends them as partial aggregates to the stats topic (:mod:`.partials`), at
+most every ``monitor.stats_seconds`` and when it stops; the pipeline's monitoring agent (``fairstream monitor``,
+:mod:`fairstream.streams.agent`) merges every worker's, runs the drift detectors, asks for re-fits and applies the
+shadow policy, once per pipeline. The worker's own gauges (``scope="worker"``) are diagnostics of its partitions.
 """
 
 from __future__ import annotations
@@ -55,28 +59,28 @@ from confluent_kafka import KafkaException, Producer
 from faust.app.base import BootStrategy
 
 from fairstream.models.kinds import capabilities
-from fairstream.streams.codec.refit_requests import RefitRequest
 from fairstream.streams.config import PipelineConfig
-from fairstream.streams.control.records import control_key, encode_control, reembed_event
+from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
 from fairstream.streams.parsing import parse_broker_url
 
 from .consumer import CLIENT_LOG, NOT_LOADED, BatchConsumer, InputSpec
-from .drift import DriftEvent
 from .embedding_monitor import EmbeddingMonitor
 from .health import HEALTHZ, READYZ, WorkerHealth, quiet_repeats
 from .metrics import PipelineMetrics, serve
 from .monitor import FairnessMonitor, export_fairness
+from .partials import PartialAggregates
 from .processing import BatchOutcome, EmbeddingRepairer, RecordRepairer, Served, as_actives, candidate_of
-from .shadow import ShadowTrial, shadow_actor
+from .shadow import ShadowTrial
 
 log = logging.getLogger(__name__)
 
 MAX_WORKER_SLOTS = 1024  # workers of one app id on one host (slots of their transactional ids)
 FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a broker that is away) is cut short
-NOTICE_SECONDS = 10.0  # a notice (re-embed event, re-fit request) not acknowledged within this is sent again later
+NOTICE_SECONDS = 10.0  # a notice (re-embed event, stats) not acknowledged within this is sent again later
+MAX_UNSENT_STATS = 3600  # stats messages kept while the broker is away (an hour of them); past that the oldest go
 HELD_LOG_SECONDS = 30.0  # while an input is held for a missing artifact: say why this often
 EXPORT_SECONDS = 1.0  # the monitors' gauges are exported at most once a second, and at least once after a lull
 
@@ -147,8 +151,9 @@ class NoticeProducer(mode.Service):
 class WorkerServices(mode.Service):
     """The notice producer and one batch consumer per input, stopped in order: consumers, then notices."""
 
-    def __init__(self, notices: NoticeProducer, consumers: list[BatchConsumer], health: WorkerHealth, **kwargs):
-        self.notices, self.consumers, self.health = notices, consumers, health
+    def __init__(self, notices: NoticeProducer, consumers: list[BatchConsumer], health: WorkerHealth,
+                 drained: Callable[[], None] = lambda: None, **kwargs):
+        self.notices, self.consumers, self.health, self.drained = notices, consumers, health, drained
         super().__init__(**kwargs)
         for service in (notices, *consumers):
             # In the tree (started here, in order, not as children): a crash of one reaches the worker.
@@ -162,8 +167,10 @@ class WorkerServices(mode.Service):
         await asyncio.gather(*(consumer.start() for consumer in self.consumers))
 
     async def on_stop(self) -> None:
-        """Each consumer finishes its batch, commits and leaves the group; then the notices are flushed."""
+        """Each consumer finishes its batch, commits and leaves the group; the last counts are sent (``drained``);
+        then the notices are flushed."""
         await asyncio.gather(*(consumer.stop() for consumer in self.consumers))
+        await asyncio.get_running_loop().run_in_executor(None, self.drained)
         await self.notices.stop()
 
 
@@ -200,7 +207,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     """
     app_id = app_id or f"{config.topics.prefix}-{config.name}"
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
-    worker = WorkerHooks(config, bootstrap, app_id, refit_source=f"monitor@{app.conf.id}")
+    worker = WorkerHooks(config, bootstrap, app_id)
     app.task(worker.follow_control)
     app.task(worker.send_reembed_notices)
     app.task(worker.export_trailing)
@@ -209,7 +216,8 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     app.fairstream_monitor, app.fairstream_verification = worker.monitor, worker.verification
     app.fairstream_health, app.fairstream_metrics_port = worker.health, worker.metrics_port
     app.fairstream_consumers, app.fairstream_hooks = worker.consumers, worker
-    app.fairstream_services = (WorkerServices(worker.notices, worker.consumers, worker.health),)
+    app.fairstream_services = (WorkerServices(worker.notices, worker.consumers, worker.health,
+                                              drained=worker.send_last_partials),)
     return app
 
 
@@ -267,7 +275,7 @@ class WorkerHooks:
     the registry calls :meth:`artifact_changed` on its thread (its snapshots are immutable).
     """
 
-    def __init__(self, config: PipelineConfig, bootstrap: str, app_id: str, refit_source: str):
+    def __init__(self, config: PipelineConfig, bootstrap: str, app_id: str):
         self.config, self.bootstrap, self.app_id, self.topics = config, bootstrap, app_id, config.topics
         self.metrics = PipelineMetrics(config.name)  # every series this app exports carries its pipeline's name
         self.ready = asyncio.Event()
@@ -275,14 +283,16 @@ class WorkerHooks:
         self.registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
                                          on_change=self.artifact_changed, on_refuse=self.artifact_refused,
                                          on_candidate=self.candidate_changed)
-        self.monitor, self.verification = FairnessMonitor(config), EmbeddingMonitor(config)
-        self.shadow = ShadowTrial(config, self.metrics, shadow_actor(app_id))  # pending candidates, measured beside
+        self.partials = PartialAggregates(config, f"{app_id}@{socket.gethostname()}:{os.getpid()}")
+        self.unsent: list[bytes] = []  # stats messages the broker did not take yet, oldest first
+        # Detectors run in the monitoring agent, on the pipeline's records: the worker's monitor only counts.
+        self.monitor = FairnessMonitor(config, detect=False, sink=self.partials.add)
+        self.verification = EmbeddingMonitor(config)
+        self.shadow = ShadowTrial(config, self.metrics, self.partials)  # pending candidates, measured beside
         self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()
         # Bound now, not in a task: a taken port stops the start with MetricsPortError before anything joins.
         self.metrics_port = serve(config.monitor.metrics_port,
                                   routes={HEALTHZ: self.health.healthz, READYZ: self.health.readyz})
-        self.refit_kind, self.refit_source = config.refit_kind, refit_source
-        self.pending_refits: list[tuple[RefitRequest, str]] = []  # (request, reason) not sent yet, oldest first
         self.held_logs = Throttle(HELD_LOG_SECONDS)  # per kind: why its input is held, loud but not a flood
         self.fairness_exports = Throttle(EXPORT_SECONDS)  # gauges are scraped every few seconds at most
         self.verification_exports = Throttle(EXPORT_SECONDS)
@@ -290,9 +300,7 @@ class WorkerHooks:
         # task off a monitor while a consumer's thread observes a batch with it.
         self.unexported: set[str] = set()
         self.export_lock = threading.Lock()
-        # Created at 0 so that Prometheus' increase() sees the first drift event and monitor error as increases.
-        for statistic in config.monitor.statistics:
-            self.metrics.drift_events.labels(statistic, config.monitor.detector).inc(0)
+        # Created at 0 so that Prometheus' increase() sees the first monitor error as an increase.
         for observer in ("fairness", "candidate", "verification"):
             self.metrics.monitor_errors.labels(observer).inc(0)
         identity = not config.embeddings.chain
@@ -366,6 +374,8 @@ class WorkerHooks:
             await asyncio.sleep(EXPORT_SECONDS)
             if self.unexported:
                 await loop.run_in_executor(None, self.export_unexported)
+            if self.partials.due() or self.unsent:
+                await loop.run_in_executor(None, self.send_partials)
 
     def export_unexported(self) -> None:
         """Export the monitors observed since their last export (a monitor that cannot measure exports nothing)."""
@@ -432,8 +442,7 @@ class WorkerHooks:
         if outcome.monitor_batch is not None:
             started = time.thread_time()  # CPU, not wall time: the share of the worker it costs
             with self.export_lock, observing("fairness", self.metrics):
-                events = self.monitor.observe_batch(outcome.monitor_batch, *chain)
-                self.pending_refits.extend(filter(None, map(self.refit_request, events)))
+                self.monitor.observe_batch(outcome.monitor_batch, *chain)  # no detectors: they run in the agent
                 if self.monitor.refused is not None:  # this chain version cannot be measured: no stale numbers
                     self.metrics.monitor_errors.labels("fairness").inc()
                     self.metrics.clear_fairness("active")
@@ -446,8 +455,8 @@ class WorkerHooks:
                 with self.export_lock, observing("candidate", self.metrics):
                     self.observe_candidate(outcome, chain, candidate_of(served))
             self.metrics.monitor_cpu.inc(time.thread_time() - started)
-        self.send_refit_requests()
-        self.send_decisions()
+        if self.partials.due():
+            self.send_partials()
 
     def observe_candidate(self, outcome: BatchOutcome, chain: tuple, candidate: tuple) -> None:
         """The shadow trial observes a batch (under the export lock), if the candidate is still pending (a batch taken
@@ -460,25 +469,37 @@ class WorkerHooks:
             self.unexported.discard("candidate")
         else:
             self.unexported.add("candidate")
-        self.shadow.decide(chain, candidate)
 
     def active_now(self) -> Served:
         """The record chain the registry serves now (no hold, no metrics: for checks)."""
         return served_chain(self.registry.served(), self.config.records.chain)
 
-    def send_decisions(self) -> None:
-        """Send the shadow policy's pending decisions to the control topic; one that cannot be sent now waits."""
-        while (record := self.shadow.next_decision()) is not None:
-            value = encode_control(record)
+    def send_partials(self, everything: bool = False) -> None:
+        """Send the partial aggregates due (``everything``: whatever is counted) to the stats topic; a message the
+        broker does not take now is kept and sent first next time (never fatal: serving matters more)."""
+        with self.export_lock:
+            if everything or self.partials.due():
+                self.unsent += self.partials.take()
+            if len(self.unsent) > MAX_UNSENT_STATS:
+                log.error("%d stats messages could not be sent: the oldest %d are dropped (the pipeline's statistics "
+                          "miss their records)", len(self.unsent), len(self.unsent) - MAX_UNSENT_STATS)
+                del self.unsent[:len(self.unsent) - MAX_UNSENT_STATS]
+            unsent, self.unsent = self.unsent, []
+        for i, value in enumerate(unsent):
             try:
-                self.notices.send(self.topics.control, control_key(record, value), value)
-            except (KafkaException, NoticeNotSent, BufferError) as exc:  # sent with a later batch
-                log.error("the shadow policy's decision to %s %s version %s could not be sent yet: %r", record.action,
-                          record.kind, record.version, exc)
+                self.notices.send(self.topics.stats, self.partials.worker.encode(), value)
+            except (KafkaException, NoticeNotSent, BufferError) as exc:  # kept: sent first next time
+                log.error("%d stats messages could not be sent to %s yet: %r", len(unsent) - i, self.topics.stats, exc)
+                with self.export_lock:
+                    self.unsent[:0] = unsent[i:]
                 return
-            self.shadow.sent()
-            log.warning("shadow policy: %s %s version %s (%s)", record.action, record.kind, record.version,
-                        record.reason)
+        self.metrics.stats_messages.inc(len(unsent))
+
+    def send_last_partials(self) -> None:
+        """At a stop, once the consumers delivered their last batch: send every count (bounded by the notices'
+        timeout)."""
+        if self.notices.producer is not None:
+            self.send_partials(everything=True)
 
     def embeddings_delivered(self, outcome: BatchOutcome, active) -> None:
         """An embedding batch was delivered: the verification monitor observes its labelled pairs."""
@@ -494,34 +515,6 @@ class WorkerHooks:
             else:
                 self.unexported.add("verification")
         self.metrics.monitor_cpu.inc(time.thread_time() - started)
-
-    def refit_request(self, event: DriftEvent) -> tuple[RefitRequest, str] | None:
-        """One request per confirmed drift event, made once: a resend carries the same request id. A monitor-only
-        pipeline (no kind to re-fit) counts and logs the drift (its alerts fire) and asks nothing."""
-        self.metrics.drift_events.labels(event.statistic, event.detector).inc()
-        if self.refit_kind is None:
-            log.warning("fairness drift confirmed: %s (after the chain) to %.4f; the pipeline only monitors, no "
-                        "re-fit is requested", event.statistic, event.value)
-            return None
-        reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} under "
-                  f"{self.config.records.chain[0]} version {event.version}")
-        return RefitRequest.new(reason, kind=self.refit_kind, statistic=event.statistic, value=event.value,
-                                source=self.refit_source), reason
-
-    def send_refit_requests(self) -> None:
-        """Send the pending re-fit requests; one that cannot be sent now waits for the next batch (never fatal)."""
-        while self.pending_refits:
-            request, reason = self.pending_refits[0]
-            try:
-                self.notices.send(self.topics.refit_requests, self.refit_kind.encode(), request.to_json())
-            except (KafkaException, NoticeNotSent, BufferError) as exc:  # the request goes with a later batch
-                log.error("fairness drift confirmed (%s); the re-fit request %s could not be sent yet: %r", reason,
-                          request.request_id, exc)
-                return
-            self.pending_refits.pop(0)
-            self.metrics.refit_requests.labels(self.refit_kind, "drift").inc()
-            log.warning("fairness drift confirmed: %s; re-fit of %s requested (%s)", reason, self.refit_kind,
-                        request.request_id)
 
     # ----------------------------------------------------------------------------------- the health check
 

@@ -24,13 +24,26 @@ class StatisticWindows:
     """Every statistic's window of one kind (count or time) for one chain version."""
 
     def __init__(self, make_window: Callable[[], BatchWindow], statistics: BatchStatistics, features: list):
+        self.make_window = make_window
         self.windows = {key: make_window() for key in statistics.factories}
         self.features = features
 
     def add(self, accumulators: dict, n_records: int, ts: float) -> None:
-        """Add one batch's accumulators."""
+        """Add one batch's accumulators (a statistic first met, e.g. the first labelled records', gets its window)."""
         for key, accumulator in accumulators.items():
-            self.windows[key].add(accumulator, n_records, ts=ts)
+            window = self.windows.get(key)
+            if window is None:
+                window = self.windows[key] = self.make_window()
+            window.add(accumulator, n_records, ts=ts)
+
+    def group_records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Records per (stratum, group) in the window, and the groups and strata they are of (None before any):
+        what says whether the statistics between groups can be measured (:func:`measurable`)."""
+        window = self.windows.get(("dependence_e", "after"))
+        if window is None or not window.n_records:
+            return None
+        accumulator = window.accumulator()
+        return accumulator.counts_[0].sum(axis=2), accumulator.groups, accumulator.strata
 
     @property
     def n_records(self) -> int:
@@ -106,3 +119,27 @@ class StatisticWindows:
 def _per_stratum_feature(statistic, stage, strata, features, values, pair):
     for j, k in itertools.product(range(len(strata)), range(len(features))):
         yield statistic, stage, str(strata[j]), features[k], pair, values[j, k]
+
+
+BETWEEN_GROUPS_EXEMPT = ("out_of_range_rate",)
+"""The statistics that are not comparisons between groups: measurable whatever groups the window holds."""
+
+
+def measurable(rows: Iterable[tuple], records: tuple | None, minimum: int) -> tuple[list, dict]:
+    """The gauge rows that can be reported, and why the others cannot: (rows, {group: reason}).
+
+    A statistic between groups over a window that holds fewer than ``minimum`` records of a configured group (none,
+    when the group stopped arriving) would read as fair, or as noise, and is not a measurement: every row of every
+    such statistic is left out, and the group is named with its reason (``no_records`` or ``too_few_records``). A
+    per-stratum row of a stratum that holds too few records of a group is left out likewise. ``records``:
+    :meth:`StatisticWindows.group_records`.
+    """
+    if records is None:
+        return [], {}
+    counts, groups, strata = records
+    per_group = counts.sum(axis=0)
+    short = {str(g): "no_records" if n == 0 else "too_few_records" for g, n in zip(groups, per_group) if n < minimum}
+    thin_strata = {str(u) for u, row in zip(strata, counts) if (row < minimum).any()}
+    kept = [row for row in rows if row[0] in BETWEEN_GROUPS_EXEMPT
+            or (not short and (row[2] == "all" or row[2] not in thin_strata))]
+    return kept, short

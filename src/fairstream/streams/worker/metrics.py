@@ -88,9 +88,12 @@ INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: a
 CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed",
                      _labels("agent"))
 
+SCOPES = ("pipeline", "worker")
+"""The ``scope`` label of the fairness families: the pipeline's figures (the monitoring agent's, over every worker's
+records: what alerts, dashboards and the runbook read) or one worker's own (over its partitions: a diagnostic)."""
 ROLES = ("active", "candidate")
 """The ``role`` label of the fairness families: the chain that serves, or a pending candidate measured in shadow."""
-_FAIRNESS_LABELS = _labels("role", "statistic", "stage", "stratum", "feature", "group_pair", "window")
+_FAIRNESS_LABELS = _labels("role", "statistic", "stage", "stratum", "feature", "group_pair", "window", "scope")
 _OVER_WINDOW = "over the monitor's sliding window; 0 is fair, higher is worse"
 FAIRNESS_DEPENDENCE = Gauge("fairstream_fairness_dependence",
                             f"Dependence E between group and features (unitless) {_OVER_WINDOW}", _FAIRNESS_LABELS)
@@ -133,7 +136,13 @@ def exported_value(statistic: str, value: float) -> float:
     return float(_EXPORTED.get(statistic, float)(value))
 
 
-WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", _labels("window"))
+WINDOW_RECORDS = Gauge("fairstream_monitor_window_records", "Records in the monitor's window", _labels("window", "scope"))
+GROUP_RECORDS = Gauge("fairstream_window_group_records", "Records of each configured group in the window",
+                      _labels("role", "window", "group", "scope"))
+UNMEASURABLE = Gauge("fairstream_fairness_unmeasurable",
+                     "1 while the statistics between groups are not reported over a window: the group holds no "
+                     "records there (reason no_records) or fewer than monitor.min_group_records (too_few_records)",
+                     _labels("role", "window", "group", "reason", "scope"))
 DRIFT_EVENTS = Counter("fairstream_drift_events_total", "Confirmed drift of a fairness statistic (after hysteresis)",
                        _labels("statistic", "detector"))
 MONITOR_CPU = Counter("fairstream_monitor_cpu_seconds_total",
@@ -151,6 +160,22 @@ MONITOR_ERRORS = Counter("fairstream_monitor_errors_total",
                          "committed, and the worker keeps consuming)", _labels("monitor"))
 REFIT_REQUESTS = Counter("fairstream_refit_requests_total", "Re-fit requests sent to refit.requests",
                          _labels("kind", "reason"))
+AGENT_INFO = Gauge("fairstream_agent_info", "1 while a monitoring agent of this pipeline is up", _labels())
+AGENT_ACTIVE = Gauge("fairstream_agent_active",
+                     "1 while this monitoring agent reads the stats topic (the pipeline's), 0 while it stands by",
+                     _labels())
+AGENT_PARTIALS = Counter("fairstream_agent_partials_total",
+                         "Partial aggregates the monitoring agent took from the stats topic (merged or refused)",
+                         _labels("outcome"))
+AGENT_LAST_PARTIAL = Gauge("fairstream_agent_last_partial_timestamp_seconds",
+                           "When the monitoring agent last merged a worker's partial aggregates (its clock)", _labels())
+AGENT_SLICE_END = Gauge("fairstream_agent_slice_end_timestamp_seconds",
+                        "Event time up to which the pipeline's windows hold every slice closed", _labels())
+AGENT_LATE_RECORDS = Gauge("fairstream_agent_late_records",
+                           "Records whose counts reached the agent after their slice closed (in the windows, not in "
+                           "the detectors), serving chain", _labels())
+STATS_MESSAGES = Counter("fairstream_stats_messages_total",
+                         "Partial aggregates sent to the stats topic (for the pipeline's monitoring agent)", _labels())
 EVENT_TIME_SKEWED = Counter("fairstream_records_event_time_skewed_total",
                             "Records whose ts was further than monitor.max_event_time_skew from the worker's clock "
                             "(the monitor's time window used their arrival time)", _labels("agent"))
@@ -183,6 +208,15 @@ class Bound:
         with contextlib.suppress(KeyError):
             self.family.remove(*key)
 
+    def keep(self, selected: Callable[[tuple], bool], kept: set) -> None:
+        """Remove this pipeline's series whose labels (after ``pipeline``) are ``selected`` and not in ``kept``."""
+        with self._lock:
+            gone = {key for key in self._made if selected(key[1:]) and key[1:] not in kept}
+            self._made -= gone
+        for key in gone:
+            with contextlib.suppress(KeyError):
+                self.family.remove(*key)
+
     def clear(self, first: str | None = None) -> None:
         """Remove every series of this pipeline in the family (a stale value must not outlive its cause), or only
         those whose first label after ``pipeline`` is ``first``."""
@@ -197,9 +231,9 @@ class Bound:
 class PipelineMetrics:
     """Every family seen from one pipeline (``create_app`` makes one and hands it to what counts)."""
 
-    def __init__(self, pipeline: str):
+    def __init__(self, pipeline: str, process: str = "worker"):
         self.pipeline = pipeline
-        WORKER_INFO.labels(pipeline).set(1)
+        (WORKER_INFO if process == "worker" else AGENT_INFO).labels(pipeline).set(1)
         self.records_in = Bound(RECORDS_IN, pipeline)
         self.records_repaired = Bound(RECORDS_REPAIRED, pipeline)
         self.records_dead = Bound(RECORDS_DEAD, pipeline)
@@ -214,6 +248,8 @@ class PipelineMetrics:
         self.input_held = Bound(INPUT_HELD, pipeline)
         self.consumer_lag = Bound(CONSUMER_LAG, pipeline)
         self.window_records = Bound(WINDOW_RECORDS, pipeline)
+        self.group_records = Bound(GROUP_RECORDS, pipeline)
+        self.unmeasurable = Bound(UNMEASURABLE, pipeline)
         self.drift_events = Bound(DRIFT_EVENTS, pipeline)
         self.verification = Bound(VERIFICATION, pipeline)
         self.verification_pairs = Bound(VERIFICATION_PAIRS, pipeline)
@@ -221,21 +257,51 @@ class PipelineMetrics:
         self.refit_requests = Bound(REFIT_REQUESTS, pipeline)
         # Families without other labels: the child itself (exported at 0 from the start).
         self.monitor_cpu = MONITOR_CPU.labels(pipeline)
+        self.stats_messages = STATS_MESSAGES.labels(pipeline)
+        self.agent_state = AGENT_ACTIVE.labels(pipeline)
+        self.agent_partials = Bound(AGENT_PARTIALS, pipeline)
+        self.agent_last_partial = AGENT_LAST_PARTIAL.labels(pipeline)
+        self.agent_slice_end = AGENT_SLICE_END.labels(pipeline)
+        self.agent_late_records = AGENT_LATE_RECORDS.labels(pipeline)
         self.reembed_events = REEMBED_EVENTS.labels(pipeline)
         self._fairness = {statistic: Bound(gauge, pipeline) for statistic, gauge in _FAIRNESS_GAUGES.items()}
 
     def set_fairness(self, statistic: str, stage: str, stratum: str, feature: str, group_pair: str, window: str,
-                     value: float, role: str = "active") -> None:
+                     value: float, role: str = "active", scope: str = "worker") -> None:
         """Export one monitor row of the ``role`` chain in its statistic's family (dp_ratio as 1 - ratio: see
-        :func:`exported_value`)."""
-        self._fairness[statistic].labels(_role(role), statistic, stage, stratum, feature, group_pair, window).set(
-            exported_value(statistic, value))
+        :func:`exported_value`), as the pipeline's figure or one worker's (``scope``)."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+        self._fairness[statistic].labels(_role(role), statistic, stage, stratum, feature, group_pair, window,
+                                         scope).set(exported_value(statistic, value))
+
+    def replace_fairness(self, role: str, scope: str, window: str, rows: list[tuple], short: dict[str, str],
+                         records: tuple | None) -> None:
+        """Export one window's measurable rows of the ``role`` chain (``scope``'s figures), the records of each group
+        in it and the groups that make the rest unmeasurable (``short``: group -> reason); series of that window no
+        longer exported are removed after the new values are set, so a scrape never sees a series missing."""
+        fresh: dict[Bound, set] = {}
+        for statistic, stage, stratum, feature, pair, value in rows:
+            self.set_fairness(statistic, stage, stratum, feature, pair, window, value, role=role, scope=scope)
+            fresh.setdefault(self._fairness[statistic], set()).add(
+                (role, statistic, stage, stratum, feature, pair, window, scope))
+        if records is not None:
+            counts, groups, _ = records
+            for group, n in zip(groups, counts.sum(axis=0)):
+                self.group_records.labels(role, window, group, scope).set(float(n))
+        for group, reason in short.items():
+            self.unmeasurable.labels(role, window, group, reason, scope).set(1)
+        fresh[self.unmeasurable] = {(role, window, group, reason, scope) for group, reason in short.items()}
+        for bound in set(self._fairness.values()):
+            bound.keep(lambda key: key[0] == role and key[6] == window and key[7] == scope, fresh.get(bound, set()))
+        self.unmeasurable.keep(lambda key: key[0] == role and key[1] == window and key[4] == scope,
+                               fresh[self.unmeasurable])
 
     def clear_fairness(self, role: str | None = None) -> None:
         """Remove this pipeline's fairness statistics of ``role`` (None: both), e.g. for a new chain version, one
         that cannot be measured, or a candidate that left."""
         role = None if role is None else _role(role)
-        for bound in self._fairness.values():
+        for bound in (*self._fairness.values(), self.group_records, self.unmeasurable):
             bound.clear(role)
 
 

@@ -30,9 +30,10 @@ a count window and a time window, it keeps:
   share of it; with more than two groups every group is matched to a reference group), per pair of
   groups, the worst pair overall, on the chain's output (``after``: the features the scorer reads,
   the space its map was fitted in). It is measured on a uniform random sample (without replacement)
-  of at most ``MDP_ROWS`` rows per batch, each sampled row weighted by the rows it stands for
-  (``n / m``), so the window's MDP is an unbiased estimate of the MDP of all its records whatever
-  the batch sizes and the order of the records in a batch (groups interleaved, or sorted). The
+  of the records chosen by a hash of their key (``monitor.sample_share`` of them, :func:`sampled_rows`), each
+  sampled row weighted by the records it stands for (``1 / share``), so the window's MDP is an unbiased estimate
+  of the MDP of all its records whatever the batch sizes, the order of the records and the worker that reads
+  them (the pipeline's sample is the union of the workers'). The
   samples wait and are matched together when a window is read (a gauge export, a detector's
   chunk), or once ``MATCH_ROWS`` wait: the map's fixed cost per call is that of a few hundred rows.
   A map that no longer carries one group onto the other (drift) shows as MDP moving away from
@@ -62,9 +63,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from fairstream.repair.hashing import keys_to_uint64, uniforms
 from fairstream.repair.validation import RepairInputError
 from fairstream.repair.measure.accumulators import (
+    DecisionRateAccumulator,
     EncodedLabels,
+    check_decisions,
     HistogramDependenceAccumulator,
     PositiveRateAccumulator,
     RateAccumulator,
@@ -79,7 +83,7 @@ from fairstream.streams.codec.repaired import NO_MODULE, RepairedBatch, decode_r
 from fairstream.streams.config import PipelineConfig
 
 from .drift import DETECTED, Chunker, DriftEvent, DriftTracker
-from .gauge_rows import StatisticWindows
+from .gauge_rows import StatisticWindows, measurable
 
 if TYPE_CHECKING:
     from .metrics import PipelineMetrics
@@ -87,70 +91,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 E_BINS, W1_BINS = 20, 200  # 20 bins: a small finite-sample bias (about 0.04 at 8000 Adult records)
-MDP_ROWS = 128
-"""The statistics that need extra scorer calls are measured on a uniform random sample of at most this many rows
-per batch (:func:`mdp_sample`): the scorer on the original features (the classifier alone, stage ``before``) and
-MDP's counterparts. Matching records to their counterparts is the monitor's costliest step (about 1.5 us a sampled
-row on Adult), and a window of 8000 records in batches of 1000 still holds about 1000 sampled rows. Each sampled row
-is weighted by ``n / len(sample)``, so a batch of 2,700 records counts 21 times one of 128, as its records do in the
-window."""
-
-MDP_SEED = 0
-"""Seed of the generator that draws the samples (one per chain version): a replay of the same batches gives the
-same statistics."""
+SAMPLE_SEED = 0x5EED_0F_5A4D
+"""Seed of the hash that picks the sampled records (:func:`sampled_rows`): a pure function of the record key, so a
+record is in the sample whatever worker, batch or partition it arrives in, and replays give the same statistics."""
 
 
-def mdp_rows(n: int, rng: np.random.Generator) -> np.ndarray:
-    """The sampled rows of a batch of ``n`` (see :data:`MDP_ROWS`): at most ``MDP_ROWS``, drawn uniformly without
-    replacement, in increasing order.
+def key_draws(keys) -> np.ndarray:
+    """Three uniform draws per record, (n, 3), a pure function of its key: column 0 decides whether the record is in
+    the sample (:func:`sampled_rows`), column 1 is its priority in OTF's bottom-k sample, column 2 breaks its ties
+    between equally near counterparts (MDP's map)."""
+    return uniforms(SAMPLE_SEED, keys_to_uint64(np.asarray(keys)), 3)
 
-    Not every k-th row: a producer that interleaves the groups (0, 1, 0, 1, ...) would make every k-th row,
-    for an even k, a row of one group.
+
+def sampled_rows(draws: np.ndarray, share: float) -> tuple[np.ndarray, float]:
+    """The batch rows in the pipeline-wide sample (``monitor.sample_share`` of the records, chosen by key) and the
+    records each stands for (``1 / share``).
+
+    The statistics that need extra scorer calls (the classifier alone, MDP's counterparts) are measured on these
+    rows. Each record is in the sample with probability ``share`` independently of every other, so a sum over the
+    sample weighted by ``1 / share`` is an unbiased estimate of the same sum over every record; and as the choice
+    depends on the key only, the sample of the pipeline's records is the same whatever the number of workers and
+    the partition assignment (the monitoring agent merges the workers' samples into the pipeline's).
     """
-    if n <= MDP_ROWS:
-        return np.arange(n)
-    return np.sort(rng.choice(n, size=MDP_ROWS, replace=False))
-
-
-def mdp_sample(n: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
-    """:func:`mdp_rows` of a batch of ``n`` and the weight of each: the records it stands for (the weights sum to n).
-
-    Each row is in the sample with probability ``m / n``, so a sum over the sample weighted by ``n / m`` is an
-    unbiased estimate of the same sum over every record of the batch, and so of the window.
-    """
-    rows = mdp_rows(n, rng)
-    return rows, n / max(len(rows), 1)
-
-
-class DecisionRateAccumulator(PositiveRateAccumulator):
-    """Positive rates per (stratum, group) of the scorer's decisions, from labels the monitor encoded once.
-
-    The chain's decisions are known for every record (exact counts). The classifier alone's are known on a
-    uniform sample of each batch only: the totals stay exact (every record's group and stratum is known), the
-    positives are estimated from the sample, each sampled decision counting the records it stands for
-    (``n / m``). The estimated positives are unbiased, so each (stratum, group) rate of the window is an
-    unbiased estimate of the rate of all its records (a small cell's estimate may exceed 1). Merges and reads
-    like :class:`PositiveRateAccumulator`.
-    """
-
-    def __init__(self, groups, strata=None):
-        super().__init__(groups, strata)
-        self.positives_ = self.positives_.astype(np.float64)
-
-    def count(self, decisions: np.ndarray, s: EncodedLabels, u: EncodedLabels, among: np.ndarray | None = None,
-              rows: np.ndarray | None = None, weight: float = 1.0) -> "DecisionRateAccumulator":
-        """Count every record (of ``among``, a mask, if given) with the batch's encoded groups ``s`` and strata
-        ``u``, and the positive ``decisions``: of every record, or of the sampled batch rows ``rows``, each
-        weighing ``weight``."""
-        decisions = check_decisions(decisions)
-        cell = np.asarray(u) * len(self.groups) + np.asarray(s)
-        shape, size = self.totals_.shape, self.totals_.size
-        counted = np.ones(len(cell), dtype=bool) if among is None else among
-        self.totals_ = self.totals_ + np.bincount(cell[counted], minlength=size).reshape(shape)
-        rows = slice(None) if rows is None else rows
-        positive = weight * decisions * counted[rows]
-        self.positives_ = self.positives_ + np.bincount(cell[rows], positive, size).reshape(shape)
-        return self
+    if share >= 1.0:
+        return np.arange(len(draws)), 1.0
+    return np.flatnonzero(draws[:, 0] < share), 1.0 / share
 
 
 def writes(module, column: str) -> bool:
@@ -284,7 +249,7 @@ def _usable(edges: np.ndarray) -> bool:
 
 @dataclass
 class Sampled:
-    """The batch rows of its uniform sample (:func:`mdp_sample`), each standing for ``weight`` records, and the
+    """The batch rows of its sample (:func:`sampled_rows`), each standing for ``weight`` records, and the
     scorer's decisions on their original features (the classifier alone: one scorer call on the sample only)."""
 
     rows: np.ndarray
@@ -314,18 +279,20 @@ class ToMatch:
     f: np.ndarray
     rows: np.ndarray
     weight: float
+    draws: np.ndarray  # each sampled row's tie-break draw (from its key)
 
     @classmethod
     def of(cls, X: np.ndarray, s: np.ndarray, u: np.ndarray, scores: np.ndarray, rows: np.ndarray,
-           weight: float) -> "ToMatch":
-        """The sampled ``rows`` of a batch, on the features ``X`` the scorer read, each standing for ``weight``."""
-        return cls(X[rows], s[rows], u[rows], scores[rows], rows, weight)
+           weight: float, draws: np.ndarray) -> "ToMatch":
+        """The sampled ``rows`` of a batch, on the features ``X`` the scorer read, each standing for ``weight``, with
+        the batch's tie-break ``draws``."""
+        return cls(X[rows], s[rows], u[rows], scores[rows], rows, weight, draws[rows])
 
     def take(self, rows: slice) -> "ToMatch":
         """The sampled rows among the batch rows ``rows`` (a slice), renumbered from its start."""
         keep = (self.rows >= rows.start) & (self.rows < rows.stop)
         return ToMatch(self.X[keep], self.s[keep], self.u[keep], self.f[keep], self.rows[keep] - rows.start,
-                       self.weight)
+                       self.weight, self.draws[keep])
 
 
 class MatchQueue:
@@ -354,7 +321,8 @@ class MatchQueue:
         waiting, self.waiting, self.n_rows = self.waiting, [], 0
         samples = [sample for sample, _ in waiting]
         s = np.concatenate([sample.s for sample in samples])
-        pairs = self.scorer.matched_counterparts(np.concatenate([sample.X for sample in samples]), s)
+        pairs = self.scorer.matched_counterparts(np.concatenate([sample.X for sample in samples]), s,
+                                                 draws=np.concatenate([sample.draws for sample in samples]))
         f_matched = self.scorer.predict_proba(pairs.X)
         f = np.concatenate([sample.f for sample in samples])[pairs.rows]
         # every pair's labels encoded once, not once per sample
@@ -424,6 +392,7 @@ class MonitoredBatch:
     decision_after: np.ndarray | None = None  # the scorer on the chain's output (what the records carry): every row
     score_after: np.ndarray | None = None
     matched_after: ToMatch | None = None  # MDP's sample on the chain's output (the same rows), matched later
+    priority: np.ndarray | None = None  # each record's priority in OTF's bottom-k sample (from its key)
 
     def __len__(self) -> int:
         return len(self.s)
@@ -435,8 +404,7 @@ class MonitoredBatch:
                                  for name, value in vars(self).items()})
 
 
-def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray,
-                    rng: np.random.Generator) -> MonitoredBatch:
+def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray, share: float) -> MonitoredBatch:
     """A delivered batch as the monitor measures it, with the scorer's view when the chain scores.
 
     The scores and decisions after the chain are what the records carry (``batch.score``, ``batch.decision``:
@@ -446,8 +414,8 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     the scorer (``predict_proba`` of the features it read), the decisions at score >= 0.5 when the scorer is the
     module that decides; when a later module decides (placed post), they are not guessed: the batch raises, and
     the monitor refuses this chain version with a logged error (:meth:`FairnessMonitor.observe_batch`).
-    The two that need extra scorer calls are measured on one uniform sample of the batch drawn with ``rng``
-    (:func:`mdp_sample`): the classifier alone, the scorer at 0.5 on the original features (DP and EOpp
+    The two that need extra scorer calls are measured on the records of the pipeline-wide sample (``share`` of
+    them, chosen by key: :func:`sampled_rows`): the classifier alone, the scorer at 0.5 on the original features (DP and EOpp
     ``before``: exact totals, positives estimated from the sample), and MDP's counterparts. Each sampled row
     counts the ``n / m`` records it stands for, so both stay unbiased in every window.
     """
@@ -456,13 +424,15 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     if scorer is None:
         return carried_view(view, batch, chain)
     view.score_after = batch.score if batch.score is not None else scorer.predict_proba(batch.after)
-    rows, weight = mdp_sample(len(batch), rng)
+    draws = key_draws(batch.keys)
+    view.priority = draws[:, 1]
+    rows, weight = sampled_rows(draws, share)
     if chain.decider is not None:
         view.decision_after = batch.decision if batch.decision is not None else \
             recomputed_decisions(chain, view.score_after)
         view.sampled_before = Sampled(rows, weight, (scorer.predict_proba(batch.before[rows]) >= 0.5).astype(np.int64))
     if chain.matches:
-        view.matched_after = ToMatch.of(batch.after, batch.s, batch.u, view.score_after, rows, weight)
+        view.matched_after = ToMatch.of(batch.after, batch.s, batch.u, view.score_after, rows, weight, draws[:, 2])
     return view
 
 
@@ -486,15 +456,6 @@ def recomputed_decisions(chain: Chain, scores: np.ndarray) -> np.ndarray:
                                f"{chain.decider.kind!r} (placed {chain.decider.capabilities.place}), after the "
                                "scorer: the monitor reads decisions from the records and does not recompute them")
     return (scores >= 0.5).astype(np.int64)
-
-
-def check_decisions(decisions) -> np.ndarray:
-    """The scorer's decisions as an array of 0 and 1; any other value raises naming it."""
-    decisions = np.asarray(decisions)
-    if decisions.size and (decisions.dtype.kind not in "iub" or decisions.min() < 0 or decisions.max() > 1):
-        bad = decisions[(decisions != 0) & (decisions != 1)][0]
-        raise RepairInputError(f"decisions must be 0 or 1, got {bad!r}")
-    return decisions
 
 
 @dataclass
@@ -615,7 +576,8 @@ class BatchStatistics:
         if ("mdp", "after") in wanted:
             new["mdp", "after"] = self.factories["mdp", "after"]().update(view.matched_after)
         if ("otf", "after") in wanted:
-            new["otf", "after"] = self.factories["otf", "after"]().update(view.score_after, view.after, view.s)
+            new["otf", "after"] = self.factories["otf", "after"]().update(view.score_after, view.after, view.s,
+                                                                          priority=view.priority)
         return new
 
     def _histograms(self, batch: Counted, wanted, rows: slice) -> dict:
@@ -690,6 +652,33 @@ class BatchStatistics:
         return new
 
 
+def slice_of(ts: np.ndarray, seconds: float) -> np.ndarray:
+    """The event-time slice of each record: ``floor(ts / seconds)``, the unit of the pipeline's windows."""
+    return np.floor(np.asarray(ts, dtype=np.float64) / seconds).astype(np.int64)
+
+
+def in_slices(batch: RepairedBatch, seconds: float) -> tuple[RepairedBatch, np.ndarray]:
+    """The batch with its records in slice order (stable: a batch within one slice is unchanged) and each record's
+    slice; statistics do not depend on the order of a batch's records."""
+    slices = slice_of(batch.ts, seconds)
+    if len(slices) > 1 and (np.diff(slices) < 0).any():
+        order = np.argsort(slices, kind="stable")
+        batch, slices = batch.take(order), slices[order]
+    return batch, slices
+
+
+def cuts(n: int, chunker: Chunker | None, slices: np.ndarray | None) -> list[slice]:
+    """The pieces of a batch of ``n`` rows: cut at the detectors' chunk boundaries (``chunker``) and where the slice
+    changes (``slices``, sorted), or one piece."""
+    bounds = {0, n}
+    if chunker is not None:
+        bounds.update(piece.stop for piece in chunker.pieces(n))
+    if slices is not None:
+        bounds.update((np.flatnonzero(np.diff(slices)) + 1).tolist())
+    ends = sorted(bounds)
+    return [slice(a, b) for a, b in zip(ends[:-1], ends[1:])]
+
+
 class FairnessMonitor:
     """Windows and drift detection for the record chain's versions in use; gauges via ``rows``.
 
@@ -706,8 +695,10 @@ class FairnessMonitor:
         Whose chain the monitor measures.
     """
 
-    def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active"):
+    def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active",
+                 detect: bool = True, sink: Callable | None = None):
         self.config, self.monitor, self.clock, self.role = config, config.monitor, clock, role
+        self.detect, self.sink = detect, sink
         self.version: int | None = None
         self.chain_key: tuple | None = None
         self.refused: tuple | None = None  # the chain whose statistics could not be measured (see observe_batch)
@@ -716,10 +707,13 @@ class FairnessMonitor:
         self.unmeasured = 0  # records of a refused chain
 
     def _start(self, chain: Chain, first: RepairedBatch) -> None:
+        self._start_windows(chain.key, chain.version, BatchStatistics(chain, self.config, first))
+
+    def _start_windows(self, key: tuple, version: int, statistics) -> None:
+        """Fresh windows and detectors for the chain ``key`` whose accumulators ``statistics.factories`` makes."""
         m = self.monitor
-        self.chain_key, self.version, self.refused = chain.key, chain.version, None
-        self.rng = np.random.default_rng(MDP_SEED)  # per version: its statistics do not depend on what came before
-        self.statistics = BatchStatistics(chain, self.config, first)
+        self.chain_key, self.version, self.refused = key, version, None
+        self.statistics = statistics
         features = list(self.config.features)
         self.windows = {
             "count": StatisticWindows(lambda: BatchWindow(records=m.window_records, buckets=m.buckets), self.statistics,
@@ -728,9 +722,9 @@ class FairnessMonitor:
                                      features),
         }
         self.chunker = Chunker(m.window_records)
-        self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics]
+        self.trackers = [DriftTracker(name, m, self.clock) for name in m.statistics] if self.detect else []
         self.detected = {DETECTED[name][0] for name in m.statistics}  # the accumulators the detectors read
-        log.info("monitoring %s%s", chain_text(chain.key),
+        log.info("monitoring %s%s", chain_text(key),
                  "" if self.role == "active" else f" ({self.role} chain, in shadow)")
 
     def observe(self, values: list[bytes], *actives) -> list[DriftEvent]:
@@ -784,35 +778,65 @@ class FairnessMonitor:
     def _observe(self, batch: RepairedBatch, chain: Chain) -> list[DriftEvent]:
         if self.chain_key != chain.key:  # a new version of any module: fresh windows and detectors
             self._start(chain, batch)
-        view = monitored_batch(batch, chain, outside_fitted_range(batch, chain), self.rng)
-        pieces = self.chunker.pieces(len(view))
-        accumulators, parts = self._accumulators(view, pieces)
+        slices = None
+        if self.sink is not None:  # the batch in slice order: each slice's records one run of rows
+            batch, slices = in_slices(batch, self.monitor.slice_seconds)
+        view = monitored_batch(batch, chain, outside_fitted_range(batch, chain), self.monitor.sample_share)
+        pieces = cuts(len(view), self.chunker if self.detect else None, slices)
+        accumulators, parts = self._accumulators(view, pieces, every=slices is not None)
+        if slices is not None:
+            for piece, part in zip(pieces, parts):
+                self.sink(self, int(slices[piece.start]), piece.stop - piece.start, part)
         queue = self.statistics.match_queue
         if queue is not None and queue.n_rows >= MATCH_ROWS:  # no window read for a while: bound what waits
             queue.match()
+        return self._add(accumulators, len(view), float(np.max(batch.ts)), zip(pieces, parts))
+
+    def _add(self, accumulators: dict, n_records: int, ts: float, parts) -> list[DriftEvent]:
+        """Add a batch's accumulators to both windows and its ``parts`` ((rows, accumulators) per piece) to the
+        detectors' chunks; returns the drift events it confirmed."""
         for windows in self.windows.values():
-            windows.add(accumulators, len(view), ts=float(np.max(batch.ts)))
-        for piece, part in zip(pieces, parts):
+            windows.add(accumulators, n_records, ts=ts)
+        if not self.trackers:
+            return []
+        for piece, part in parts:
             chunk = self.chunker.add(part, piece.stop - piece.start)
             if chunk is not None:
                 for tracker in self.trackers:
                     tracker.feed_chunk(chunk)
         return [DriftEvent(tracker.statistic, self.monitor.detector, tracker.value, self.version, self.clock())
                 for tracker in self.trackers
-                if tracker.confirm(len(view), functools.partial(self.statistic, "count", tracker.statistic))]
+                if tracker.confirm(n_records, functools.partial(self.statistic, "count", tracker.statistic))]
 
-    def _accumulators(self, view: MonitoredBatch, pieces: list[slice]) -> tuple[dict, list[dict]]:
-        """The batch's accumulators, and those of each piece the chunker cut it into (the monitored statistics).
+    def observe_counts(self, key: tuple, version: int, statistics, accumulators: dict, n_records: int,
+                       ts: float) -> list[DriftEvent]:
+        """Update every window and detector with accumulators counted elsewhere (the monitoring agent's closed
+        slices: one slice is one batch of ``n_records``), of the chain ``key`` whose accumulators
+        ``statistics.factories`` makes; returns the drift events. Never raises, like :meth:`observe_batch`."""
+        if key == self.refused or n_records == 0:
+            return []
+        try:
+            if self.chain_key != key:
+                self._start_windows(key, version, statistics)
+            return self._add(accumulators, n_records, ts, [(slice(0, n_records), accumulators)])
+        except Exception as exc:  # the agent only watches: whatever it cannot measure must not stop it
+            self._refuse(key, exc)
+            return []
 
-        A batch inside one chunk is one piece. One that spans chunk boundaries is measured piece by piece for the
-        monitored statistics only, merged into the batch's; every other statistic once for the whole batch.
+    def _accumulators(self, view: MonitoredBatch, pieces: list[slice], every: bool = False) -> tuple[dict, list[dict]]:
+        """The batch's accumulators, and those of each piece it was cut into (at chunk and slice boundaries).
+
+        A batch of one piece is counted once. One that spans boundaries is counted piece by piece: every statistic
+        (``every``: each piece goes to its slice's partial aggregate) or only the monitored ones (the detectors'
+        chunks), merged into the batch's; the other statistics once for the whole batch.
         """
         counted = self.statistics.counted(view)
         if len(pieces) == 1:
             accumulators = self.statistics.of(counted)
             return accumulators, [accumulators]
-        parts = [self.statistics.of(counted, self.detected, piece) for piece in pieces]
-        accumulators = self.statistics.of(counted, self.statistics.factories.keys() - self.detected)
+        keys = None if every else self.detected
+        parts = [self.statistics.of(counted, keys, piece) for piece in pieces]
+        accumulators = {} if every else self.statistics.of(counted, self.statistics.factories.keys() - self.detected)
         for key in parts[0]:
             accumulators[key] = functools.reduce(lambda a, b: a.merge(b), (part[key] for part in parts))
         return accumulators, parts
@@ -864,12 +888,16 @@ class FairnessMonitor:
             return None
 
 
-def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active") -> None:
-    """Set the fairness gauges of the ``role`` chain from both windows (a window below min_records exports nothing;
-    the window sizes are the active chain's)."""
+def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active",
+                    scope: str = "worker") -> None:
+    """Set the fairness gauges of the ``role`` chain from both windows, as the pipeline's figures or one worker's
+    (``scope``). A window below min_records exports nothing; one that lacks a group's records exports its
+    unmeasurable statistics as such (:func:`~.gauge_rows.measurable`); the window sizes are the active chain's."""
     for window in ("count", "time"):
+        windows = monitor.windows[window] if monitor.version is not None else None
         if role == "active":
-            in_window = monitor.windows[window].n_records if monitor.version is not None else 0
-            metrics.window_records.labels(window).set(in_window)
-        for statistic, stage, stratum, feature, pair, value in monitor.rows(window):
-            metrics.set_fairness(statistic, stage, stratum, feature, pair, window, value, role=role)
+            metrics.window_records.labels(window, scope).set(windows.n_records if windows is not None else 0)
+        rows = monitor.rows(window)
+        records = windows.group_records() if windows is not None and windows.n_records else None
+        kept, short = measurable(rows, records if rows else None, monitor.monitor.min_group_records)
+        metrics.replace_fairness(role, scope, window, kept, short, records)

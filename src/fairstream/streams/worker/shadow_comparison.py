@@ -21,7 +21,6 @@ from fairstream.streams.config import PipelineConfig
 from .drift import DETECTED
 from .monitor import (
     MATCH_ROWS,
-    MDP_SEED,
     BatchStatistics,
     Chain,
     as_chain,
@@ -46,14 +45,14 @@ class _ShadowSide:
     def __init__(self, chain: Chain, config: PipelineConfig, first: RepairedBatch, statistics: tuple[str, ...]):
         self.key = chain.key
         self.statistics = BatchStatistics(chain, config, first, statistics)
-        self.rng = np.random.default_rng(MDP_SEED)  # the monitor's draws: the same batch and chain, the same sample
+        self.share = config.monitor.sample_share  # the monitor's sample (by key): the same records on both sides
         self.wanted = {DETECTED[name][0] for name in statistics} | {("dp", "after")}
         self.totals: dict = {}  # (statistic, stage) -> the accumulator of every record so far
         self.correct = None  # right decisions per (stratum, group) among labelled records, as a decision rate
 
     def add(self, batch: RepairedBatch, chain: Chain) -> None:
         """Count one batch that went through ``chain``."""
-        view = monitored_batch(batch, chain, outside_fitted_range(batch, chain), self.rng)
+        view = monitored_batch(batch, chain, outside_fitted_range(batch, chain), self.share)
         counted = self.statistics.counted(view)
         for key, accumulator in self.statistics.of(counted, self.wanted).items():
             self.totals[key] = accumulator if key not in self.totals else self.totals[key].merge(accumulator)
@@ -139,8 +138,7 @@ class ShadowComparison:
 
     def _observe(self, active_batch: RepairedBatch, active: Chain, candidate_batch: RepairedBatch,
                  candidate: Chain) -> None:
-        if len(active_batch) != len(candidate_batch):  # the rows the candidate refused are compared on neither side
-            active_batch = active_batch.take(np.flatnonzero(np.isin(active_batch.keys, candidate_batch.keys)))
+        active_batch = paired_rows(active_batch, candidate_batch)
         pairs = {"active": (active_batch, active), "candidate": (candidate_batch, candidate)}
         if self.sides and any(self.sides[role].key != chain.key for role, (_, chain) in pairs.items()):
             log.info("a chain in the shadow comparison changed version: comparing afresh")
@@ -206,3 +204,11 @@ def _chain(chain) -> Chain:
 
 def _finite(figures: dict) -> dict[str, float]:
     return {key: float(value) for key, value in figures.items() if np.isfinite(value)}
+
+
+def paired_rows(active: RepairedBatch, candidate: RepairedBatch) -> RepairedBatch:
+    """The records of ``active`` that the candidate chain also delivered (``candidate``: a subset in the same
+    order): the rows the candidate refused are compared on neither side."""
+    if len(active) == len(candidate):
+        return active
+    return active.take(np.flatnonzero(np.isin(active.keys, candidate.keys)))

@@ -1,0 +1,1 @@
+"""The pipeline's monitoring agent: it gathers the shadow evidence and applies the promotion rule."""

@@ -1,0 +1,303 @@
+"""Partial aggregates (``<prefix>.stats``): what a worker tells the pipeline's monitoring agent.
+
+A worker counts every record it delivers into the monitor's mergeable accumulators (counts and histograms,
+:mod:`fairstream.repair.measure.accumulators`) of the record's event-time slice (``monitor.slice_seconds``), and
+sends what it counted since its last message as one :class:`Partial`: per slice, the records and every
+accumulator's counts. The agent adds the partials of every worker slice by slice, so the pipeline's statistics
+are those of all its records, whatever worker counted them (:mod:`fairstream.streams.agent`).
+
+A candidate chain measured in shadow is sent the same way (``role = "candidate"``) with, in ``paired``, the
+sufficient statistics of the per-record paired comparison of the two chains on the same records
+(:data:`PAIRED_FIELDS` per compared figure and group): what the agent's promotion test reads.
+
+Format: one message is one ``.npz`` archive (numpy's zip of arrays, compressed), read with
+``allow_pickle=False``: a JSON ``header`` (uint8) and the arrays. Integer count arrays travel sparse (the
+indices and values of their non-zero cells: a batch fills few of a histogram's cells). The header names the
+pipeline, the worker, the chain's versions, the slice length and a digest of the configured features, groups
+and strata: the agent refuses a partial counted under another layout (one line naming the worker and what
+differs), never mixes it in.
+
+>>> import numpy as np
+>>> from fairstream.repair.measure.accumulators import PositiveRateAccumulator
+>>> acc = PositiveRateAccumulator([0, 1]).update([1, 0, 1], [0, 1, 1])
+>>> part = Partial("p", "w1", "active", (("plan", 3),), 10.0, 1.0, "d", {17: (3, {("dp", "label"): acc})})
+>>> back = decode_partial(encode_partial(part), ["0", "1"], ["all"])
+>>> back.slices[17][0], back.slices[17][1]["dp", "label"].value().difference
+(3, 0.5)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fairstream.repair.measure.accumulators import (
+    DecisionRateAccumulator,
+    HistogramDependenceAccumulator,
+    PositiveRateAccumulator,
+    RateAccumulator,
+    WassersteinAccumulator,
+    configured_labels,
+)
+from fairstream.repair.measure.mdp import MatchedDPAccumulator
+from fairstream.repair.measure.otf import OTF0Accumulator
+
+FORMAT = "fairstream.partial/1"
+AGENT_SUFFIX = ".monitor"
+"""The monitoring agent's app id is the pipeline's with this suffix (``<app id>.monitor``): its consumer group on the
+stats topic, and its name when it announces the pipeline's shadow figures on the control topic."""
+MAX_PARTIAL_BYTES = 8 * 1024 * 1024
+"""A message larger than this is refused unread (a worker's second of counts is a few tens of kB)."""
+
+PAIRED_FIELDS = ("n", "active", "active_sq", "change", "change_sq")
+"""Per cell of a paired figure: records, sums of the active chain's value x and x^2, of the change d (candidate
+minus active) and d^2."""
+
+_TYPES = {"dependence": HistogramDependenceAccumulator, "wasserstein": WassersteinAccumulator,
+          "positive_rate": PositiveRateAccumulator, "decision_rate": DecisionRateAccumulator,
+          "rate": RateAccumulator, "matched_dp": MatchedDPAccumulator, "otf": OTF0Accumulator}
+_NAMES = {kind: name for name, kind in _TYPES.items()}
+_OTF_ARRAYS = ("priority_", "scores_", "X_", "s_", "y_")
+
+
+class PartialError(ValueError):
+    """A stats message that cannot be read, or was counted under another layout; the message says which."""
+
+
+@dataclass
+class Partial:
+    """What one worker counted since its last message, for one chain.
+
+    Attributes
+    ----------
+    pipeline, worker : str
+        The pipeline's name and the worker that counted (its app id, host and pid).
+    role : {"active", "candidate"}
+        The chain that serves, or a candidate measured in shadow on the same records.
+    chain : tuple of (kind, version)
+        The chain's versions, in order (empty: a monitor-only pipeline's records as they came).
+    sent : float
+        When the worker sent it (its clock, seconds).
+    slice_seconds : float
+        The slice length it counted in (``monitor.slice_seconds``).
+    layout : str
+        :func:`layout_digest` of the worker's features, groups and strata.
+    slices : dict
+        Slice index (``floor(ts / slice_seconds)``) -> (records, {(statistic, stage): accumulator}).
+    paired : dict
+        Only with ``role = "candidate"``: figure -> {field of :data:`PAIRED_FIELDS`: array per cell}.
+    active : tuple
+        Only with ``role = "candidate"``: the active chain's versions the candidate was paired with.
+    refused : int
+        Only with ``role = "candidate"``: records the candidate refused that the active chain delivered.
+    failed : str
+        Only with ``role = "candidate"``: why the candidate chain failed in shadow ("" if it did not).
+    """
+
+    pipeline: str
+    worker: str
+    role: str
+    chain: tuple
+    sent: float
+    slice_seconds: float
+    layout: str
+    slices: dict = field(default_factory=dict)
+    paired: dict = field(default_factory=dict)
+    active: tuple = ()
+    refused: int = 0
+    failed: str = ""
+
+    @property
+    def records(self) -> int:
+        """Records counted in every slice."""
+        return sum(n for n, _ in self.slices.values())
+
+
+def layout_digest(features, groups, strata) -> str:
+    """A short digest of what the counts are indexed by: a partial counted under another layout cannot be added."""
+    text = json.dumps([list(map(str, features)), list(map(str, groups)), list(map(str, strata))])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def encode_partial(partial: Partial) -> bytes:
+    """The message of ``partial`` (see the module docstring)."""
+    arrays: dict[str, np.ndarray] = {}
+    settings: dict[str, dict] = {}
+    slices = []
+    for i, (index, (records, accumulators)) in enumerate(sorted(partial.slices.items())):
+        keys = []
+        for (statistic, stage), accumulator in sorted(accumulators.items()):
+            setting = _settings_id(accumulator, settings, arrays)
+            keys.append([statistic, stage, setting])
+            _put_counts(arrays, f"s{i}/{statistic}/{stage}", accumulator)
+        slices.append({"index": int(index), "records": int(records), "keys": keys})
+    paired = {}
+    for name, cells in partial.paired.items():
+        paired[name] = list(map(str, cells["cells"]))
+        for name_field in PAIRED_FIELDS:
+            arrays[f"p/{name}/{name_field}"] = np.asarray(cells[name_field], dtype=np.float64)
+    header = {"format": FORMAT, "pipeline": partial.pipeline, "worker": partial.worker, "role": partial.role,
+              "chain": [list(c) for c in partial.chain], "active": [list(c) for c in partial.active],
+              "sent": partial.sent, "slice_seconds": partial.slice_seconds, "layout": partial.layout,
+              "settings": settings, "slices": slices, "paired": paired, "refused": int(partial.refused),
+              "failed": str(partial.failed)[:500]}
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    out = io.BytesIO()
+    np.savez_compressed(out, **arrays)
+    return out.getvalue()
+
+
+def decode_partial(value: bytes, groups, strata, prototypes: dict | None = None) -> Partial:
+    """The :class:`Partial` of a stats message, its accumulators built over the configured ``groups`` and ``strata``.
+
+    ``prototypes`` (a dict the caller keeps) holds one accumulator per settings id met: the accumulators of later
+    messages with the same settings share them, so merging them skips comparing their edges.
+
+    Raises :class:`PartialError` naming what is wrong: not a readable archive, another format, a count array of
+    the wrong shape. Never unpickles (``allow_pickle=False``).
+    """
+    if not isinstance(value, (bytes, bytearray)) or len(value) > MAX_PARTIAL_BYTES:
+        raise PartialError(f"not a stats message (a value of {len(value or b'')} bytes)")
+    try:
+        with np.load(io.BytesIO(value), allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+        header = json.loads(arrays.pop("header").tobytes())
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+        raise PartialError(f"not a readable stats message ({type(exc).__name__}: {str(exc)[:120]})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise PartialError(f"not a {FORMAT} message")
+    try:
+        return _partial(header, arrays, configured_labels(list(groups), "groups"),
+                        configured_labels(list(strata), "strata"), {} if prototypes is None else prototypes)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise PartialError(f"a malformed stats message from {str(header.get('worker'))[:100]!r} "
+                           f"({type(exc).__name__}: {str(exc)[:160]})") from None
+
+
+def _partial(header: dict, arrays: dict, groups: np.ndarray, strata: np.ndarray, prototypes: dict) -> Partial:
+    for setting, spec in header["settings"].items():
+        if setting not in prototypes:
+            prototypes[setting] = _prototype(spec, setting, arrays, groups, strata)
+    slices = {}
+    for i, entry in enumerate(header["slices"]):
+        accumulators = {(statistic, stage): _with_counts(prototypes[setting], arrays, f"s{i}/{statistic}/{stage}")
+                        for statistic, stage, setting in entry["keys"]}
+        slices[int(entry["index"])] = (int(entry["records"]), accumulators)
+    paired = {name: {"cells": tuple(cells), **{f: arrays[f"p/{name}/{f}"] for f in PAIRED_FIELDS}}
+              for name, cells in header["paired"].items()}
+    for name, cells in paired.items():
+        if any(cells[f].shape != (len(cells["cells"]),) for f in PAIRED_FIELDS):
+            raise ValueError(f"paired figure {name!r} has arrays of the wrong length")
+    return Partial(str(header["pipeline"]), str(header["worker"]), str(header["role"]),
+                   tuple((str(k), int(v)) for k, v in header["chain"]), float(header["sent"]),
+                   float(header["slice_seconds"]), str(header["layout"]), slices, paired,
+                   tuple((str(k), int(v)) for k, v in header["active"]), int(header["refused"]),
+                   str(header["failed"]))
+
+
+# --------------------------------------------------------------------------- accumulators to arrays and back
+
+
+def _settings_id(accumulator, settings: dict, arrays: dict) -> str:
+    """The id of the accumulator's settings in the message (added once; histograms carry their edges)."""
+    kind = _NAMES[type(accumulator)]
+    spec: dict = {"type": kind}
+    edges = getattr(accumulator, "edges", None) if kind in ("dependence", "wasserstein") else None
+    if kind == "dependence":
+        spec["alpha"] = accumulator.alpha
+    if kind == "otf":
+        spec.update(notion=accumulator.notion, eps=accumulator.eps, max_rows=accumulator.max_rows)
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    for e in edges or ():
+        digest.update(np.ascontiguousarray(e, dtype=np.float64).tobytes())
+    setting = digest.hexdigest()[:12]
+    if setting not in settings:
+        if edges is not None:
+            spec["features"] = len(edges)
+            for k, e in enumerate(edges):
+                arrays[f"e/{setting}/{k}"] = np.asarray(e, dtype=np.float64)
+        settings[setting] = spec
+    return setting
+
+
+def _prototype(spec: dict, setting: str, arrays: dict, groups: np.ndarray, strata: np.ndarray):
+    kind = spec["type"]
+    groups, strata = groups.tolist(), strata.tolist()
+    if kind in ("dependence", "wasserstein"):
+        edges = [arrays[f"e/{setting}/{k}"] for k in range(int(spec["features"]))]
+        if kind == "dependence":
+            return HistogramDependenceAccumulator(edges, groups, strata, alpha=float(spec["alpha"]))
+        return WassersteinAccumulator(edges, groups, strata)
+    if kind == "rate":
+        return RateAccumulator(strata)
+    if kind == "otf":
+        return OTF0Accumulator(groups, notion=str(spec["notion"]), eps=float(spec["eps"]),
+                               max_rows=int(spec["max_rows"]))
+    return _TYPES[kind](groups, strata)
+
+
+def _put_counts(arrays: dict, prefix: str, accumulator) -> None:
+    if isinstance(accumulator, OTF0Accumulator):
+        for name in _OTF_ARRAYS:
+            value = getattr(accumulator, name)
+            if value is not None:
+                arrays[f"{prefix}/{name}"] = value
+        return
+    for name in accumulator._counts:
+        value = getattr(accumulator, name)
+        if isinstance(value, list):
+            for k, part in enumerate(value):
+                _put_array(arrays, f"{prefix}/{name}/{k}", part)
+        else:
+            _put_array(arrays, f"{prefix}/{name}", np.asarray(value))
+
+
+def _put_array(arrays: dict, name: str, value: np.ndarray) -> None:
+    """Integer counts sparse (indices and values of the non-zero cells, and the shape); floats as they are."""
+    if value.dtype.kind in "iu":
+        flat = value.ravel()
+        where = np.flatnonzero(flat)
+        arrays[f"{name}/i"] = where.astype(np.uint32 if flat.size < 2**32 else np.uint64)
+        arrays[f"{name}/v"] = flat[where].astype(np.int64)
+        arrays[f"{name}/shape"] = np.asarray(value.shape, dtype=np.int64)
+    else:
+        arrays[name] = value
+
+
+def _get_array(arrays: dict, name: str, like: np.ndarray) -> np.ndarray:
+    if f"{name}/i" in arrays:
+        shape = tuple(int(n) for n in arrays[f"{name}/shape"])
+        if shape != like.shape:
+            raise ValueError(f"{name} has shape {shape}, expected {like.shape}")
+        flat = np.zeros(like.size, dtype=like.dtype)
+        flat[arrays[f"{name}/i"].astype(np.intp)] = arrays[f"{name}/v"]
+        return flat.reshape(shape)
+    value = arrays[name]
+    if value.shape != like.shape:
+        raise ValueError(f"{name} has shape {value.shape}, expected {like.shape}")
+    return value.astype(like.dtype, copy=False)
+
+
+def _with_counts(prototype, arrays: dict, prefix: str):
+    """A copy of ``prototype`` (sharing its settings) holding the counts stored under ``prefix``."""
+    if isinstance(prototype, OTF0Accumulator):
+        made = prototype.fresh()
+        for name in _OTF_ARRAYS:
+            if f"{prefix}/{name}" in arrays:
+                setattr(made, name, arrays[f"{prefix}/{name}"])
+        return made
+    counts = {}
+    for name in prototype._counts:
+        like = getattr(prototype, name)
+        if isinstance(like, list):
+            counts[name] = [_get_array(arrays, f"{prefix}/{name}/{k}", part) for k, part in enumerate(like)]
+        else:
+            counts[name] = _get_array(arrays, f"{prefix}/{name}", np.asarray(like))
+            if not isinstance(like, np.ndarray):
+                counts[name] = type(like)(counts[name])
+    return prototype._of_counts(**counts)
