@@ -5,9 +5,11 @@ the true mean at every ``n`` at once with probability at least ``1 - alpha``. Ch
 stopping whenever it says something, therefore keeps the error rate at ``alpha``: peeking costs nothing, unlike a
 fixed-``n`` confidence interval checked again and again.
 
-The CS here is the asymptotic CS of Waudby-Smith, Arbour, Sinha, Kennedy and Ramdas, "Time-uniform central limit
-theory and asymptotic confidence sequences", The Annals of Statistics 52(6), 2024 (Theorem 2.2): Robbins'
-normal-mixture boundary with the variance replaced by its running estimate,
+The CS here is the asymptotic CS for a mean of I. Waudby-Smith, D. Arbour, R. Sinha, E. H. Kennedy and A. Ramdas,
+"Time-uniform central limit theory and asymptotic confidence sequences", The Annals of Statistics 52(6), 2613-2640,
+2024 (arXiv:2103.06476): the normal-mixture boundary of H. Robbins, "Statistical methods related to the law of the
+iterated logarithm", The Annals of Mathematical Statistics 41(5), 1970, with the variance replaced by its running
+estimate,
 
     mean_n +- sigma_n * sqrt( 2 (n rho^2 + 1) / (n^2 rho^2) * log( sqrt(n rho^2 + 1) / alpha ) ),
 
@@ -18,10 +20,14 @@ two-sided at level ``alpha`` (the mixture martingale of a N(0, rho^2) mixture is
 
 Two guards make the plug-in variance safe on short or degenerate streams:
 
-- ``sigma_n^2`` is regularised by one pseudo-observation of a prior variance ``v0``:
-  ``(sum (x - mean)^2 + v0) / (n + 1)``, so a stream whose first records are all equal (a variance of 0) never gets
-  an interval of zero width. The caller states ``v0``: the largest variance the quantity can have is a safe choice
-  (1/4 for a value in [0, 1], 1 for a difference in [-1, 1]); after ``n`` records its weight is ``1 / (n + 1)``;
+- ``sigma_n^2`` is regularised by ``w`` pseudo-observations of a prior variance ``v0``:
+  ``(sum (x - mean)^2 + w v0) / (n + w)``, so a stream whose first records are all equal (a variance of 0) never
+  gets an interval of zero width. The caller states ``v0``, the largest variance the quantity can have being a safe
+  choice (1/4 for a value in [0, 1]); after ``n`` records the prior weighs ``w / (n + w)``. One pseudo-observation
+  is not enough for rare events: with a Bernoulli rate of 1 in 100 the sequence missed the rate at some look in 11%
+  of simulated streams at ``alpha = 0.05``, because the first few hundred records often hold no event at all.
+  ``w = 30`` (:data:`DEFAULT_PRIOR_WEIGHT`) kept the miss rate below ``alpha`` for rates down to 1 in 1,000
+  (``tests/repair/measure/test_sequential.py``);
 - with ``n = 0`` there is no estimate: the mean is NaN and the bounds are ``-inf`` and ``+inf``.
 
 :func:`linear_bounds` evaluates linear combinations of several means over the box of their CSs (interval
@@ -37,7 +43,7 @@ Example
 >>> float(cs.lower[0]), float(cs.upper[0])  # no record yet: no information
 (-inf, inf)
 >>> round(float(cs.mean[1]), 3), round(float(cs.lower[1]), 3), round(float(cs.upper[1]), 3)
-(0.3, 0.245, 0.355)
+(0.3, 0.244, 0.356)
 >>> low, high = linear_bounds([[1.0, -1.0]], lower=[0.2, 0.1], upper=[0.3, 0.15])  # the difference of two means
 >>> round(float(low[0]), 3), round(float(high[0]), 3)
 (0.05, 0.2)
@@ -133,10 +139,7 @@ def normal_mixture_radius(n: ArrayLike, alpha: ArrayLike, rho2: ArrayLike) -> np
         ``sqrt(2 (n rho^2 + 1) / (n^2 rho^2) * log(sqrt(n rho^2 + 1) / alpha))``, ``+inf`` where ``n = 0``.
     """
     n = np.asarray(n, dtype=float)
-    counted = np.where(n > 0, n, 1.0)  # n = 0 is replaced below; 1 keeps the arithmetic finite
-    grown = counted * rho2 + 1.0
-    radius = np.sqrt(2.0 * grown / (counted**2 * rho2) * np.log(np.sqrt(grown) / alpha))
-    return np.where(n > 0, radius, np.inf)
+    return np.where(n > 0, _unit_radius(_counted(n), alpha, rho2), np.inf)
 
 
 def regularised_variance(n: ArrayLike, total: ArrayLike, total_sq: ArrayLike, prior_variance: ArrayLike,
@@ -157,12 +160,9 @@ def regularised_variance(n: ArrayLike, total: ArrayLike, total_sq: ArrayLike, pr
     numpy.ndarray
         The regularised variance, > 0 (``v0`` where ``n = 0``).
     """
-    if not (np.asarray(prior_variance) > 0).all() or not prior_weight > 0:
-        raise ValueError(f"prior_variance and prior_weight must be > 0, got {prior_variance!r}, {prior_weight!r}")
+    _check_prior(prior_variance, prior_weight)
     n, total, total_sq = (np.asarray(a, dtype=float) for a in (n, total, total_sq))
-    mean = total / np.where(n > 0, n, 1.0)  # total is 0 where n is
-    # Rounding can take sum x^2 - mean * sum x a hair below zero.
-    return (np.maximum(total_sq - mean * total, 0.0) + prior_weight * prior_variance) / (n + prior_weight)
+    return _variance(n, total / _counted(n), total, total_sq, prior_variance, prior_weight)
 
 
 def confidence_sequence(n: ArrayLike, total: ArrayLike, total_sq: ArrayLike, alpha: ArrayLike, *,
@@ -193,14 +193,38 @@ def confidence_sequence(n: ArrayLike, total: ArrayLike, total_sq: ArrayLike, alp
     ConfidenceSequence
         ``mean``, ``lower`` and ``upper`` arrays of the broadcast shape; NaN, ``-inf`` and ``+inf`` where ``n = 0``.
     """
-    n, total = np.asarray(n, dtype=float), np.asarray(total, dtype=float)
+    _check_prior(prior_variance, prior_weight)
+    n, total, total_sq = (np.asarray(a, dtype=float) for a in (n, total, total_sq))
     if (n < 0).any():
         raise ValueError("confidence_sequence needs n >= 0")
-    radius = np.sqrt(regularised_variance(n, total, total_sq, prior_variance, prior_weight)) * normal_mixture_radius(
-        n, alpha, mixture_rho2(target, alpha))
+    counted = _counted(n)
+    mean = total / counted
+    radius = np.sqrt(_variance(n, mean, total, total_sq, prior_variance, prior_weight)) * _unit_radius(
+        counted, alpha, mixture_rho2(target, alpha))
     measured = n > 0
-    mean = np.where(measured, total / np.where(measured, n, 1.0), np.nan)
-    return ConfidenceSequence(mean, np.where(measured, mean - radius, -np.inf), np.where(measured, mean + radius, np.inf))
+    return ConfidenceSequence(np.where(measured, mean, np.nan), np.where(measured, mean - radius, -np.inf),
+                              np.where(measured, mean + radius, np.inf))
+
+
+def _counted(n: np.ndarray) -> np.ndarray:
+    """``n`` with 1 for 0: keeps the arithmetic finite where the caller replaces the result (no observation)."""
+    return np.where(n > 0, n, 1.0)
+
+
+def _unit_radius(counted: np.ndarray, alpha: ArrayLike, rho2: ArrayLike) -> np.ndarray:
+    grown = counted * rho2 + 1.0
+    return np.sqrt(2.0 * grown / (counted**2 * rho2) * np.log(np.sqrt(grown) / alpha))
+
+
+def _variance(n: np.ndarray, mean: np.ndarray, total: np.ndarray, total_sq: np.ndarray, prior_variance: ArrayLike,
+              prior_weight: float) -> np.ndarray:
+    # Rounding can take sum x^2 - mean * sum x a hair below zero.
+    return (np.maximum(total_sq - mean * total, 0.0) + prior_weight * prior_variance) / (n + prior_weight)
+
+
+def _check_prior(prior_variance: ArrayLike, prior_weight: float) -> None:
+    if not (np.asarray(prior_variance) > 0).all() or not prior_weight > 0:
+        raise ValueError(f"prior_variance and prior_weight must be > 0, got {prior_variance!r}, {prior_weight!r}")
 
 
 def linear_bounds(coefficients: ArrayLike, lower: ArrayLike, upper: ArrayLike) -> tuple[np.ndarray, np.ndarray]:

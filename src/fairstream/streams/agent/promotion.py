@@ -369,10 +369,11 @@ def decision(evidence: ShadowEvidence, config: ShadowConfig, bounds: tuple[Bound
         return WAIT, f"waiting: {records} of the {config.min_records} paired records before the first look"
     capped = records >= config.max_records
     clauses = [statistic_clause(b, config.min_improvement, capped) for b in bounds]
-    clauses += [guard_clause(g, config) for g in guards] or ["no guard (the chains write no decision: statistics only)"]
+    clauses += [guard_clause(g, config, capped) for g in guards] or [
+        "no guard (the chains write no decision: statistics only)"]
     judged = (*bounds, *guards)
-    level = (f"each interval holds at level alpha = {config.alpha:g} at every look, an improvement being "
-             "active minus candidate: ")
+    level = (f"intervals at level alpha = {config.alpha:g} (each holds its true value at every look with "
+             f"probability at least {1 - config.alpha:g}), improvement = active minus candidate: ")
     if all(b.passed is True for b in judged):
         return PROMOTE, f"promoted after {records} paired records: {level}" + "; ".join(clauses)
     if any(b.passed is False for b in judged):
@@ -435,12 +436,12 @@ def rate_gap_bound(name: str, sums: PairedSums, alpha: float, min_improvement: f
     active, candidate = means.mean[:k], means.mean[:k] + means.mean[k:]
     # I >= D - (r'_g - r'_h) bounded below for every (g, h), with D >= r_a - r_b for the active's top pair (a, b);
     # I <= (r_a - r_b) - D' bounded above for every (a, b), with D' >= r'_g - r'_h for the candidate's top pair.
-    below, above = gap_terms(k, top_bottom(active), None), gap_terms(k, None, top_bottom(candidate))
-    lows, highs = linear_bounds(np.concatenate([below, above]), means.lower, means.upper)
-    lower, upper = lows[:len(below)].min(), highs[len(below):].max()
+    terms = gap_terms(k, top_bottom(active), top_bottom(candidate))
+    lows, highs = linear_bounds(terms, means.lower, means.upper)
+    below = k * (k - 1)  # the first rows bound I from below, the others from above
+    lower, upper = float(lows[:below].min()), float(highs[below:].max())
     estimate = float((active.max() - active.min()) - (candidate.max() - candidate.min()))
-    return Bound(name, estimate, float(lower), float(upper), PAIRED_RECORDS,
-                 verdict_of(lower, upper, min_improvement))
+    return Bound(name, estimate, lower, upper, PAIRED_RECORDS, verdict_of(lower, upper, min_improvement))
 
 
 def top_bottom(rates: np.ndarray) -> tuple[int, int]:
@@ -449,15 +450,15 @@ def top_bottom(rates: np.ndarray) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=1024)
-def gap_terms(k: int, active_pair: tuple[int, int] | None, candidate_pair: tuple[int, int] | None) -> np.ndarray:
-    """Coefficients over ``(r_1..r_k, Delta_1..Delta_k)`` of ``(r_a - r_b) - (r'_g - r'_h)``, the candidate's rate
-    being ``r'_g = r_g + Delta_g``: one row per term, ``(a, b)`` the given active pair or, when None, every ordered
-    pair of distinct groups; likewise ``(g, h)``. Cached: a policy asks for the same few again and again."""
+def gap_terms(k: int, active_top: tuple[int, int], candidate_top: tuple[int, int]) -> np.ndarray:
+    """Coefficients over ``(r_1..r_k, Delta_1..Delta_k)`` of the terms ``(r_a - r_b) - (r'_g - r'_h)``, the
+    candidate's rate being ``r'_g = r_g + Delta_g``: first the ``k (k - 1)`` lower terms, ``(a, b) = active_top`` and
+    ``(g, h)`` every ordered pair of distinct groups, then the upper terms, ``(a, b)`` every pair and
+    ``(g, h) = candidate_top``. Cached: a policy asks for the same few again and again."""
     pairs = list(permutations(range(k), 2))
-    rows = [(a, b, g, h) for a, b in ([active_pair] if active_pair else pairs)
-            for g, h in ([candidate_pair] if candidate_pair else pairs)]
+    rows = [(*active_top, g, h) for g, h in pairs] + [(a, b, *candidate_top) for a, b in pairs]
     terms = np.zeros((len(rows), 2 * k))
-    for row, (a, b, g, h) in enumerate(rows):  # k (k - 1) rows of a handful of groups, built once
+    for row, (a, b, g, h) in enumerate(rows):  # 2 k (k - 1) rows for a handful of groups, built once
         # += accumulates, so a group in both pairs cancels (r_a - r_a = 0): no width from a rate that drops out.
         terms[row, a] += 1.0
         terms[row, b] -= 1.0
@@ -580,14 +581,14 @@ def statistic_clause(bound: Bound, min_improvement: float, capped: bool) -> str:
     return f"{bound.statistic} improves by {interval_text(bound)}: {meaning}"
 
 
-def guard_clause(bound: Bound, config: ShadowConfig) -> str:
+def guard_clause(bound: Bound, config: ShadowConfig, capped: bool) -> str:
     """The guard's clause: its figure, its interval, and what the interval says."""
     if bound.statistic == "accuracy":
         what, limit = "accuracy guard: drop", config.max_accuracy_drop
     else:
         what, limit = "decision-rate guard: change", config.max_decision_rate_change
     if not bound.measured:
-        return f"{what} not measured yet"
+        return f"{what} {'never measured' if capped else 'not measured yet'}"
     meaning = {True: f"at most {limit:g} for sure", False: f"more than {limit:g} for sure",
                None: f"undecided (holds {limit:g})"}[bound.passed]
     return f"{what} {interval_text(bound)}: {meaning}"
