@@ -1,9 +1,10 @@
 """The evidence on a candidate, gathered on Apache Kafka: the control topic, the store and ``records.in``.
 
 A pipeline ``plan -> scorer`` under ``promotion = "approve"`` serves a scorer and a plan, has a candidate
-plan pending and a worker's announcement of live shadow figures for it, and a few hundred records on
-``records.in``: :func:`~fairstream.streams.refit.evidence.gather` finds the version's state, the pending
-candidate, the shadow figures, and both chains' outputs on the latest records.
+plan pending, a worker's announcement of its own live shadow figures for it and the monitoring agent's
+announcement of the pipeline-wide ones, and a few hundred records on ``records.in``:
+:func:`~fairstream.streams.refit.evidence.gather` finds the version's state, the pending candidate, the
+worker's and the agent's figures apart, and both chains' outputs on the latest records.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kafka import KafkaProducer
 
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair import datasets
+from fairstream.streams.codec.partials import AGENT_SUFFIX
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import WorkerStatus, encode_announcement
@@ -25,7 +27,7 @@ from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages, replay
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.refit import evidence
-from fairstream.streams.refit.evidence import gather, measured_columns
+from fairstream.streams.refit.evidence import HoldoutFigures, gather, measured_columns
 from fairstream.streams.topics import ensure_topics
 from tests.streams.refit.test_flow_refit import balanced_scorer
 
@@ -54,8 +56,8 @@ def plan(data, **metrics):
         metrics=metrics or None)
 
 
-def announce(broker, config, worker: str, shadowing: tuple, figures: dict) -> None:
-    status = WorkerStatus(worker=worker, app_id="fairstream-records", host="test-host", pid=4242, at=time.time(),
+def announce(broker, config, worker: str, shadowing: tuple, figures: dict, app_id: str = "fairstream-records") -> None:
+    status = WorkerStatus(worker=worker, app_id=app_id, host="test-host", pid=4242, at=time.time(),
                           every=300.0, kinds=("plan", "scorer"), serving=(), shadowing=shadowing, shadow=figures)
     key, value = encode_announcement(status)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=KAFKA_API_VERSION)
@@ -68,6 +70,19 @@ def announce(broker, config, worker: str, shadowing: tuple, figures: dict) -> No
 def to_records_in(broker, config, data) -> None:
     messages = record_messages(data, config, id_prefix="live")
     assert replay(broker.bootstrap, config.topics.records_in, messages, progress=False) == len(messages)
+
+
+AGENT_APP = "fairstream-records" + AGENT_SUFFIX
+AGENT_NAME = f"{AGENT_APP}@test-host:4343"
+
+
+def agent_figures(statistic: str) -> dict:
+    """The pipeline-wide figures the monitoring agent announces of a candidate it would promote (its keys)."""
+    return {"records": 12_400.0, "alpha": 0.05, "verdict": 1.0, f"bound.{statistic}.estimate": 0.018,
+            f"bound.{statistic}.lower": 0.006, f"bound.{statistic}.upper": 0.031,
+            "guard.decision_rate.estimate": 0.012, "guard.decision_rate.lower": 0.004,
+            "guard.decision_rate.upper": 0.02, "changed": 1240.0, "records.0": 7650.0, "changed.0": 620.0,
+            "records.1": 4750.0, "changed.1": 620.0, f"active.{statistic}": 0.092, f"candidate.{statistic}": 0.074}
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +104,7 @@ def with_candidate(broker, adult, tmp_path_factory):
                "active.decision_rate.0": 0.22, "candidate.decision_rate.0": 0.29,
                "active.decision_rate.1": 0.40, "candidate.decision_rate.1": 0.37}
     announce(broker, config, "fairstream-records@test-host:4242", (("plan", 2, candidate.sha256),), figures)
+    announce(broker, config, AGENT_NAME, (("plan", 2, candidate.sha256),), agent_figures(statistic), app_id=AGENT_APP)
     to_records_in(broker, config, live)
     return config, control, candidate, figures
 
@@ -100,7 +116,10 @@ def test_the_evidence_names_the_state_the_pending_candidate_and_its_shadow_figur
 
     assert found.state == "candidate" and found.pending == (2, candidate.sha256)
     assert [(status.worker, shown) for status, shown in found.shadow] == [
-        ("fairstream-records@test-host:4242", figures)]
+        ("fairstream-records@test-host:4242", figures)]  # the worker's own figures, the agent's apart
+    agent, pipeline_wide = found.pipeline
+    assert agent.worker == AGENT_NAME and pipeline_wide == agent_figures(config.shadow_statistics[0])
+    assert found.holdout == HoldoutFigures("E", 0.031, 0.094, 600)
     assert found.publish.sha256 == candidate.sha256 == found.artifact.sha256 and found.artifact_refusal is None
     assert [e.record.action for e in found.trail] == ["publish"]
     assert found.measured == ("features", "score", "decision")

@@ -1,8 +1,8 @@
 """The candidate report in a real browser: ``write_report`` on Apache Kafka, opened by headless Chromium.
 
 A pipeline ``plan -> scorer`` under ``promotion = "approve"`` serves a scorer and a plan, has a candidate
-plan pending and a worker's announcement of live shadow figures for it, and a few hundred records on
-``records.in`` (the scenario of ``test_evidence.py``). Chromium (Debian's package, installed by the
+plan pending, a worker's and the monitoring agent's announcements of live shadow figures for it, and a few
+hundred records on ``records.in`` (the scenario of ``test_evidence.py``). Chromium (Debian's package, installed by the
 Makefile) loads the page: every section is there and every embedded plot decoded (an inline script of
 the page counts them after ``load``), and a screenshot is not blank. Actors and reasons are user
 input: a hostile one is shown, not run.
@@ -69,9 +69,16 @@ def test_the_report_renders_every_section_and_plot_in_headless_chromium(broker, 
     for ident in SECTIONS:
         section(dom, ident)
     n_images = len(re.findall(r"<img\b", page))
-    # holdout, shadow, the two repaired features, the score and the decision rates
-    assert n_images == 6, n_images
+    # holdout, the agent's intervals, the worker's figures, the two repaired features, the score and decision rates
+    assert n_images == 7, n_images
     assert body_attribute(dom, "data-images") == body_attribute(dom, "data-images-decoded") == str(n_images)
+    opening = section(dom, "verdict")
+    assert ("The shadow policy would promote this candidate now (under promotion = 'approve' it does not act: a "
+            "person decides): on 12,400 paired live records its dependence E is lower than the serving chain's by "
+            "0.018 (between 0.006 and 0.031 with 95% confidence at every look)") in opening.replace("&#x27;", "'")
+    assert "The candidate decides 1,240 of the 12,400 shadowed records differently (10.0%)" in opening
+    assert "The holdout and the live figures agree: the candidate is better on both" in opening
+    assert opening.count("E (dependence E) is how much") == 1
     assert "candidate" in section(dom, "summary") and "approve plan 2" in section(dom, "summary")
     assert "scorer v1" in section(dom, "summary") and "plan v1" in section(dom, "summary")
     assert "refit@worker-7" in section(dom, "trigger") and "alert FairstreamDrift" in section(dom, "trigger")
@@ -79,9 +86,10 @@ def test_the_report_renders_every_section_and_plot_in_headless_chromium(broker, 
     assert "0.031" in holdout and "0.094" in holdout
     shadow = section(dom, "shadow")
     assert f"{figures['records']:.0f} live records" in shadow and "decision rate, sex=1" in shadow
-    assert f"after {config.shadow.min_records} live records" in shadow  # what the policy requires
-    assert "candidate lower" in shadow  # 0.034 against 0.092, beyond the noise floor 0.011
-    assert config.shadow_statistics[0] in shadow
+    assert f"from {config.shadow.min_records:,} on" in shadow  # what the policy requires
+    assert "candidate lower" in shadow  # the worker's: 0.034 against 0.092, beyond the noise floor 0.011
+    assert "dependence E improvement, lower bound" in shadow and "bound.dependence_e" not in shadow
+    assert shadow.index("pipeline-wide figures") < shadow.index("per-worker figures")
     distributions = section(dom, "distributions")
     assert "300 latest valid records" in distributions
     assert candidate.sha256 in section(dom, "provenance")
@@ -147,7 +155,7 @@ def test_missing_records_versions_and_figures_are_said_on_the_page(broker, adult
 
     page = write_report(config, broker.bootstrap, "plan", 1, out=tmp_path / "plan-v1.html", sample=50).read_text()
 
-    assert "no live figures yet" in page
+    assert "no live figures yet" in page and "No pipeline-wide verdict: the monitoring agent is not running" in page
     assert f"no valid record on {config.topics.records_in}" in page
     assert "no plan version is active" in page and "no scorer version is active" in page
     assert all(f"<section id={ident}>" in page for ident in SECTIONS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import inspect
 import json
 import logging
 import os
@@ -539,11 +538,12 @@ def test_a_deployment_chooses_its_triggers():
         service(triggers=("pager",))
 
 
-def test_the_worker_signs_its_requests_as_the_service_expects():
-    from fairstream.streams.worker import app
+def test_the_monitoring_agent_signs_its_requests_as_the_service_expects():
+    from fairstream.streams.agent.service import MonitoringAgent
 
-    assert 'source=f"monitor@{app.conf.id}"' in inspect.getsource(app)
-    assert trigger_of(monitor_request()) == "monitor"
+    agent = MonitoringAgent(adult_config())  # it asks the pipeline's re-fits now, under its own name
+    assert trigger_of(RefitRequest.new("drift", source=agent.name)) == "monitor"
+    assert trigger_of(monitor_request()) == "monitor"  # a worker's request from before the agent still counts
     assert trigger_of(RefitRequest.new("by hand")) == "other"
 
 

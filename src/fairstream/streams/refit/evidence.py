@@ -1,11 +1,18 @@
 """The evidence on a candidate version: what the control topic, the store and ``records.in`` know of it.
 
 :func:`gather` reads the control topic (the version's publish, the decisions and rollbacks naming it,
-the workers' latest shadow figures), rebuilds the active chain as a worker's registry does, and
+the latest shadow figures announced for it), rebuilds the active chain as a worker's registry does, and
 applies the active chain and the candidate chain (the active one with the candidate in place of its
 kind) to the last records of ``records.in``. The result is plain data, an :class:`Evidence`, that
 :func:`~fairstream.streams.refit.report.render` turns into a page. What is missing (no records, no
 active version, no live figures yet) is a note or an empty field, never an error.
+
+Two kinds of process announce live figures of a candidate. The pipeline's monitoring agent (``fairstream
+monitor``, app id ``<app id>.monitor``: :func:`is_agent`) announces the pipeline-wide figures the shadow
+policy decides on: its verdict, the confidence bounds behind it and the decisions the candidate changes
+(:attr:`Evidence.pipeline`). Each worker announces the figures of its own partitions (:attr:`Evidence.shadow`):
+diagnostics, not the pipeline's. The re-fit's holdout figures, measured on labelled research data before
+the candidate was published, are :attr:`Evidence.holdout`.
 
 >>> measured_columns("plan", ("plan", "scorer"))
 ('features', 'score', 'decision')
@@ -15,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from fairstream.models.kinds import capabilities
 from fairstream.repair.protocol import Applied, Batch, apply_chain
+from fairstream.streams.codec.partials import AGENT_SUFFIX
 from fairstream.streams.topics import TopicConfig
 
 from .sources import ResearchWindow, read_research_topic
@@ -32,7 +41,8 @@ if TYPE_CHECKING:
     from fairstream.streams.control.records import WorkerStatus
     from fairstream.streams.schemas import ControlRecord
 
-__all__ = ["MEASURED", "SAMPLE_SECONDS", "Chains", "Evidence", "gather", "measured_columns"]
+__all__ = ["MEASURED", "SAMPLE_SECONDS", "Chains", "Evidence", "HoldoutFigures", "gather", "holdout_figures",
+           "is_agent", "measured_columns"]
 
 MEASURED = ("features", "score", "decision")
 """The columns the two chains are compared on, in this order, where the chains write them."""
@@ -64,6 +74,35 @@ class Chains:
 
 
 @dataclass(frozen=True)
+class HoldoutFigures:
+    """The re-fit's comparison on its research holdout: the candidate and the version it would replace.
+
+    Parameters
+    ----------
+    statistic : str
+        The compared figure as the kind's trainer names it (``E`` for plans, ``DP gap`` for flows); lower is better.
+    candidate : float
+        The candidate's value on the holdout.
+    serving : float or None
+        The value of the version serving at the re-fit (None: none served, or it could not be scored).
+    rows : int or None
+        Research rows held out (None when not recorded).
+    """
+
+    statistic: str
+    candidate: float
+    serving: float | None
+    rows: int | None = None
+
+    @property
+    def candidate_better(self) -> bool | None:
+        """True when the candidate is lower (better) on the holdout, False when higher, None when not compared."""
+        if self.serving is None or self.candidate == self.serving:
+            return None
+        return self.candidate < self.serving
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything the report shows of one candidate version, gathered once.
 
@@ -86,7 +125,8 @@ class Evidence:
     artifact_refusal : str or None
     chains : Chains
     shadow : tuple of (WorkerStatus, dict)
-        Each worker's latest announcement with live figures of this version, and those figures.
+        Each worker's latest announcement with live figures of this version, and those figures: the worker's own
+        partitions only (the monitoring agent's are ``pipeline``).
     window : ResearchWindow or None
         The sample of ``records.in``; None when it cannot be read, ``window_note`` says why.
     window_note : str or None
@@ -99,6 +139,13 @@ class Evidence:
         What the two chains can differ in (of :data:`MEASURED`); empty when ``kind`` is not in the chain.
     applied : dict of str to Applied
         ``"active"`` / ``"candidate"``: each chain's output on the sample (a chain missing a module is left out).
+    pipeline : (WorkerStatus, dict) or None
+        The monitoring agent's latest announcement with pipeline-wide figures of this version, and those figures
+        (the keys of :meth:`~fairstream.streams.agent.promotion.Verdict.figures`, ``verdict``, ``changed``, ...);
+        None when no agent announced any (it is not running, or has not measured this version).
+    holdout : HoldoutFigures or None
+        The re-fit's holdout comparison, from the artifact's metrics or else the publish record's figures; None
+        when neither carries one (a publish by hand).
     """
 
     config: "PipelineConfig"
@@ -118,6 +165,8 @@ class Evidence:
     generated_at: float
     measured: tuple[str, ...] = ()
     applied: Mapping[str, Applied] = dataclasses.field(default_factory=dict)
+    pipeline: tuple["WorkerStatus", dict] | None = None
+    holdout: HoldoutFigures | None = None
 
 
 def gather(config: "PipelineConfig", bootstrap: str, kind: str, version: int, sample: int) -> Evidence:
@@ -155,16 +204,87 @@ def gather(config: "PipelineConfig", bootstrap: str, kind: str, version: int, sa
     window, window_note = _sample(config, bootstrap, sample)
     generated_at = time.time()
     sampled = window is not None and len(window)
+    announced = _shadowing(control, publish)
     return Evidence(
         config=config, kind=kind, version=version, publish=publish,
         trail=tuple(e for e in control.entries if (e.record.kind, e.record.version) == (kind, version)),
         # The claiming publish was admitted, so the ledger has a state for the version.
         state=control.ledger.state(kind, version), pending=control.ledger.pending(kind), artifact=artifact,
-        artifact_refusal=artifact_refusal, chains=chains, shadow=_shadowing(control, publish), window=window,
+        artifact_refusal=artifact_refusal, chains=chains, window=window,
+        shadow=tuple(entry for entry in announced if not is_agent(entry[0])),
+        pipeline=_latest(entry for entry in announced if is_agent(entry[0])),
         window_note=window_note, topic=config.topics.records_in, generated_at=generated_at,
         measured=measured_columns(kind, chains.kinds) if kind in chains.kinds else (),
         applied=_apply(chains, window, config) if sampled else {},
+        holdout=holdout_figures(publish, artifact),
     )
+
+
+def is_agent(status: "WorkerStatus") -> bool:
+    """Whether an announcement is the pipeline's monitoring agent's (app id ``<app id>.monitor``), not a worker's.
+
+    Parameters
+    ----------
+    status : WorkerStatus
+        An announcement read from the control topic.
+
+    Returns
+    -------
+    bool
+        True for the agent's announcements: their figures are the pipeline's.
+    """
+    return status.app_id.endswith(AGENT_SUFFIX)
+
+
+def holdout_figures(publish: "ControlRecord", artifact: "Artifact | None") -> HoldoutFigures | None:
+    """The re-fit's holdout comparison: the artifact's fit-time metrics, else the publish record's figures.
+
+    The re-fit job (:mod:`~fairstream.streams.refit.job`) writes both: ``holdout_statistic``, ``holdout_value``,
+    ``current_holdout_value`` and ``n_holdout`` in the metrics, ``{name: value, "current <name>": value}`` on the
+    record. The metrics come first: the record's figures are what a person may also type by hand.
+
+    Parameters
+    ----------
+    publish : ControlRecord
+        The publish that claimed the version.
+    artifact : Artifact or None
+        Its artifact, when it could be fetched.
+
+    Returns
+    -------
+    HoldoutFigures or None
+        None when neither carries a holdout figure.
+
+    >>> from fairstream.streams.schemas import ControlRecord
+    >>> holdout_figures(ControlRecord("plan", 2, "a" * 64, statistics={"E": 0.03, "current E": 0.09}), None)
+    HoldoutFigures(statistic='E', candidate=0.03, serving=0.09, rows=None)
+    """
+    metrics = {} if artifact is None else dict(artifact.manifest.metrics)
+    name, value = metrics.get("holdout_statistic"), metrics.get("holdout_value")
+    if isinstance(name, str) and _is_number(value):
+        serving, rows = metrics.get("current_holdout_value"), metrics.get("n_holdout")
+        return HoldoutFigures(name, float(value), float(serving) if _is_number(serving) else None,
+                              int(rows) if _is_number(rows) else None)
+    return _holdout_of_statistics(publish.statistics or {})
+
+
+def _holdout_of_statistics(statistics: Mapping[str, float]) -> HoldoutFigures | None:
+    """``{name: value, "current <name>": value}`` as the re-fit writes it on the record; None for anything else."""
+    names = [name for name in statistics if not name.startswith("current ") and _is_number(statistics[name])]
+    if len(names) != 1:  # a record by hand may carry any figures: only the re-fit's one pair is read as a holdout
+        return None
+    name = names[0]
+    serving = statistics.get(f"current {name}")
+    return HoldoutFigures(name, float(statistics[name]), float(serving) if _is_number(serving) else None)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _latest(announced) -> tuple["WorkerStatus", dict] | None:
+    """The most recent announcement of several (a restarted or standby agent announces under a new name)."""
+    return max(announced, key=lambda entry: entry[0].at, default=None)
 
 
 def measured_columns(kind: str, chain: tuple[str, ...]) -> tuple[str, ...]:

@@ -6,6 +6,13 @@ the page, from that data only. What it shows of the sampled records follows what
 the repaired features per group for a kind that writes features, the scores and decision rates per
 group where the chain scores and decides.
 
+The page opens with what the evidence means (section ``verdict``): the verdict the shadow policy would
+reach now and the confidence bounds behind it, in words, from the monitoring agent's pipeline-wide
+figures; how many of the shadowed records the candidate decides differently, overall and per group;
+and whether the re-fit's holdout and the live figures agree, and if not which one the rule trusts and
+why. Without the agent's figures it says there is no pipeline-wide verdict. Every figure is shown
+under a label, with its unit and definition, never under its internal key.
+
 The page has no external resource (CSS inline, plots as ``data:`` PNGs), so it can be mailed or
 archived with the decision. Every text that comes from the control topic (actors, reasons, worker
 names) is escaped: it is user input. What is missing is said on the page, never an error.
@@ -26,7 +33,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
-from .evidence import Evidence, gather
+from .evidence import Evidence, HoldoutFigures, gather
 
 if TYPE_CHECKING:
     from fairstream.streams.config import PipelineConfig
@@ -35,9 +42,31 @@ __all__ = ["SECTIONS", "render", "write_report"]
 
 log = logging.getLogger(__name__)
 
-SECTIONS = ("summary", "trigger", "holdout", "shadow", "distributions", "provenance", "audit")
+SECTIONS = ("verdict", "summary", "trigger", "holdout", "shadow", "distributions", "provenance", "audit")
 """The page's sections, by their ``id`` (stable: tests and links name them)."""
 _ROLES = ("active", "candidate", "noise")  # the roles in a worker's shadow figure names: "<role>.<measure>"
+
+STATISTIC_NAMES = {
+    "dependence_e": ("dependence E", "E, unitless"),
+    "w1": ("W1 between groups", "in the feature's own units"),
+    "dp_difference": ("DP gap", "difference of the groups' decision rates, 0 to 1"),
+    "dp_ratio": ("DP ratio gap", "1 - lowest / highest group decision rate, 0 to 1"),
+    "conditional_dp": ("conditional DP gap", "difference of the groups' decision rates within each stratum, 0 to 1"),
+    "eopp": ("equal-opportunity gap", "difference of the groups' decision rates among records with y = 1, 0 to 1"),
+    "mdp": ("matched DP gap", "difference of the groups' decision rates on matched records, 0 to 1"),
+    "otf": ("OTF transport cost", "score units per record"),
+}
+"""How the page names each statistic, and its unit: (label, unit). Lower is fairer for every one."""
+E_DEFINITION = ("E (dependence E) is how much the features still depend on the protected attribute within each "
+                "stratum: per feature, the mean symmetrised KL divergence between the groups' smoothed histograms, "
+                "weighted by the strata's shares and summed over the features; 0 when they do not depend on it, "
+                "unitless (lower is fairer).")
+"""The page defines E once, where it first matters."""
+VERDICTS = {1.0: "promote", 0.0: "wait", -1.0: "retire"}
+"""The agent's ``verdict`` figure, as the policy's action."""
+TRUSTED = ("The rule trusts the paired live figures: they are the records the pipeline actually decides, measured on "
+           "both chains; the holdout is labelled research data, a different and possibly older sample.")
+"""Which figures the rule trusts, and why: said wherever the holdout and the live figures disagree."""
 
 
 def write_report(config: "PipelineConfig", bootstrap: str, kind: str, version: int, out: str | Path | None = None,
@@ -128,6 +157,7 @@ def render(evidence: Evidence) -> str:
     body = "\n".join([
         f"<h1>{_e(title)}</h1>",
         f"<p class=muted>pipeline {_e(evidence.config.name)}, generated {_e(_when(evidence.generated_at))}</p>",
+        _section("verdict", "What the evidence says", _evidence_says(evidence)),
         _section("summary", "Summary and decision", _summary(evidence)),
         _section("trigger", "What triggered it", _trigger(evidence)),
         _section("holdout", "Holdout figures from the re-fit", _holdout(evidence)),
@@ -146,6 +176,247 @@ def _section(ident: str, heading: str, content: str) -> str:
     return f"<section id={ident}><h2>{_e(heading)}</h2>\n{content}\n</section>"
 
 
+# ------------------------------------------------------------------ verdict: what the evidence means
+
+
+def _evidence_says(ev: Evidence) -> str:
+    """The page's opening: the policy's verdict and its bounds, the decisions changed, holdout against live."""
+    if ev.pipeline is None:
+        paragraphs = [_no_agent(ev), _holdout_alone(ev.holdout, ev.kind)]
+    else:
+        status, figures = ev.pipeline
+        paragraphs = [_verdict_sentence(figures, ev), _verdict_why(figures, ev), _changed_sentence(figures, ev.config),
+                      _holdout_against_live(ev.holdout, figures, ev), _announced(status, ev)]
+    if _mentions_e(ev):
+        paragraphs.append(E_DEFINITION)
+    return "\n".join(f"<p>{_e(text)}</p>" for text in paragraphs if text)
+
+
+def _no_agent(ev: Evidence) -> str:
+    """Why there is no verdict: no agent figures; and what the workers' own figures are (and are not)."""
+    if not ev.shadow:
+        return ("No pipeline-wide verdict: the monitoring agent is not running (no fairstream monitor process of this "
+                "pipeline has announced figures for this version), and no worker has announced figures of its own "
+                "either, so there are no live figures and no confidence bounds yet.")
+    workers = len(ev.shadow)
+    return (f"No pipeline-wide verdict: the monitoring agent is not running (no fairstream monitor process of this "
+            f"pipeline has announced figures for this version), so this page has no verdict, no confidence bounds and "
+            f"no count of the decisions the candidate changes. Only {workers} worker{'s' if workers != 1 else ''} "
+            "announced figures, each of its own partitions; they are shown under Live shadow figures as diagnostics, "
+            "not as the pipeline's numbers.")
+
+
+def _verdict_sentence(figures: dict, ev: Evidence) -> str:
+    """The verdict the policy would reach now, with each interval in words."""
+    action = VERDICTS.get(figures.get("verdict"))
+    opening = {"promote": "The shadow policy would promote this candidate now",
+               "wait": "The shadow policy would not decide yet",
+               "retire": "The shadow policy would retire this candidate now",
+               None: "The monitoring agent announced figures but no verdict"}[action]
+    if ev.config.promotion != "shadow":
+        opening += f" (under promotion = {ev.config.promotion!r} it does not act: a person decides)"
+    confidence = _confidence(figures, ev.config)
+    clauses = [_statistic_clause(name, interval, confidence) for name, interval in _intervals(figures, "bound", ev)]
+    clauses += [_guard_clause(name, interval, confidence, ev.config) for name, interval in
+                _intervals(figures, "guard", ev)]
+    records = _count(figures.get("records", 0.0))
+    alpha = figures.get("alpha", ev.config.shadow.alpha)
+    return (f"{opening}: on {records} paired live records " + "; ".join(clauses or ["nothing was compared yet"])
+            + f". The false-promotion rate is alpha = {alpha:g}.")
+
+
+def _confidence(figures: dict, config: "PipelineConfig") -> str:
+    """"95% confidence at every look" for alpha = 0.05."""
+    alpha = figures.get("alpha", config.shadow.alpha)
+    return f"{100 * (1 - alpha):g}% confidence at every look"
+
+
+def _intervals(figures: dict, prefix: str, ev: Evidence) -> list[tuple[str, dict]]:
+    """(name, {estimate, lower, upper} as announced) of each ``<prefix>.<name>.<part>`` figure; for statistics,
+    every compared one (an unmeasured one has no parts), configured order first."""
+    found: dict[str, dict] = {}
+    for key, value in figures.items():
+        head, _, rest = key.partition(".")
+        name, _, part = rest.rpartition(".")
+        if head == prefix and name and part in ("estimate", "lower", "upper"):
+            found.setdefault(name, {})[part] = value
+    if prefix == "bound":
+        for name in ev.config.shadow_statistics:
+            found.setdefault(name, {})
+        order = {name: i for i, name in enumerate(ev.config.shadow_statistics)}
+        return sorted(found.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+    return sorted(found.items())
+
+
+def _statistic_clause(name: str, interval: dict, confidence: str) -> str:
+    """"its DP gap is lower than the serving chain's by 0.018 (between 0.006 and 0.031 with 95% confidence ...)"."""
+    label = _statistic_label(name)
+    estimate, lower, upper = (interval.get(part) for part in ("estimate", "lower", "upper"))
+    if estimate is None or lower is None or upper is None:
+        return f"its {label} is not measured yet (no interval: it cannot pass)"
+    if estimate >= 0:
+        return (f"its {label} is lower than the serving chain's by {_plain(estimate)} (between {_plain(lower)} and "
+                f"{_plain(upper)} with {confidence})")
+    return (f"its {label} is higher than the serving chain's by {_plain(-estimate)} (its improvement lies between "
+            f"{_plain(lower)} and {_plain(upper)} with {confidence})")
+
+
+def _guard_clause(name: str, interval: dict, confidence: str, config: "PipelineConfig") -> str:
+    """The accuracy guard (a drop) or the decision-rate guard (an absolute change), with its interval and limit."""
+    estimate, lower, upper = (interval.get(part) for part in ("estimate", "lower", "upper"))
+    if name == "accuracy":
+        what, limit = "accuracy", config.shadow.max_accuracy_drop
+        if estimate is None or lower is None or upper is None:
+            return "its accuracy is not measured yet"
+        moved = f"lower by {_plain(estimate)}" if estimate >= 0 else f"higher by {_plain(-estimate)}"
+        return (f"its {what} is {moved} (drop between {_plain(lower)} and {_plain(upper)} with {confidence}; at most "
+                f"{limit:g} allowed)")
+    limit = config.shadow.max_decision_rate_change
+    if estimate is None or lower is None or upper is None:
+        return "its decision rate is not measured yet"
+    return (f"its overall decision rate changes by {_plain(estimate)} (between {_plain(lower)} and {_plain(upper)} "
+            f"with {confidence}; at most {limit:g} allowed)")
+
+
+def _verdict_why(figures: dict, ev: Evidence) -> str:
+    """What makes the verdict: which intervals pass, which are undecided, which fail, or the record counts."""
+    action, shadow = VERDICTS.get(figures.get("verdict")), ev.config.shadow
+    statistics, guards = _intervals(figures, "bound", ev), _intervals(figures, "guard", ev)
+    records = figures.get("records", 0.0)
+    required = f"the required improvement of {shadow.min_improvement:g}"
+    if action == "promote":
+        guard = ", and the guard holds" if guards else ""
+        return f"Every compared statistic is better by more than {required} for sure{guard}."
+    if action == "wait":
+        if records < shadow.min_records:
+            return (f"It looks first after {shadow.min_records:,} paired records; {_count(records)} were compared "
+                    "so far.")
+        undecided = [_statistic_label(name) for name, interval in statistics if _passes(interval, shadow) is None]
+        guarded = [name.replace("_", "-") for name, interval in guards if _guard_passes(name, interval, shadow) is None]
+        reasons = ([f"the interval of its {_listed(undecided)} still straddles {required}"] if undecided else []) + (
+            [f"the {_listed(guarded)} guard is undecided"] if guarded else [])
+        return (f"It waits until the intervals settle: {'; '.join(reasons) or 'no interval is decided yet'}. It "
+                f"retires the candidate at {shadow.max_records:,} paired records without a promotion.")
+    if action == "retire":
+        return "It retires the candidate because " + _retire_reasons(statistics, guards, records, shadow) + "."
+    return ""
+
+
+def _retire_reasons(statistics: list, guards: list, records: float, shadow) -> str:
+    """What fails for sure: statistics whose interval excludes the required improvement, guards, the record cap."""
+    failed = [f"the interval of its {_statistic_label(name)} excludes an improvement of more than "
+              f"{shadow.min_improvement:g}" for name, interval in statistics if _passes(interval, shadow) is False]
+    failed += [f"its {name.replace('_', ' ')} guard fails for sure" for name, interval in guards
+               if _guard_passes(name, interval, shadow) is False]
+    if records >= shadow.max_records:
+        failed.append(f"the cap of {shadow.max_records:,} paired records was reached without a promotion")
+    # The figures carry no failure reason: a chain that failed or refused records is said on the decision record.
+    return _listed(failed) or "the candidate chain failed or refused records in shadow (the decision record says which)"
+
+
+def _passes(interval: dict, shadow) -> bool | None:
+    """The policy's reading of a statistic's interval: above min_improvement, at most it, or neither."""
+    lower, upper = interval.get("lower"), interval.get("upper")
+    if lower is None or upper is None:
+        return None
+    return True if lower > shadow.min_improvement else False if upper <= shadow.min_improvement else None
+
+
+def _guard_passes(name: str, interval: dict, shadow) -> bool | None:
+    """The policy's reading of a guard's interval: within its limit for sure, beyond it for sure, or neither."""
+    lower, upper = interval.get("lower"), interval.get("upper")
+    limit = shadow.max_accuracy_drop if name == "accuracy" else shadow.max_decision_rate_change
+    if lower is None or upper is None:
+        return None
+    return True if upper <= limit else False if lower > limit else None
+
+
+def _changed_sentence(figures: dict, config: "PipelineConfig") -> str:
+    """How many shadowed records the candidate decides differently, and what share of each group."""
+    changed, records = figures.get("changed"), figures.get("records")
+    if changed is None or not records:
+        return ("The agent announced no count of changed decisions: the chains write no decision, or none was "
+                "compared yet.")
+    shares = [f"{_share(changed_g, n_g)} of {config.s_name}={group} ({_count(changed_g)} of {_count(n_g)})"
+              for group, n_g, changed_g in _per_group_changes(figures, config)]
+    per_group = f": {_listed(shares)}" if shares else ""
+    return (f"The candidate decides {_count(changed)} of the {_count(records)} shadowed records differently "
+            f"({_share(changed, records)}){per_group}.")
+
+
+def _per_group_changes(figures: dict, config: "PipelineConfig") -> list[tuple[str, float, float]]:
+    """(group, records, changed) of each group the agent counted, configured groups first."""
+    groups = [key.partition(".")[2] for key in figures if key.startswith("records.")]
+    order = {str(group): i for i, group in enumerate(config.groups)}
+    groups.sort(key=lambda group: (order.get(group, len(order)), group))
+    return [(group, figures[f"records.{group}"], figures.get(f"changed.{group}", 0.0)) for group in groups
+            if figures[f"records.{group}"] > 0]
+
+
+def _holdout_against_live(holdout: HoldoutFigures | None, figures: dict, ev: Evidence) -> str:
+    """Whether the re-fit's holdout and the live figures point the same way; when not, which one the rule trusts."""
+    live = [(name, interval) for name, interval in _intervals(figures, "bound", ev)
+            if interval.get("estimate") is not None and interval["estimate"] != 0]
+    if holdout is None or holdout.candidate_better is None or not live:
+        return _holdout_alone(holdout, ev.kind)  # nothing to set side by side
+    on_holdout = _holdout_words(holdout, ev.kind)
+    disagree = [(name, interval) for name, interval in live if (interval["estimate"] > 0) != holdout.candidate_better]
+    if not disagree:
+        verdict = "better" if holdout.candidate_better else "worse"
+        return (f"The holdout and the live figures agree: the candidate is {verdict} on both ({on_holdout}; live, "
+                f"{_listed([_live_words(name, interval) for name, interval in live])}).")
+    records = _count(figures.get("records", 0.0))
+    return (f"The holdout and the live figures disagree. {on_holdout[0].upper()}{on_holdout[1:]}. On {records} paired "
+            f"live records {_listed([_live_words(name, interval) for name, interval in disagree])}. {TRUSTED}")
+
+
+def _holdout_alone(holdout: HoldoutFigures | None, kind: str) -> str:
+    if holdout is None:
+        return "The re-fit recorded no holdout figures (a publish by hand): only the live figures speak."
+    words = _holdout_words(holdout, kind)
+    return (f"{words[0].upper()}{words[1:]}. The rule does not decide on the holdout: it decides on paired live "
+            "records, the ones the pipeline actually decides.")
+
+
+def _holdout_words(holdout: HoldoutFigures, kind: str) -> str:
+    """"on the research holdout (600 rows) the candidate's dependence E is 0.052 against 0.031 ...: worse"."""
+    rows = f" ({holdout.rows:,} rows)" if holdout.rows else ""
+    label = _statistic_label(holdout.statistic)
+    if holdout.serving is None:
+        return f"on the research holdout{rows} the candidate's {label} is {_plain(holdout.candidate)}"
+    verdict = {True: "better", False: "worse", None: "equal"}[holdout.candidate_better]
+    return (f"on the research holdout{rows} the candidate's {label} is {_plain(holdout.candidate)} against "
+            f"{_plain(holdout.serving)} for the {kind} version it would replace: {verdict}")
+
+
+def _live_words(name: str, interval: dict) -> str:
+    """"its DP gap is lower than the serving chain's by 0.018: better" (", so far" while its interval spans 0)."""
+    estimate, lower, upper = (interval.get(part) for part in ("estimate", "lower", "upper"))
+    sure = lower is not None and upper is not None and (lower > 0 or upper < 0)
+    so_far = "" if sure else " so far (its interval still spans no change)"
+    side = f"lower than the serving chain's by {_plain(estimate)}: better" if estimate > 0 else \
+        f"higher than the serving chain's by {_plain(-estimate)}: worse"
+    return f"its {_statistic_label(name)} is {side}{so_far}"
+
+
+def _announced(status, ev: Evidence) -> str:
+    """When the agent announced these figures; a warning when that was long ago or the version was decided since."""
+    parts = [f"Figures announced by the monitoring agent {status.worker} at {_when(status.at)}."]
+    if status.is_stale(ev.generated_at):
+        parts.append("That is more than two announcement intervals ago: the agent may be down, and these are its last "
+                     "figures, not today's.")
+    if ev.state != "candidate":
+        parts.append(f"The version is {ev.state} now: these are the last figures announced while it was pending.")
+    return " ".join(parts)
+
+
+def _mentions_e(ev: Evidence) -> bool:
+    """Whether the page shows E anywhere: then it defines it (once)."""
+    compared = set(ev.config.shadow_statistics)
+    holdout = ev.holdout is not None and _statistic_label(ev.holdout.statistic) == STATISTIC_NAMES["dependence_e"][0]
+    return holdout or "dependence_e" in compared
+
+
 # ------------------------------------------------------------------ summary
 
 
@@ -158,7 +429,9 @@ def _summary(ev: Evidence) -> str:
             ("candidate chain", " → ".join(f"{k} v{ev.version} (candidate)" if k == ev.kind else
                                            _chain_member(k, ev.chains.versions.get(k)) for k in ev.chains.kinds))]
     if config.promotion == "shadow":
-        rows.append(("shadow policy", f"decides after {config.shadow.min_records} live records"))
+        rows.append(("shadow policy", f"decides on the paired live records the monitoring agent pools over every "
+                                      f"worker, from {config.shadow.min_records:,} on, with a false-promotion rate "
+                                      f"alpha = {config.shadow.alpha:g}"))
     parts = [f"<p><span class=state>{_e(ev.state)}</span></p>", _kv_table(rows)]
     decided = [e for e in ev.trail if e.refusal is None and e.record.action not in ("publish",)]
     if decided:
@@ -204,23 +477,56 @@ def _trigger_kind(record) -> str:
 # ------------------------------------------------------------------ holdout
 
 
+_METRIC_LABELS = {
+    "holdout_statistic": "figure compared on the holdout (lower is better)",
+    "holdout_value": "candidate's value on the holdout",
+    "current_holdout_value": "value on the holdout of the version serving at the re-fit",
+    "n_research": "research records read",
+    "n_fit": "research records fitted on",
+    "n_holdout": "research records held out",
+    "n_invalid": "invalid research records skipped",
+    "holdout_fraction": "share of each (u, s) cell held out",
+    "tolerance": "tolerance: how much worse (relative) than the serving version the candidate may score",
+    "seed": "seed of the split, the fit and the validation",
+    "source": "research source",
+    "replaces_version": "version serving at the re-fit",
+    "E_holdout_after": "E on the holdout after the candidate's repair (unitless)",
+    "E_holdout_before": "E on the holdout before any repair (unitless)",
+    "E_holdout_floor": "E floor on the holdout: what an ideal repair still measures, s permuted within strata",
+    "damage_holdout": "damage on the holdout per feature: how far the repair moves values, in each feature's units",
+}
+"""Labels of the fit-time metrics the re-fit job and the plan trainer write; other trainers' metrics keep their
+names."""
+
+
 def _holdout(ev: Evidence) -> str:
-    parts = []
+    parts = ["<p>The re-fit's research holdout: labelled research data held out of the fit, a different and possibly "
+             "older sample than the live records the shadow policy decides on.</p>"]
     statistics = ev.publish.statistics or {}
     if statistics:
         parts.append("<h3>Figures on the publish record</h3>" + _kv_table(sorted(
-            (name, _number(value)) for name, value in statistics.items())))
+            (_record_figure_label(name, ev.holdout), _number(value)) for name, value in statistics.items())))
     metrics = {} if ev.artifact is None else dict(ev.artifact.manifest.metrics)
     if metrics:
         parts.append("<h3>Fit-time metrics of the artifact</h3>" + _kv_table(sorted(
-            (name, _value(value)) for name, value in metrics.items())))
+            (_METRIC_LABELS.get(name, name), _value(value)) for name, value in metrics.items())))
         plot = _holdout_plot(metrics)
         if plot:
             parts.append(plot)
-    if not parts:
+    if len(parts) == 1:
         parts.append(_note("neither the publish record nor the artifact carries holdout figures (published by hand "
                            "without --reason statistics, or not a re-fit)"))
     return "\n".join(parts)
+
+
+def _record_figure_label(name: str, holdout: HoldoutFigures | None) -> str:
+    """The re-fit's pair on the publish record, ``E`` and ``current E``, as "dependence E, candidate" and "...,
+    version serving at the re-fit"; anything else as named (a person's figures)."""
+    if holdout is not None and name == holdout.statistic:
+        return f"{_statistic_label(name)} on the holdout, candidate"
+    if holdout is not None and name == f"current {holdout.statistic}":
+        return f"{_statistic_label(holdout.statistic)} on the holdout, version serving at the re-fit"
+    return name
 
 
 def _pyplot():
@@ -274,11 +580,12 @@ def _holdout_plot(metrics: dict) -> str | None:
 
 
 def _shadow(ev: Evidence) -> str:
-    policy = _policy(ev.config)
+    parts = [_policy(ev.config), "<h3>pipeline-wide figures (the monitoring agent)</h3>", _pipeline_figures(ev),
+             "<h3>per-worker figures (diagnostics: each worker's own partitions)</h3>"]
     if not ev.shadow:
-        return policy + _note("no live figures yet: no worker has announced shadow figures for this version (it is not "
-                     "pending, no worker runs it in shadow, or fewer records than one announcement have passed)")
-    parts = [policy]
+        return "\n".join(parts + [_note(
+            "no live figures yet from any worker: no worker has announced shadow figures for this version (it is not "
+            "pending, no worker runs it in shadow, or fewer records than one announcement have passed)")])
     for status, figures in ev.shadow:
         records, since = figures.get("records"), figures.get("since")
         window = (f"{_number(records)} live records since {_when(since)}" if _is_number(records) else
@@ -296,12 +603,105 @@ def _shadow(ev: Evidence) -> str:
 def _policy(config: "PipelineConfig") -> str:
     """What the shadow policy requires of a candidate (it decides only under ``promotion = "shadow"``)."""
     shadow, promotion = config.shadow, config.promotion
-    compared = ", ".join(config.shadow_statistics)
+    compared = _listed([_statistic_label(name) for name in config.shadow_statistics])
     decides = "decides" if promotion == "shadow" else f"would decide (promotion is {promotion!r}: a person decides)"
-    return (f"<p>The shadow policy {_e(decides)} after {shadow.min_records} live records: the candidate must be lower "
-            f"than the active chain by more than {_e(_number(shadow.min_improvement))} on {_e(compared)}, its "
-            f"accuracy at most {_e(_number(shadow.max_accuracy_drop))} below the active chain's (with labels), else "
-            f"its decision rate within {_e(_number(shadow.max_decision_rate_change))} of it.</p>")
+    return (f"<p>The shadow policy {_e(decides)} on the paired live records the monitoring agent pools over every "
+            f"worker (both chains decide the same records), from {shadow.min_records:,} on and at every look after: "
+            f"it promotes the candidate when, on {_e(compared)}, its improvement (serving minus candidate; positive: "
+            f"the candidate is fairer) is above {_e(_number(shadow.min_improvement))} with confidence 1 - alpha = "
+            f"{_e(f'{1 - shadow.alpha:g}')} at every look, and its accuracy drop is at most "
+            f"{_e(_number(shadow.max_accuracy_drop))} (with labels), else its decision rate changes by at most "
+            f"{_e(_number(shadow.max_decision_rate_change))}; it retires it when an interval excludes that, or after "
+            f"{shadow.max_records:,} paired records.</p>")
+
+
+def _pipeline_figures(ev: Evidence) -> str:
+    """The agent's figures as labelled rows (figure, value, unit and definition), and the intervals as a plot."""
+    if ev.pipeline is None:
+        return _note("the monitoring agent has announced no figures for this version (it is not running, or has not "
+                     "compared this candidate yet): no verdict and no confidence bounds")
+    status, figures = ev.pipeline
+    rows = _figure_rows(figures, ev.config)
+    table = _table(("figure", "value", "unit and definition"), rows, numeric=(1,))
+    intervals = [(_statistic_label(name), interval) for name, interval in _intervals(figures, "bound", ev)
+                 if all(part in interval for part in ("estimate", "lower", "upper"))]
+    plot = _interval_plot(intervals, ev.config.shadow.min_improvement) if intervals else None
+    return f"<p>{_e(status.worker)}, announced {_e(_when(status.at))}</p>" + table + (plot or "")
+
+
+def _figure_rows(figures: dict, config: "PipelineConfig") -> list[tuple[str, str, str]]:
+    """Every announced figure under a label: the known keys in a reader's order, anything else last, as announced."""
+    rows, shown = [], set()
+    for key, label, unit in _known_figures(figures, config):
+        if key in figures:
+            rows.append((label, _figure_value(key, figures[key]), unit))
+            shown.add(key)
+    rows += [(f"other figure {key}", _number(value), "as the agent announced it") for key, value in figures.items()
+             if key not in shown]
+    return rows
+
+
+def _figure_value(key: str, value: float) -> str:
+    if key == "verdict":
+        return VERDICTS.get(value, _number(value))
+    if key == "records" or key.startswith(("records.", "changed")):
+        return _count(value)
+    return _number(value)
+
+
+def _known_figures(figures: dict, config: "PipelineConfig") -> list[tuple[str, str, str]]:
+    """(key, label, unit and definition) of every figure the agent announces, in a reader's order."""
+    shadow = config.shadow
+    known = [("verdict", "the shadow policy's verdict now", "what the rule makes of the intervals below (announced as "
+                                                            "1 promote, 0 wait, -1 retire)"),
+             ("records", "paired live records compared", "records both chains decided, pooled over every worker"),
+             ("alpha", "false-promotion rate alpha", "the chance of promoting a candidate that is not better by "
+                                                      "min_improvement; every interval holds with confidence 1 - alpha "
+                                                      "at every look")]
+    statistics = sorted({key.split(".")[1] for key in figures if key.startswith("bound.") and key.count(".") >= 2})
+    for name in dict.fromkeys((*config.shadow_statistics, *statistics)):
+        label, unit = STATISTIC_NAMES.get(name, (name, "as the agent measures it"))
+        known += [(f"bound.{name}.{part}", f"{label} improvement, {words}",
+                   f"{unit}; serving minus candidate: positive means the candidate is fairer (it must exceed "
+                   f"{shadow.min_improvement:g})") for part, words in _PARTS]
+        known += [(f"{role}.{name}", f"{label}, {chain}", f"{unit}, over the compared records")
+                  for role, chain in _CHAINS]
+    known += [(f"guard.accuracy.{part}", f"accuracy drop, {words}", f"share of labelled records decided correctly, "
+               f"serving minus candidate; at most {shadow.max_accuracy_drop:g} allowed") for part, words in _PARTS]
+    known += [(f"guard.decision_rate.{part}", f"decision-rate change, {words}", f"absolute change of the share of "
+               f"records decided positively; at most {shadow.max_decision_rate_change:g} allowed")
+              for part, words in _PARTS]
+    for what, unit in (("accuracy", "share of labelled records decided correctly, 0 to 1"),
+                       ("decision_rate", "share of records decided positively, 0 to 1")):
+        known += [(f"{role}.{what}", f"{what.replace('_', ' ')}, {chain}", unit) for role, chain in _CHAINS]
+    known.append(("changed", "decisions changed", "shadowed records the candidate decides differently"))
+    for group, _, _ in _per_group_changes(figures, config):
+        known += [(f"records.{group}", f"records, {config.s_name}={group}", "paired records of the group"),
+                  (f"changed.{group}", f"decisions changed, {config.s_name}={group}",
+                   "the group's records the candidate decides differently")]
+    return known
+
+
+_PARTS = (("estimate", "estimate"), ("lower", "lower bound"), ("upper", "upper bound"))
+_CHAINS = (("active", "serving chain"), ("candidate", "candidate chain"))
+
+
+@_plot("confidence interval")
+def _interval_plot(intervals: list[tuple[str, dict]], min_improvement: float) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(intervals) + 1.4))
+    y = np.arange(len(intervals))
+    estimates = np.array([interval["estimate"] for _, interval in intervals])
+    spans = np.array([[interval["estimate"] - interval["lower"], interval["upper"] - interval["estimate"]]
+                      for _, interval in intervals]).T
+    ax.errorbar(estimates, y, xerr=np.maximum(spans, 0.0), fmt="o", color="#2f7ebc", capsize=4)
+    ax.axvline(0.0, color="#999999", linewidth=1)
+    ax.axvline(min_improvement, color="#176c2e", linestyle="--", linewidth=1, label="required improvement")
+    ax.set_yticks(y, [label for label, _ in intervals])
+    ax.invert_yaxis()
+    ax.set_xlabel("improvement, serving minus candidate (positive: the candidate is fairer)")
+    ax.legend(loc="best", fontsize=8)
+    return _figure(fig, "interval-plot", "each compared statistic's improvement and its anytime-valid interval")
 
 
 def _measures(figures: dict) -> list[str]:
@@ -312,10 +712,10 @@ def _measures(figures: dict) -> list[str]:
 
 
 def _measure_name(measure: str, s_name: str) -> str:
-    """``decision_rate.0`` as "decision rate, sex=0"; a statistic's name as it is."""
+    """``decision_rate.0`` as "decision rate, sex=0"; a statistic by its label ("dependence E")."""
     what, _, group = measure.partition(".")
     if what not in ("decision_rate", "accuracy"):
-        return measure
+        return _statistic_label(measure)
     return what.replace("_", " ") + (f", {s_name}={group}" if group else "")
 
 
@@ -535,6 +935,34 @@ def _number(value) -> str:
     if float(value).is_integer() and abs(value) < 1e15:
         return str(int(value))
     return f"{value:.4g}"
+
+
+def _statistic_label(name: str) -> str:
+    """A statistic's label: ``dp_difference`` as "DP gap"; the re-fit's ``E`` as "dependence E"; others as named."""
+    if name == "E":  # the plan trainer's holdout figure: E summed over the features
+        return STATISTIC_NAMES["dependence_e"][0]
+    return STATISTIC_NAMES.get(name, (name, ""))[0]
+
+
+def _plain(value: float) -> str:
+    """A figure in a sentence: three decimals, or two significant digits when smaller than that shows."""
+    if value == 0 or abs(value) >= 0.0005:
+        return f"{value:.3f}"
+    return f"{value:.2g}"
+
+
+def _count(value: float) -> str:
+    """A record count with thousands separators: 12,400."""
+    return f"{int(round(value)):,}"
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _listed(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1] if items else ""
 
 
 def _value(value) -> str:

@@ -23,9 +23,9 @@ _SEEN_REQUESTS = 10_000  # request ids remembered for de-duplication (oldest for
 _UNREAD = object()  # the serving version, not read yet in this step
 _WARNED = frozenset({"superseded"})  # decisions an operator should see: a drift no re-fit will answer
 
-# Where a request comes from, told by its ``source``. The worker's monitor signs its requests
-# "monitor@<app id>" (streams/worker/app.py) and the pipeline's monitoring agent "<app id>.monitor@<host>:<pid>"
-# (streams/agent/service.py): both are the monitor trigger. The Alertmanager webhook (webhook.py) signs
+# Where a request comes from, told by its ``source``. The pipeline's monitoring agent signs its requests
+# "<app id>.monitor@<host>:<pid>" (streams/agent/service.py); workers before the agent signed "monitor@<app id>",
+# and such requests may still wait on the topic: both are the monitor trigger. The Alertmanager webhook (webhook.py) signs
 # "alertmanager:<alert name>@<instance>". Anything else (a person, a script) is "other".
 MONITOR_SOURCE_PREFIX = "monitor@"
 ALERT_SOURCE_PREFIX = "alertmanager:"
@@ -43,11 +43,11 @@ different hosts, whose clocks may disagree by this much."""
 def trigger_of(request: RefitRequest) -> str:
     """``monitor``, ``alertmanager`` or ``other``: which trigger sent ``request`` (from its source)."""
     source = request.source or ""
+    if source.startswith(ALERT_SOURCE_PREFIX):  # first: an alert's name may end in ".monitor" too
+        return "alertmanager"
     app_id, at, _ = source.partition("@")
     if source.startswith(MONITOR_SOURCE_PREFIX) or (at and app_id.endswith(AGENT_SUFFIX)):
         return "monitor"
-    if source.startswith(ALERT_SOURCE_PREFIX):
-        return "alertmanager"
     return "other"
 
 
