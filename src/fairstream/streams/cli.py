@@ -591,13 +591,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     config = _config(args)
     options = DemoOptions(run_dir=Path(args.run_dir) / "demo", n_research=args.n_research, seed=args.seed,
-                          bad=args.bad, rate=args.rate, timeout=args.timeout, act=args.act)
+                          bad=args.bad, rate=args.rate, timeout=args.timeout, act=args.act, workers=args.workers)
     config = config.with_topics(prefix=f"{config.topics.prefix}-demo-{int(time.time())}")  # a fresh run each time
     with _broker(args, may_start=True) as broker:
         try:
             report = run_demo(config, broker.bootstrap, options)
         except KeyboardInterrupt:
-            print("\ninterrupted: the worker and the broker have been stopped", file=sys.stderr)
+            print("\ninterrupted: the workers, the monitoring agent and the broker have been stopped", file=sys.stderr)
             return 130
     print(format_report(report))
     return 0
@@ -844,8 +844,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=_cmd_artifacts)
 
     demo = sub.add_parser("demo", help="the streaming demo end to end on the embedded default (what make run runs)",
-                          description="Start a broker (embedded unless --broker), the topics, a worker with its "
-                                      "fairness monitor, a re-fit service and (if installed) Prometheus; publish a plan "
+                          description="Start a broker (embedded unless --broker), the topics, --workers workers, the "
+                                      "pipeline's monitoring agent (its fairness statistics over every worker's "
+                                      "records, drift), a re-fit service and (if installed) Prometheus; publish a plan "
                                       "fitted on the Adult research split; replay the archive with bad records mixed in; "
                                       "shift the distribution half way and show detection, alert, re-fit, swap and "
                                       "recovery live; then report the accounting, E before/after per plan version "
@@ -856,6 +857,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--bad", type=int, default=100, help="invalid records mixed into the replay (default: 100)")
     demo.add_argument("--rate", type=float, default=2000.0, help="replay rate in records/s (default: 2000)")
     demo.add_argument("--timeout", type=float, default=300.0, help="give up after this many seconds")
+    demo.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                      help="worker processes sharing the pipeline's input (default: 1), beside one monitoring agent")
     demo.add_argument("--act", choices=tuple(ACTS), default=DEFAULT_ACT,
                       help="plan: drift answered by a new repair plan (default); flow: by a new AdapFair flow in "
                            "front of a frozen classifier, monitored on the decisions' DP gap; approve: the new plan "

@@ -13,7 +13,7 @@ from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 
 def window_records(hooks: WorkerHooks) -> float:
-    return hooks.metrics.window_records.labels("count")._value.get()
+    return hooks.metrics.window_records.labels("count", "worker")._value.get()
 
 
 def test_a_batch_after_the_throttled_export_reaches_the_gauges_without_another_batch():
@@ -22,7 +22,7 @@ def test_a_batch_after_the_throttled_export_reaches_the_gauges_without_another_b
         statistic="dp_difference", min_records=100, window_records=5000, buckets=1, metrics_port="off")
     chain = (Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y)),)
     messages = [SimpleMessage(v, k) for k, v in record_messages(archive.subset(slice(0, 800)), config, id_prefix="t")]
-    hooks = WorkerHooks(config, "127.0.0.1:1", "trailing-test", refit_source="test")
+    hooks = WorkerHooks(config, "127.0.0.1:1", "trailing-test")
     for part in (slice(0, 400), slice(400, 800)):  # the second within the second: its export is throttled
         hooks.records_delivered(RecordRepairer(config).process(messages[part], chain), chain)
     assert window_records(hooks) == 400 and hooks.unexported == {"fairness"}

@@ -347,7 +347,9 @@ async def _serve(agent: MonitoringAgent, bootstrap: str, stop: asyncio.Event) ->
     await notices.start()
     agent.registry = ArtifactRegistry(module_loaders(agent.config.schema()), ArtifactStore(agent.config.artifact_dir))
     control = asyncio.ensure_future(follow_control(agent.registry, bootstrap, agent.config.topics.control,
-                                                   worker=WorkerIdentity(agent.app_id, ()),
+                                                   # the chain's kinds: the announcer files the shadow figures of
+                                                   # the candidates of these kinds (what the report reads)
+                                                   worker=WorkerIdentity(agent.app_id, agent.config.records.chain),
                                                    shadow_figures=lambda: agent.figures))
     halt = threading.Event()
     reader = StatsReader(agent, bootstrap)

@@ -1,10 +1,14 @@
 """The loop the product exists for: drift -> detection -> alert -> re-fit -> hot swap -> recovery.
 
-:func:`run_fairness_loop` runs it for real: a worker (with its monitor and /metrics), a re-fit
-service answering ``refit.requests``, optionally a Prometheus server with the production alert
-rules, and a stream whose distribution shifts half way while the labelling process keeps feeding
-the ``research`` topic. It polls the worker's /metrics and records a timeline of what happened
-when, and the monitored statistic over time (for the demo's plot and for the end-to-end test).
+:func:`run_fairness_loop` runs it for real: ``workers`` worker processes (each with its record agent and /metrics)
+and the pipeline's monitoring agent (``fairstream monitor``, which merges the workers' partial aggregates, exports
+the pipeline's statistics with ``scope="pipeline"``, detects drift once and asks one re-fit per drift), a re-fit
+service answering ``refit.requests``, optionally a Prometheus server with the production alert rules scraping every
+worker and the agent, and a stream whose distribution shifts half way while the labelling process keeps feeding the
+``research`` topic. It polls the agent's /metrics (the pipeline's statistic, its drift counter and a shadow
+candidate's figures) and every worker's (the version each serves, the records each processed), and records a
+timeline of what happened when, and the monitored statistic over time (for the demo's plot and for the end-to-end
+test).
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import ControlError
 from fairstream.streams.control.store import ArtifactStore
-from fairstream.streams.ops.processes import free_port
+from fairstream.streams.ops.processes import LOOPBACK, free_port
 from fairstream.streams.ops.prometheus import (
     ALERTS_YML,
     PrometheusServer,
     rules_with_short_for,
 )
-from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.ops.supervise import AgentProcess, WorkerProcess
 from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.service import RefitService
 from fairstream.streams.refit.sources import TopicSource
@@ -53,7 +57,7 @@ def shift_group(data: Dataset, feature: int, group, stratum, amount: float, lo: 
 
 
 def scrape(url: str) -> dict[tuple, float]:
-    """A worker's /metrics as {(name, sorted label items): value}."""
+    """A /metrics endpoint (a worker's or the agent's) as {(name, sorted label items): value}."""
     with urllib.request.urlopen(url, timeout=2) as response:
         text = response.read().decode()
     return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -75,88 +79,200 @@ class LoopReport:
     statistic: str = "dependence_e"
     kind: str = DEFAULT_KIND  # the kind the loop re-fits
     refit_outcomes: list[str] = field(default_factory=list)
+    refit_requests: list[str] = field(default_factory=list)  # what the re-fit service did with each request it read
     sent: int = 0  # messages sent to records.in (valid and invalid)
+    workers: int = 1  # worker processes that ran (beside the one monitoring agent)
 
     def first(self, event: str) -> float | None:
         """When ``event`` first happened (seconds from the start), or None."""
         return next((t for t, e, _ in self.events if e == event), None)
 
 
-class MetricsPoller(threading.Thread):
-    """Polls a worker's /metrics and turns what changes into timeline events."""
+class DemoPipeline:
+    """``workers`` ``fairstream worker`` processes and the pipeline's one ``fairstream monitor``, each with its own
+    /metrics port on loopback; started together, stopped together (the workers first, all at once, then the agent,
+    so their last partial aggregates reach it).
 
-    def __init__(self, url: str, report: LoopReport, start: float, config: PipelineConfig, interval: float = 0.5,
-                 say: Callable[[str], None] | None = None):
+    One worker's log is ``worker.log`` in ``run_dir``, several are ``worker-1.log``, ...; the agent's is
+    ``monitor.log``.
+    """
+
+    def __init__(self, config: PipelineConfig, bootstrap: str, run_dir: Path, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"a pipeline needs at least one worker, got {workers}")
+        ports = distinct_free_ports(workers + 1)
+        self.agent_port, self.worker_ports = ports[0], ports[1:]
+        names = ["worker"] if workers == 1 else [f"worker-{i}" for i in range(1, workers + 1)]
+        self.workers = [WorkerProcess(config.with_monitor(metrics_port=port), bootstrap, run_dir, name=name)
+                        for name, port in zip(names, self.worker_ports)]
+        self.agent = AgentProcess(config.with_monitor(metrics_port=self.agent_port), bootstrap, run_dir,
+                                  metrics_port=self.agent_port)
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.agent_port}/metrics"
+
+    @property
+    def worker_urls(self) -> list[str]:
+        return [f"http://{LOOPBACK}:{port}/metrics" for port in self.worker_ports]
+
+    @property
+    def targets(self) -> list[str]:
+        """What Prometheus scrapes: every worker and the agent (``host:port``)."""
+        return [f"{LOOPBACK}:{port}" for port in (*self.worker_ports, self.agent_port)]
+
+    def failure(self) -> str | None:
+        """Why the pipeline cannot go on (a process exited, with its log's last lines), or None."""
+        for process in (*self.workers, self.agent):
+            if not process.running:
+                return f"{process.log_path.stem} exited; last lines of its log:\n{process.log_tail()}"
+        return None
+
+    def __enter__(self) -> "DemoPipeline":
+        try:
+            self.agent.start()
+            for worker in self.workers:
+                worker.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM to every worker at once (each finishes its batch and commits), then to the agent."""
+        stopping = [threading.Thread(target=worker.stop, daemon=True) for worker in self.workers]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
+        self.agent.stop()
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` different ports free right now on loopback."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+class MetricsPoller(threading.Thread):
+    """Polls the monitoring agent's /metrics and every worker's, and turns what changes into timeline events.
+
+    The pipeline's figures are the agent's (``scope="pipeline"``): the monitored statistic of the serving chain and
+    of a shadow candidate, and the drift counter. What serves is the workers': :attr:`version` is the version every
+    worker serves (the lowest while a swap is under way), :attr:`candidate` the candidate a worker shadows;
+    :attr:`processed` sums the records every worker repaired or dead-lettered.
+    """
+
+    def __init__(self, agent_url: str, worker_urls: list[str], report: LoopReport, start: float,
+                 config: PipelineConfig, interval: float = 0.5, say: Callable[[str], None] | None = None):
         super().__init__(daemon=True)
-        self.url, self.report, self.start_time, self.interval, self.say = url, report, start, interval, say
+        self.agent_url, self.worker_urls = agent_url, list(worker_urls)
+        self.report, self.start_time, self.interval, self.say = report, start, interval, say
         self.last_line, self.last_done = 0.0, (0.0, 0.0)
-        self.processed = 0.0  # records the worker has repaired or dead-lettered
+        self.processed = 0.0  # records the workers have repaired or dead-lettered
         self.monitor, self.kind, self.pipeline = config.monitor, config.refit_kind, config.name
         self.statistic = config.monitor.statistics[0]
         self.threshold = config.monitor.thresholds[self.statistic]
         self.stop_event = threading.Event()
         self.version, self.drifts, self.recovered_version = None, 0.0, None
+        self.versions: list[float | None] = [None] * len(self.worker_urls)  # what each worker serves
         self.candidate, self.candidate_value = None, None  # the shadow candidate's version and statistic, if any
+        self.agent_samples: dict | None = None  # the last successful scrape of the agent
+        self.worker_samples: list[dict | None] = [None] * len(self.worker_urls)  # ... and of each worker
 
     def run(self) -> None:
-        """Scrape the worker's /metrics until stopped."""
+        """Scrape the agent and the workers until stopped."""
         while not self.stop_event.wait(self.interval):
-            try:
-                samples = scrape(self.url)
-            except OSError:
-                continue
-            self._observe(samples, time.monotonic() - self.start_time)
+            agent = _scraped(self.agent_url)
+            if agent is not None:
+                self.agent_samples = agent
+            for i, url in enumerate(self.worker_urls):
+                samples = _scraped(url)
+                if samples is not None:
+                    self.worker_samples[i] = samples
+            self._observe(time.monotonic() - self.start_time)
 
-    def _metric(self, samples: dict, name: str, **labels) -> float | None:
+    def _metric(self, samples: dict | None, name: str, **labels) -> float | None:
         """The value of ``name`` with ``labels`` for this pipeline, or None."""
-        return metric(samples, name, pipeline=self.pipeline, **labels)
+        return None if samples is None else metric(samples, name, pipeline=self.pipeline, **labels)
 
-    def _observe(self, samples: dict, t: float) -> None:
-        self.processed = sum(self._metric(samples, name, agent="records") or 0.0
+    def _summed(self, name: str, **labels) -> float:
+        """A counter summed over every worker (0 for a worker not scraped yet)."""
+        return sum(self._metric(samples, name, **labels) or 0.0 for samples in self.worker_samples)
+
+    def _observe(self, t: float) -> None:
+        self.processed = sum(self._summed(name, agent="records")
                              for name in ("fairstream_records_repaired_total", "fairstream_records_dead_lettered_total"))
-        version = self._metric(samples, "fairstream_artifact_version", kind=self.kind)
-        value = self._statistic(samples, "active")
-        self._observe_candidate(samples, t)
-        drifts = self._metric(samples, "fairstream_drift_events_total", statistic=self.statistic,
+        self.versions = [self._metric(samples, "fairstream_artifact_version", kind=self.kind)
+                         for samples in self.worker_samples]
+        version = min(self.versions) if self.versions and None not in self.versions else None
+        value = self._statistic("active")
+        self._observe_candidate(t)
+        drifts = self._metric(self.agent_samples, "fairstream_drift_events_total", statistic=self.statistic,
                               detector=self.monitor.detector) or 0.0
         if version is not None and version != self.version:
             self.report.events.append((t, f"{self.kind} version in use", f"version {int(version)}"))
             self.version = version
         if drifts > self.drifts:
-            self.report.events.append((t, "drift detected by the monitor", f"{self.statistic} = {value:.3f}"))
+            shown = "not measured" if value is None else f"{value:.3f}"
+            self.report.events.append((t, "drift detected by the monitor",
+                                       f"{self.statistic} = {shown} (the pipeline's, {_workers(len(self.worker_urls))})"))
             self.drifts = drifts
         if self.say is not None and t - self.last_line >= 2.0:
-            self._live_line(samples, t, version, value)
+            self._live_line(t, version, value)
         if value is not None and version is not None:
             self.report.series.append((t, value, int(version)))
             if version > 1 and value < self.threshold and self.recovered_version != version:
                 self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.threshold}"))
                 self.recovered_version = version
 
+    def _statistic(self, role: str) -> float | None:
+        """The pipeline's monitored statistic after the chain over the count window (the agent's), of the serving
+        chain or the candidate's."""
+        return self._metric(self.agent_samples, fairness_family(self.statistic), statistic=self.statistic,
+                            stage="after", stratum="all", feature="all", group_pair="all", window="count", role=role,
+                            scope="pipeline")
 
-    def _statistic(self, samples: dict, role: str) -> float | None:
-        """The monitored statistic after the chain over the count window, of the serving chain or the candidate's."""
-        return self._metric(samples, fairness_family(self.statistic), statistic=self.statistic, stage="after",
-                            stratum="all", feature="all", group_pair="all", window="count", role=role)
-
-    def _observe_candidate(self, samples: dict, t: float) -> None:
-        candidate = self._metric(samples, "fairstream_candidate_version", kind=self.kind)
+    def _observe_candidate(self, t: float) -> None:
+        shadowed = [self._metric(samples, "fairstream_candidate_version", kind=self.kind)
+                    for samples in self.worker_samples]
+        candidate = max((v for v in shadowed if v is not None), default=None)
         if candidate is not None and candidate != self.candidate:
             self.report.events.append((t, "candidate in shadow", f"{self.kind} version {int(candidate)}"))
-        value = None if candidate is None else self._statistic(samples, "candidate")
+        value = None if candidate is None else self._statistic("candidate")
         self.candidate, self.candidate_value = candidate, value
         if value is not None:
             self.report.candidate_series.append((t, value, int(candidate)))
 
-    def _live_line(self, samples: dict, t: float, version, value) -> None:
-        taken = self._metric(samples, "fairstream_records_in_total", agent="records") or 0.0
-        repaired = self._metric(samples, "fairstream_records_repaired_total", agent="records") or 0.0
-        dead = self._metric(samples, "fairstream_records_dead_lettered_total", agent="records") or 0.0
+    def _live_line(self, t: float, version, value) -> None:
+        taken = self._summed("fairstream_records_in_total", agent="records")
+        repaired = self._summed("fairstream_records_repaired_total", agent="records")
+        dead = self._summed("fairstream_records_dead_lettered_total", agent="records")
         rate = (repaired + dead - self.last_done[1]) / max(t - self.last_done[0], 1e-9)
+        serving = "" if len(set(self.versions)) <= 1 else \
+            " (" + "/".join("-" if v is None else f"v{int(v)}" for v in self.versions) + ")"
         self.say(f"[{t:6.1f}s] in {taken:.0f}  repaired {repaired:.0f}  dead-lettered {dead:.0f}  {rate:,.0f} rec/s  "
-                 f"{self.kind} v{int(version) if version else '-'}  {self.statistic} after "
-                 f"{value if value is None else round(value, 3)}")
+                 f"{_workers(len(self.worker_urls))}  {self.kind} v{int(version) if version else '-'}{serving}  "
+                 f"{self.statistic} after {value if value is None else round(value, 3)} (pipeline)")
         self.last_line, self.last_done = t, (t, repaired + dead)
+
+
+def _scraped(url: str) -> dict | None:
+    try:
+        return scrape(url)
+    except (OSError, ValueError):  # not up yet, or gone; a half-written answer
+        return None
+
+
+def _workers(n: int) -> str:
+    return "1 worker" if n == 1 else f"{n} workers"
 
 
 OPERATOR = "Dana Okafor (fairness officer, demo)"
@@ -198,35 +314,43 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
 def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
                       drifted: Dataset, drifted_research: Dataset, rate: float = 2000.0, recovery_timeout: float = 120.0,
                       prometheus: bool = True, short_for: bool = False, extra: list = (), live: bool = False,
-                      say: Callable[[str], None] = print, refit_params: dict | None = None) -> LoopReport:
-    """Run the whole loop; returns the timeline and the statistic over time."""
+                      say: Callable[[str], None] = print, refit_params: dict | None = None,
+                      workers: int = 1) -> LoopReport:
+    """Run the whole loop with ``workers`` worker processes and the monitoring agent; returns the timeline and the
+    statistic over time."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    config = config.with_monitor(metrics_port=port)
+    if isinstance(config.topics.partitions, int) and config.topics.partitions < workers:
+        config = config.with_topics(partitions=workers)  # every worker gets partitions of records.in
     ensure_topics(bootstrap, config.topics)
     statistic = config.monitor.statistics[0]
-    report = LoopReport(threshold=config.monitor.thresholds[statistic], statistic=statistic, kind=config.refit_kind)
+    report = LoopReport(threshold=config.monitor.thresholds[statistic], statistic=statistic, kind=config.refit_kind,
+                        workers=workers)
     start = time.monotonic()
     note = lambda event, detail="": (report.events.append((time.monotonic() - start, event, detail)),  # noqa: E731
                                      say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
     job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir), kind=config.refit_kind, **(refit_params or {}))
-    with WorkerProcess(config, bootstrap, run_dir) as worker, OptionalPrometheus(prometheus, run_dir, port, short_for) as prom:
+    pipeline = DemoPipeline(config, bootstrap, run_dir, workers)
+    spacing = 1.0 / rate  # event times as the records are sent: the agent's slices hold the records of each second
+    with pipeline, OptionalPrometheus(prometheus, run_dir, pipeline.targets, short_for) as prom:
         publish_initial(config, bootstrap, research, job)
         note(f"initial {job.kind} and scorer published", f"research rows {len(research)}")
-        poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics", report, start, config, say=say if live else None)
+        poller = MetricsPoller(pipeline.agent_url, pipeline.worker_urls, report, start, config,
+                               say=say if live else None)
         poller.start()
-        _wait(lambda: poller.version is not None, 120.0, worker)  # the worker has joined and serves v1
+        _wait(lambda: poller.version is not None, 120.0, pipeline)  # every worker has joined and serves v1
         if poller.version is None:
-            raise RuntimeError(f"the worker serves no {job.kind} after 120 s; last lines of its log:\n"
-                               f"{worker.log_tail()}")
+            raise RuntimeError(f"not every worker serves a {job.kind} after 120 s (each serves: {poller.versions}); "
+                               f"last lines of the first worker's log:\n{pipeline.workers[0].log_tail()}")
+        note("pipeline running", f"{_workers(workers)} and the monitoring agent")
         stop_refits = threading.Event()
         service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
         refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
         refits.start()
         try:
-            first = interleave(record_messages(stable, config, "stable"), list(extra)) if extra else \
-                record_messages(stable, config, "stable")
+            first = record_messages(stable, config, "stable", spacing=spacing)
+            if extra:
+                first = interleave(first, list(extra))
             report.sent += replay(bootstrap, config.topics.records_in, first, rate=rate, progress=False)
             note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
             replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
@@ -240,12 +364,12 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
                 alert = prom.wait_for_alert("FairstreamFairnessDrift", "firing", timeout=recovery_timeout)
                 note("Prometheus alert firing", f"{alert['labels']['alertname']} ({alert['labels'].get('statistic', '')})")
             if config.promotion == "approve":
-                approve_when_shadow_closes_gap(config, bootstrap, poller, note, worker, recovery_timeout)
-            _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, worker)
+                approve_when_shadow_closes_gap(config, bootstrap, poller, note, pipeline, recovery_timeout)
+            _wait(lambda: report.first("statistic back below threshold") is not None, recovery_timeout, pipeline)
             stop_sending.set()
             sender.join()
-            # Nothing lost: the worker finishes what was sent before it is stopped.
-            _wait(lambda: poller.processed >= report.sent, recovery_timeout, worker)
+            # Nothing lost: the workers finish what was sent before they are stopped.
+            _wait(lambda: poller.processed >= report.sent, recovery_timeout, pipeline)
         finally:
             stop_refits.set()
             refits.join(timeout=30)
@@ -257,31 +381,37 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         if record.kind == job.kind and record.version > 1 and record.published_at and record.action == "publish":
             report.events.append((record.published_at - epoch, "re-fit published",
                                   f"{job.kind} version {record.version}{' (a candidate)' if record.candidate else ''}"))
+    for decision in service.decisions:
+        if decision.request_id is not None:  # a request read (a re-fit's own line has none)
+            report.events.append((decision.at - epoch, "re-fit request received",
+                                  f"{decision.action}: {decision.reason}"))
+            report.refit_requests.append(f"{decision.request_id} {decision.action}: {decision.reason}")
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report
 
 
 def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, poller: MetricsPoller, note: Callable,
-                                   worker: WorkerProcess, timeout: float) -> int:
-    """Wait until the shadow candidate's live statistic is under the threshold, approve it as :data:`OPERATOR`, and
-    wait until the worker serves it; returns its version.
+                                   pipeline: DemoPipeline, timeout: float) -> int:
+    """Wait until the shadow candidate's statistic over the pipeline is under the threshold, approve it as
+    :data:`OPERATOR`, and wait until every worker serves it; returns its version.
 
-    What a person does under ``promotion = "approve"``, with the figures the worker exports for the candidate
-    (``role="candidate"``). A candidate superseded by a newer re-fit between the look and the approval is refused
-    by the control topic's rule; the operator then looks at the newer one.
+    What a person does under ``promotion = "approve"``, with the figures the monitoring agent exports for the
+    candidate over every worker's records (``role="candidate"``, ``scope="pipeline"``). A candidate superseded by a
+    newer re-fit between the look and the approval is refused by the control topic's rule; the operator then looks
+    at the newer one.
     """
     control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
     kind, statistic, threshold = poller.kind, poller.statistic, poller.threshold
     deadline = time.monotonic() + timeout
     while True:
         _wait(lambda: poller.candidate_value is not None and poller.candidate_value < threshold,
-              deadline - time.monotonic(), worker)
+              deadline - time.monotonic(), pipeline)
         if poller.candidate_value is None or poller.candidate_value >= threshold:
             raise RuntimeError(f"no shadow candidate brought {statistic} under {threshold} within {timeout:.0f}s")
         version, value = int(poller.candidate), poller.candidate_value
-        reason = (f"the shadow statistics show {statistic} {value:.3f} under candidate version {version} on live "
-                  f"records, below the threshold {threshold}")
+        reason = (f"the shadow statistics over the pipeline ({_workers(len(pipeline.workers))}) show {statistic} "
+                  f"{value:.3f} under candidate version {version} on live records, below the threshold {threshold}")
         try:
             control.decide_sync(kind, version, "approve", actor=OPERATOR, reason=reason,
                                 statistics={f"candidate.{statistic}": value})
@@ -290,8 +420,8 @@ def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, polle
             time.sleep(1.0)
             continue
         note("approved by a named operator", f"{kind} version {version} by {OPERATOR}")
-        _wait(lambda: poller.version == version, deadline - time.monotonic(), worker)
-        note("candidate promoted", f"the worker serves {kind} version {version}")
+        _wait(lambda: poller.version == version, deadline - time.monotonic(), pipeline)
+        note("candidate promoted", f"every worker serves {kind} version {version}")
         return version
 
 
@@ -303,30 +433,33 @@ def _keep_sending(bootstrap: str, config: PipelineConfig, data: Dataset, rate: f
             if stop.is_set():
                 return
             part = data.subset(slice(start, start + chunk))
-            report.sent += replay(bootstrap, config.topics.records_in,
-                                  record_messages(part, config, f"drifted-{round_}-{start}"), rate=rate, progress=False)
+            messages = record_messages(part, config, f"drifted-{round_}-{start}", spacing=1.0 / rate)
+            report.sent += replay(bootstrap, config.topics.records_in, messages, rate=rate, progress=False)
 
 
-def _wait(condition: Callable[[], bool], timeout: float, worker: WorkerProcess) -> None:
+def _wait(condition: Callable[[], bool], timeout: float, pipeline: DemoPipeline) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not condition():
-        if not worker.running:
-            raise RuntimeError(f"the worker exited; last lines of its log:\n{worker.log_tail()}")
+        failure = pipeline.failure()
+        if failure is not None:
+            raise RuntimeError(failure)
         time.sleep(0.5)
 
 
 class OptionalPrometheus:
-    """A Prometheus server scraping the worker with the production rules (or nothing, if disabled)."""
+    """A Prometheus server scraping every worker and the monitoring agent with the production rules (or nothing, if
+    disabled). All are targets of the one job the rules select; the pipeline's figures are the agent's
+    (``scope="pipeline"``)."""
 
-    def __init__(self, enabled: bool, run_dir: Path, port: int, short_for: bool):
-        self.enabled, self.run_dir, self.port, self.short_for = enabled, run_dir, port, short_for
+    def __init__(self, enabled: bool, run_dir: Path, targets: list[str], short_for: bool):
+        self.enabled, self.run_dir, self.targets, self.short_for = enabled, run_dir, list(targets), short_for
         self.server = None
 
     def __enter__(self):
         if not self.enabled:
             return None
         rules = rules_with_short_for(ALERTS_YML, self.run_dir) if self.short_for else ALERTS_YML
-        self.server = PrometheusServer(self.run_dir / "prometheus", [f"127.0.0.1:{self.port}"], [rules]).start()
+        self.server = PrometheusServer(self.run_dir / "prometheus", self.targets, [rules]).start()
         return self.server
 
     def __exit__(self, *exc) -> None:

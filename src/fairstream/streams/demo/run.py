@@ -1,14 +1,16 @@
 """``fairstream demo``: the product end to end on the embedded default (what ``make run`` runs).
 
-Broker, topics, a worker (record agent, monitor, /metrics), a re-fit service, and a Prometheus
-server with the production alert rules when the ``prometheus`` binary is installed. The plan is
-fitted on the Adult research split (read back from the research topic) and published; the archive
-is replayed with invalid records mixed in; half way the distribution shifts (in the college
-stratum, women's hours-per-week rise by 15) while labelled records of the new distribution reach
-the research topic. The monitor detects the drift, Prometheus fires the alert, the re-fit service
-publishes a new plan, the worker swaps it, and the statistic comes back under the threshold. A live
-line shows progress; the report gives the accounting (in = repaired + dead-lettered), E before/after
-per plan version computed from what the repaired topic holds, the timeline, and two plots.
+Broker, topics, ``--workers`` workers (record agent, /metrics; default one), the pipeline's monitoring agent
+(``fairstream monitor``: the workers' counts merged into the pipeline's statistics, drift detected once), a re-fit
+service, and a Prometheus server with the production alert rules, scraping every worker and the agent, when the
+``prometheus`` binary is installed. The plan is fitted on the Adult research split (read back from the research
+topic) and published; the archive is replayed with invalid records mixed in; half way the distribution shifts (in
+the college stratum, women's hours-per-week rise by 15) while labelled records of the new distribution reach the
+research topic. The monitoring agent detects the drift over every worker's records and asks one re-fit, Prometheus
+fires the alert, the re-fit service publishes a new plan, every worker swaps it, and the pipeline's statistic comes
+back under the threshold. A live line shows progress; the report gives the accounting (in = repaired +
+dead-lettered), E before/after per plan version computed from what the repaired topic holds, the timeline, and two
+plots. With one worker or three the story is the same.
 
 The second act (``fairstream demo --act flow``) runs the same loop on the record chain ``flow``
 then ``scorer``: a frozen logistic classifier with an AdapFair flow in front of it, monitored on the
@@ -18,10 +20,10 @@ service trains a new flow (warm-started, the classifier frozen) that brings the 
 
 The third act (``fairstream demo --act approve``) is the first act under ``promotion = "approve"``:
 the re-fit after the drift publishes a *candidate* that the worker applies in shadow beside the
-serving plan; once the candidate's live statistics (``role="candidate"``) show it would bring the
-statistic under the threshold, the demo approves it as a named operator
-(``fairstream artifacts approve``), the workers promote it, and the timeline marks the candidate,
-the approval and the promotion.
+serving plan; once the candidate's live statistics over the pipeline (the monitoring agent's,
+``role="candidate"``, ``scope="pipeline"``) show it would bring the statistic under the threshold, the demo
+approves it as a named operator (``fairstream artifacts approve``), the workers promote it, and the timeline marks
+the candidate, the approval and the promotion.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class DemoOptions:
     rate: float = 2000.0
     timeout: float = 300.0
     act: str = DEFAULT_ACT  # "plan": a repair plan re-fitted; "flow": a flow in front of a frozen classifier (ACTS)
+    workers: int = 1  # worker processes (beside the one monitoring agent)
 
 
 def act_config(config: PipelineConfig, act: str) -> PipelineConfig:
@@ -91,7 +94,7 @@ def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=p
         shifted.subset(slice(options.n_drifted_research, None)), shifted.subset(slice(0, options.n_drifted_research)),
         rate=options.rate, recovery_timeout=options.timeout, prometheus=prometheus,
         extra=bad_messages(config, options.bad, id_prefix="bad", seed=options.seed), live=True, say=say,
-        refit_params=act.refit_params)
+        refit_params=act.refit_params, workers=options.workers)
     outputs = _collect(bootstrap, config, loop.sent, options.timeout)
     report = _report(config, archive, loop, outputs, run_dir)
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
@@ -133,8 +136,9 @@ def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, ru
         "dead_letter_reasons": dict(Counter(_reason_kind(d["reason"]) for d in letters).most_common()),
         "by_version": by_version, "features": list(config.features), "threshold": loop.threshold,
         "kind": loop.kind, "decision_dp": _decision_dp(repaired),
+        "workers": loop.workers,
         "timeline": [{"seconds": round(t, 1), "event": e, "detail": d} for t, e, d in loop.events],
-        "refits": loop.refit_outcomes, "plots": [str(plot), str(timeline)],
+        "refit_requests": loop.refit_requests, "refits": loop.refit_outcomes, "plots": [str(plot), str(timeline)],
     }
 
 
@@ -181,8 +185,11 @@ def format_report(report: dict) -> str:
             lines.append(f"{label:<30}" + "".join(f"{v:>16.4f}" for v in ev[key]) + f"{ev[key + '_total']:>10.4f}")
     for version, ev in report["decision_dp"].items():
         lines.append(f"decisions' DP gap under {report['kind']} {version}: {ev['dp_gap']:.3f} ({ev['records']} records)")
-    lines.append(f"timeline (threshold {report['threshold']}):")
+    workers = report.get("workers", 1)
+    lines.append(f"timeline (threshold {report['threshold']}; {workers} worker{'s' if workers != 1 else ''} "
+                 f"and the monitoring agent):")
     lines += [f"  {e['seconds']:7.1f}s  {e['event']}  {e['detail']}" for e in report["timeline"]]
+    lines += [f"re-fit request {r}" for r in report.get("refit_requests", [])]
     lines += [f"re-fit: {r}" for r in report["refits"]]
     lines.append("plots: " + ", ".join(report["plots"]))
     return "\n".join(lines)

@@ -35,9 +35,9 @@ WORKER_STOP_SECONDS = 60.0  # the worker's own bound on a clean stop is 30 s for
 
 def worker_argv(config: str | os.PathLike | None, broker_url: str, run_dir: str | os.PathLike,
                 app_id: str | None = None, metrics_port: int | str | None = None, loglevel: str | None = None,
-                debug: bool = False) -> list[str]:
-    """The ``fairstream worker`` command line (run with this Python) for these options."""
-    argv = [sys.executable, "-m", "fairstream.streams.cli", "worker", "--broker", broker_url, "--run-dir", str(run_dir)]
+                debug: bool = False, command: str = "worker") -> list[str]:
+    """The ``fairstream worker`` (or ``monitor``: ``command``) command line (run with this Python) for these options."""
+    argv = [sys.executable, "-m", "fairstream.streams.cli", command, "--broker", broker_url, "--run-dir", str(run_dir)]
     options = {"--config": config, "--app-id": app_id, "--metrics-port": metrics_port, "--loglevel": loglevel}
     for name, value in options.items():
         if value is not None:
@@ -82,6 +82,20 @@ class WorkerProcess(ManagedProcess):
                 return True
             time.sleep(0.25)
         return False
+
+
+class AgentProcess(WorkerProcess):
+    """One ``fairstream monitor`` process: the pipeline's monitoring agent, with its TOML and log in ``run_dir``."""
+
+    def __init__(self, config: PipelineConfig, bootstrap: str, run_dir: str | os.PathLike, name: str = "monitor",
+                 app_id: str | None = None, metrics_port: int | None = None, env: dict | None = None):
+        super().__init__(config, bootstrap, run_dir, name=name, app_id=app_id, env=env)
+        self.metrics_port = metrics_port
+
+    def _command(self) -> list[str]:
+        argv = worker_argv(self.config_path, f"kafka://{self.bootstrap}", self.run_dir, app_id=self.app_id,
+                           metrics_port=self.metrics_port, command="monitor")
+        return dies_with_owner(argv[:1]) + argv[1:]
 
 
 class _Child(ManagedProcess):

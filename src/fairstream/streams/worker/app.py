@@ -477,6 +477,8 @@ class WorkerHooks:
     def send_partials(self, everything: bool = False) -> None:
         """Send the partial aggregates due (``everything``: whatever is counted) to the stats topic; a message the
         broker does not take now is kept and sent first next time (never fatal: serving matters more)."""
+        if self.notices.producer is None:  # not started yet (or a test without a broker): they wait
+            return
         with self.export_lock:
             if everything or self.partials.due():
                 self.unsent += self.partials.take()

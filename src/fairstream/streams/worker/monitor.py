@@ -693,6 +693,11 @@ class FairnessMonitor:
         Returns the current time in seconds (for the time windows).
     role : {"active", "candidate"}, default="active"
         Whose chain the monitor measures.
+    detect : bool, default=True
+        Run the drift detectors (the monitoring agent's, on the pipeline's slices); a worker's monitor only counts.
+    sink : callable or None, default=None
+        ``sink(monitor, slice, records, accumulators)`` receives each batch's accumulators cut at its records'
+        event-time slices (a worker's :class:`~fairstream.streams.worker.partials.PartialAggregates`).
     """
 
     def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active",

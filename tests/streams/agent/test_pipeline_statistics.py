@@ -1,0 +1,183 @@
+"""The pipeline's statistics: every worker's partial aggregates merged by the monitoring agent, without a broker.
+
+The same records give the same statistics whatever the number of workers, the partition assignment (random keys,
+keys correlated with the group) and a rebalance in the middle; and they equal an offline computation over the
+output records, slice by slice.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fairstream.models.plan import DistributionalRepair
+from fairstream.models.scorer import LogisticScorer
+from fairstream.repair import datasets
+from fairstream.repair.group_maps import GroupTransportMap
+from fairstream.streams.agent.pipeline import Prototypes
+from fairstream.streams.agent.service import MonitoringAgent
+from fairstream.streams.codec.partials import PartialError, decode_partial, encode_partial
+from fairstream.streams.codec.repaired import decode_repaired
+from fairstream.streams.config import AgentConfig, MonitorConfig, adult_config
+from fairstream.streams.control.registry import Active
+from fairstream.streams.demo.replay import record_messages
+from fairstream.streams.worker.metrics import PipelineMetrics
+from fairstream.streams.worker.monitor import BatchStatistics, FairnessMonitor, as_chain, in_slices, slice_of
+from fairstream.streams.worker.partials import PartialAggregates
+from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
+
+MONITOR = MonitorConfig(window_records=4000, buckets=4, min_records=500, window_seconds=60.0, max_event_time_skew=60.0,
+                        statistic=("dependence_e", "dp_difference", "mdp"), threshold=0.1, lateness_seconds=0.0,
+                        cooldown_seconds=3600.0)
+CONFIG = adult_config(records=AgentConfig(artifact=("plan", "scorer")), monitor=MONITOR)
+RATE = 100.0  # records per second of event time: 12,000 records span 120 slices
+
+
+@pytest.fixture(scope="module")
+def stream():
+    research, archive = datasets.load("adult").split(10_000, seed=0)
+    plan = Active("plan", 1, "p" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
+    scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y).attach_group_map(
+        GroupTransportMap(seed=0).fit(research.X, research.s)))
+    data = archive.subset(slice(0, 12_000))
+    messages = [SimpleMessage(v, k) for k, v in record_messages(data, CONFIG, id_prefix="r")]
+    values = [v for _, v in RecordRepairer(CONFIG).process(messages, plan).repaired]
+    batch = decode_repaired(values, CONFIG)
+    batch = replace(batch, ts=1.7e9 + np.arange(len(batch)) / RATE)
+    return batch, plan, scorer
+
+
+def run_workers(batch, plan, scorer, owner_at, name: str, batch_size: int = 700) -> MonitoringAgent:
+    """Workers (``owner_at(first_half)`` gives each record's worker) counting their records in batches, sending
+    their partials every few batches; the agent merges them. Records reach the workers in order, per worker."""
+    agent = MonitoringAgent(CONFIG, metrics=PipelineMetrics(name, process="agent"))
+    halves = np.arange(len(batch)) >= len(batch) // 2
+    owners = np.where(halves, owner_at(False), owner_at(True))  # a rebalance in the middle when they differ
+    for worker in np.unique(owners):
+        partials = PartialAggregates(CONFIG, f"worker-{worker}")
+        monitor = FairnessMonitor(CONFIG, detect=False, sink=partials.add)
+        mine = np.flatnonzero(owners == worker)
+        for n, start in enumerate(range(0, len(mine), batch_size)):
+            monitor.observe_batch(batch.take(mine[start:start + batch_size]), plan, scorer)
+            if n % 3 == 2:
+                for message in partials.take():
+                    agent.take(message)
+        for message in partials.take():
+            agent.take(message)
+    agent.tick(everything=True)
+    return agent
+
+
+def exported(agent: MonitoringAgent, window: str = "count") -> dict:
+    return {row[:5]: row[5] for row in agent.statistics.active.monitor.rows(window)}
+
+
+def offline(batch, plan, scorer) -> dict:
+    """The output records read back and measured slice by slice, in order: one monitor, one batch per slice."""
+    monitor = FairnessMonitor(CONFIG, detect=False)
+    slices = slice_of(batch.ts, CONFIG.monitor.slice_seconds)
+    for index in np.unique(slices):
+        monitor.observe_batch(batch.take(np.flatnonzero(slices == index)), plan, scorer)
+    return {row[:5]: row[5] for row in monitor.rows("count")}
+
+
+def assert_same(found: dict, expected: dict) -> None:
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():  # counts add exactly; only float sums (MDP's) may differ by rounding
+        assert found[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+
+
+def random_keys(n_workers):
+    return lambda first: np.random.default_rng(int(first) + 7).integers(0, n_workers, 12_000)
+
+
+def by_group(n_workers, stream_batch):
+    # partitions keyed by something correlated with the group: the worst case for per-worker statistics
+    return lambda first: (stream_batch.s.astype(int) * 2 + stream_batch.u.astype(int) + (0 if first else 1)) % n_workers
+
+
+def test_every_partitioning_gives_the_pipeline_the_same_statistics(stream):
+    batch, plan, scorer = stream
+    one = exported(run_workers(batch, plan, scorer, random_keys(1), "same-1"))
+    assert {key[0] for key in one} >= {"dependence_e", "w1", "dp_difference", "eopp", "mdp", "out_of_range_rate"}
+    assert_same(one, offline(batch, plan, scorer))
+    for n_workers in (2, 3):
+        for name, owner in (("random", random_keys(n_workers)), ("grouped", by_group(n_workers, batch))):
+            agent = run_workers(batch, plan, scorer, owner, f"same-{n_workers}-{name}")
+            assert_same(exported(agent), one)
+            assert_same(exported(agent, "time"), exported(run_workers(batch, plan, scorer, random_keys(1),
+                                                                      f"time-{n_workers}-{name}"), "time"))
+
+
+def test_a_group_that_stops_arriving_makes_the_statistics_unmeasurable_not_fair(stream):
+    batch, plan, scorer = stream
+    women = batch.take(np.flatnonzero(batch.s == 0))  # about 4,000: twice over fills the count window with them
+    late = [replace(women, ts=women.ts + shift, keys=np.char.add(f"late-{shift}-", women.keys.astype(str)))
+            for shift in (200.0, 330.0)]
+    metrics = PipelineMetrics("unmeasurable", process="agent")
+    agent = MonitoringAgent(CONFIG, metrics=metrics)
+    partials = PartialAggregates(CONFIG, "w")
+    monitor = FairnessMonitor(CONFIG, detect=False, sink=partials.add)
+    for part in (batch.take(np.arange(6000)), *late):
+        for start in range(0, len(part), 1000):
+            monitor.observe_batch(part.take(np.arange(start, min(start + 1000, len(part)))), plan, scorer)
+    for message in partials.take():
+        agent.take(message)
+    agent.tick(everything=True)
+    from prometheus_client import REGISTRY
+
+    def gauge(name, **labels):
+        return REGISTRY.get_sample_value(name, {"pipeline": "unmeasurable", "role": "active", "scope": "pipeline",
+                                                **labels})
+
+    assert gauge("fairstream_fairness_unmeasurable", window="count", group="1", reason="no_records") == 1.0
+    assert gauge("fairstream_window_group_records", window="count", group="1") == 0.0
+    assert gauge("fairstream_fairness_dependence", statistic="dependence_e", stage="after", stratum="all",
+                 feature="all", group_pair="all", window="count") is None  # not 0.0: not measured
+    assert gauge("fairstream_out_of_range_ratio", statistic="out_of_range_rate", stage="before", stratum="all",
+                 feature="all", group_pair="all", window="count") is not None  # not a comparison of groups
+
+
+def test_partials_round_trip_every_accumulator(stream):
+    batch, plan, scorer = stream
+    config = CONFIG.with_monitor(statistic=("dependence_e", "otf"), threshold=0.1)
+    partials = PartialAggregates(config, "w")
+    FairnessMonitor(config, detect=False, sink=partials.add).observe_batch(batch.take(np.arange(300)), plan, scorer)
+    (message,) = partials.take()
+    decoded = decode_partial(message, config.groups, config.strata)
+    statistics = BatchStatistics(as_chain((plan, scorer)), config, batch.take(np.arange(300)))
+    assert decoded.records == 300 and decoded.chain == (("plan", 1), ("scorer", 1))
+    (records, accumulators), = [decoded.slices[i] for i in decoded.slices][:1] or [(0, {})]
+    assert set(accumulators) <= set(statistics.factories)
+    for key, accumulator in accumulators.items():  # each reads as a value: the counts came back whole
+        assert accumulator.value() is not None or key[0] == "otf"
+
+
+def test_a_stats_message_that_is_not_one_is_refused_in_one_line():
+    with pytest.raises(PartialError, match="not a readable stats message"):
+        decode_partial(b"PK\x03\x04 not a zip", ["0", "1"], ["0", "1"])
+    import io
+    import pickle
+
+    out = io.BytesIO()
+    np.savez(out, header=np.array([pickle.dumps({"format": 1})], dtype=object))  # a pickled header: never loaded
+    with pytest.raises(PartialError):
+        decode_partial(out.getvalue(), ["0", "1"], ["0", "1"])
+
+
+def test_a_partial_of_another_layout_is_refused_not_mixed(stream):
+    batch, plan, scorer = stream
+    other = CONFIG.with_monitor(slice_seconds=2.0)
+    partials = PartialAggregates(other, "elsewhere")
+    FairnessMonitor(other, detect=False, sink=partials.add).observe_batch(batch.take(np.arange(500)), plan, scorer)
+    agent = MonitoringAgent(CONFIG, metrics=PipelineMetrics("refused-layout", process="agent"))
+    assert [agent.take(message) for message in partials.take()] == [False]
+    assert agent.statistics.active is None
+
+
+def test_slices_are_cut_from_event_time_whatever_the_batch_order(stream):
+    batch, _, _ = stream
+    shuffled = batch.take(np.random.default_rng(0).permutation(2000))
+    ordered, slices = in_slices(shuffled, 1.0)
+    assert (np.diff(slices) >= 0).all() and sorted(ordered.keys.tolist()) == sorted(shuffled.keys.tolist())
+    assert isinstance(Prototypes({}).factories, dict)
