@@ -154,3 +154,67 @@ def test_the_announced_figures_say_how_many_decisions_change():
     assert figures["changed"] == np.sum(candidate != active)
     assert figures["changed.1"] == np.sum((candidate != active) & (group == 1)) and figures["changed.0"] == 0
     assert figures["active.dp_difference"] > figures["candidate.dp_difference"]
+
+
+class Registry:
+    """What the control topic says serves: plan version 1 then the scorer, and a pending plan candidate version 2."""
+
+    def __init__(self):
+        from fairstream.streams.control.registry import Served
+
+        active = Active("plan", 1, "a" * 64, None, None)
+        scorer = Active("scorer", 1, "s" * 64, None, None)
+        self.candidate = Active("plan", 2, "b" * 64, None, None)
+        self.state = Served({"plan": active, "scorer": scorer}, {"plan": self.candidate})
+
+    def served(self):
+        return self.state
+
+
+def paired_stream(n: int, improvement: float, seed: int):
+    """Decisions of two correlated chains on the same records. ``improvement`` 0: the candidate re-draws one
+    decision in ten from the same group rates (as fair, decided differently); else it accepts more of group 1, whose
+    rate rises by about ``improvement`` (the gap narrows by it)."""
+    rng = np.random.default_rng(seed)
+    group = rng.integers(0, 2, n)
+    rates = np.where(group == 1, 0.22, 0.30)
+    active = (rng.random(n) < rates).astype(np.int64)
+    if improvement == 0:
+        return group, active, np.where(rng.random(n) < 0.1, (rng.random(n) < rates).astype(np.int64), active)
+    return group, active, np.where((group == 1) & (rng.random(n) < improvement / 0.78), 1, active)
+
+
+@pytest.mark.parametrize("improvement, decided", [(0.05, "promote"), (0.0, None)])
+def test_the_shadow_policy_decides_once_on_every_workers_pooled_records(improvement, decided):
+    from fairstream.streams.codec.repaired import RepairedBatch
+    from fairstream.streams.control.records import parse_control
+
+    config = adult_config(promotion="shadow", records=AgentConfig(artifact=("plan", "scorer"))).with_shadow(
+        statistic="dp_difference")
+    agent = MonitoringAgent(config, metrics=PipelineMetrics(f"shadow-{improvement}", process="agent"))
+    agent.registry = Registry()
+    group, active, candidate = paired_stream(30_000, improvement, seed=3)
+    n = len(group)
+    workers = [PartialAggregates(config, f"w{w}") for w in range(3)]
+
+    def batch(decisions, rows):
+        return RepairedBatch(np.zeros((len(rows), 2)), np.zeros((len(rows), 2)), group[rows], np.zeros(len(rows), int),
+                             None, rows.astype(str), np.zeros(len(rows)), decision=decisions[rows])
+
+    for start in range(0, n, 3000):  # each worker takes a third of every stretch of records
+        for w, partials in enumerate(workers):
+            rows = np.arange(start, start + 3000)[np.arange(3000) % 3 == w]
+            partials.add_paired((("plan", 2), ("scorer", 1)), (("plan", 1), ("scorer", 1)),
+                                paired_figures(batch(active, rows), batch(candidate, rows), np.array([0, 1])))
+            for message in partials.take():
+                agent.take(message)
+        agent.tick()
+    decisions = [parse_control(value) for topic, _, value, _ in agent.outbox if topic == config.topics.control]
+    assert agent.figures["records"] == n  # every worker's records, pooled
+    if decided is None:
+        assert decisions == [] and agent.verdict.action == "wait"
+        return
+    (record,) = decisions  # once, however many ticks follow
+    assert (record.kind, record.version, record.action) == ("plan", 2, decided)
+    assert record.actor.startswith("shadow-policy@") and "dp_difference" in record.reason
+    assert record.statistics["bound.dp_difference.lower"] > 0

@@ -24,7 +24,7 @@ from fairstream.streams.worker.drift import DETECTED, Chunker, DriftEvent
 from fairstream.streams.worker.monitor import FairnessMonitor
 
 from .promotion import RATE_STATISTICS, ChunkDifferences, PairedSums, ShadowEvidence
-from .slices import OpenSlices
+from .slices import MAX_OPEN, OpenSlices
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ChainStatistics:
         for index, records, accumulators in late:
             self.late += records
             self.monitor.observe_counts(self.key, self.version, self._statistics(), accumulators, records,
-                                        ts=(index + 1) * self.seconds)
+                                        ts=(index + 1) * self.seconds, detect=False)
         return late
 
     def close(self, everything: bool = False) -> tuple[list[tuple[int, int, dict]], list[DriftEvent]]:
@@ -119,11 +119,18 @@ class PairedComparison:
         if pair is None:
             if role == "candidate" or index >= min(self.waiting["candidate"], default=index):
                 self.waiting[role][index] = (records, accumulators)
+                self._prune()
             return
         sides = {role: (records, accumulators), other: pair}
         if sides["active"][0] != sides["candidate"][0]:
             return  # the candidate did not see every record of the slice (it began, or ended, within it)
         self._compare(sides["active"][1], sides["candidate"][1], records)
+
+    def _prune(self) -> None:
+        """Slices whose pair never closes (the candidate began or left within them) do not wait for ever."""
+        for waiting in self.waiting.values():
+            for index in sorted(waiting)[:-MAX_OPEN]:
+                del waiting[index]
 
     def _compare(self, active: dict, candidate: dict, records: int) -> None:
         self.compared_records += records
@@ -256,6 +263,9 @@ class PipelineStatistics:
             if chain is not self.active and not chain.slices.open and \
                     self.monotonic() - chain.seen > RETIRED_AFTER:
                 del self.chains[role, key]
+        for candidate, active in list(self.comparisons):
+            if ("candidate", candidate) not in self.chains:  # the candidate left (promoted, retired) long ago
+                del self.comparisons[candidate, active]
         return events
 
     def comparison_for(self, candidate: tuple) -> PairedComparison | None:

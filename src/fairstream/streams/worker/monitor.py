@@ -814,16 +814,18 @@ class FairnessMonitor:
                 if tracker.confirm(n_records, functools.partial(self.statistic, "count", tracker.statistic))]
 
     def observe_counts(self, key: tuple, version: int, statistics, accumulators: dict, n_records: int,
-                       ts: float) -> list[DriftEvent]:
-        """Update every window and detector with accumulators counted elsewhere (the monitoring agent's closed
-        slices: one slice is one batch of ``n_records``), of the chain ``key`` whose accumulators
-        ``statistics.factories`` makes; returns the drift events. Never raises, like :meth:`observe_batch`."""
+                       ts: float, detect: bool = True) -> list[DriftEvent]:
+        """Update every window (and, with ``detect``, the detectors) with accumulators counted elsewhere (the
+        monitoring agent's closed slices: one slice is one batch of ``n_records``), of the chain ``key`` whose
+        accumulators ``statistics.factories`` makes; returns the drift events. Never raises, like
+        :meth:`observe_batch`."""
         if key == self.refused or n_records == 0:
             return []
         try:
             if self.chain_key != key:
                 self._start_windows(key, version, statistics)
-            return self._add(accumulators, n_records, ts, [(slice(0, n_records), accumulators)])
+            parts = [(slice(0, n_records), accumulators)] if detect else []
+            return self._add(accumulators, n_records, ts, parts)
         except Exception as exc:  # the agent only watches: whatever it cannot measure must not stop it
             self._refuse(key, exc)
             return []
