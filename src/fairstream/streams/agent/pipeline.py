@@ -203,7 +203,18 @@ class PipelineStatistics:
         self.workers: dict[str, float] = {}  # worker -> when its last partial arrived (monotonic)
 
     def add(self, partial: Partial) -> None:
-        """Add one worker's partial; raises :class:`PartialError` for one of another pipeline or layout."""
+        """Add one worker's partial.
+
+        Parameters
+        ----------
+        partial : Partial
+            A decoded stats message.
+
+        Raises
+        ------
+        PartialError
+            For a partial of another pipeline, layout, slice length or role.
+        """
         self._check(partial)
         self.workers[partial.worker] = self.monotonic()
         chain = self._chain(partial.role, partial.chain)
@@ -249,8 +260,18 @@ class PipelineStatistics:
         return self.chains.get(("active", key)) if key is not None else None
 
     def tick(self, everything: bool = False) -> list[DriftEvent]:
-        """Close the slices due (``everything``: all, e.g. at a stop) and forget chains gone quiet; returns the
-        serving chain's drift events (only its detectors run)."""
+        """Close the slices due and forget chains gone quiet.
+
+        Parameters
+        ----------
+        everything : bool, default=False
+            Close every open slice (at a stop).
+
+        Returns
+        -------
+        list of DriftEvent
+            The serving chain's drift events (only its detectors run).
+        """
         events = []
         for (role, key), chain in list(self.chains.items()):
             closed, found = chain.close(everything)

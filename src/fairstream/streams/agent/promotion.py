@@ -221,7 +221,7 @@ class ChunkDifferences:
 class ShadowEvidence:
     """What the monitoring agent knows of a candidate, pooled over the pipeline.
 
-    Attributes
+    Parameters
     ----------
     records : int
         Paired records compared (both chains delivered them).
@@ -230,14 +230,14 @@ class ShadowEvidence:
         ``"eopp"`` (the same among records with y = 1).
     chunks : dict of str to ChunkDifferences
         Any other compared statistic.
-    accuracy : PairedSums or None
+    accuracy : PairedSums or None, default=None
         One cell (``"all"``): x = the active decision is correct (0/1), d = candidate correct - active correct;
         labelled records only.
-    decisions : PairedSums or None
+    decisions : PairedSums or None, default=None
         One cell (``"all"``): x = the active decision, d = candidate - active.
-    refused : int
+    refused : int, default=0
         Records the candidate refused that the active chain delivered.
-    failed : str or None
+    failed : str or None, default=None
         Why the candidate chain failed in shadow, or None.
     """
 
@@ -286,7 +286,7 @@ class Bound:
 class Verdict:
     """The policy's answer at one look.
 
-    Attributes
+    Parameters
     ----------
     action : str
         ``"promote"``, ``"retire"`` or ``"wait"``.

@@ -111,7 +111,18 @@ class MonitoringAgent:
     # ------------------------------------------------------------------------------------------- partials in
 
     def take(self, value: bytes) -> bool:
-        """Add one stats message; a message that cannot be added is logged in one line and counted (False)."""
+        """Add one stats message; one that cannot be added is logged in one line and counted.
+
+        Parameters
+        ----------
+        value : bytes
+            The stats topic's message.
+
+        Returns
+        -------
+        bool
+            Whether it was merged.
+        """
         with self.lock:
             try:
                 partial = decode_partial(value, self.config.groups, self.config.strata, self.prototypes)
@@ -127,7 +138,18 @@ class MonitoringAgent:
     # ------------------------------------------------------------------------------------------- the tick
 
     def tick(self, everything: bool = False) -> list[DriftEvent]:
-        """Close the slices due, export the pipeline's gauges, ask re-fits for drift, decide candidates."""
+        """Close the slices due, export the pipeline's gauges, ask a re-fit for each drift, judge the candidate.
+
+        Parameters
+        ----------
+        everything : bool, default=False
+            Close every open slice (at a stop).
+
+        Returns
+        -------
+        list of DriftEvent
+            The drift events of the serving chain this tick confirmed.
+        """
         with self.lock:
             self._follow_registry()
             events = self.statistics.tick(everything)

@@ -73,7 +73,7 @@ class PartialError(ValueError):
 class Partial:
     """What one worker counted since its last message, for one chain.
 
-    Attributes
+    Parameters
     ----------
     pipeline, worker : str
         The pipeline's name and the worker that counted (its app id, host and pid).
@@ -87,15 +87,15 @@ class Partial:
         The slice length it counted in (``monitor.slice_seconds``).
     layout : str
         :func:`layout_digest` of the worker's features, groups and strata.
-    slices : dict
+    slices : dict, default={}
         Slice index (``floor(ts / slice_seconds)``) -> (records, {(statistic, stage): accumulator}).
-    paired : dict
+    paired : dict, default={}
         Only with ``role = "candidate"``: figure -> {field of :data:`PAIRED_FIELDS`: array per cell}.
-    active : tuple
+    active : tuple, default=()
         Only with ``role = "candidate"``: the active chain's versions the candidate was paired with.
-    refused : int
+    refused : int, default=0
         Only with ``role = "candidate"``: records the candidate refused that the active chain delivered.
-    failed : str
+    failed : str, default=""
         Only with ``role = "candidate"``: why the candidate chain failed in shadow ("" if it did not).
     """
 

@@ -815,10 +815,31 @@ class FairnessMonitor:
 
     def observe_counts(self, key: tuple, version: int, statistics, accumulators: dict, n_records: int,
                        ts: float, detect: bool = True) -> list[DriftEvent]:
-        """Update every window (and, with ``detect``, the detectors) with accumulators counted elsewhere (the
-        monitoring agent's closed slices: one slice is one batch of ``n_records``), of the chain ``key`` whose
-        accumulators ``statistics.factories`` makes; returns the drift events. Never raises, like
-        :meth:`observe_batch`."""
+        """Update every window (and the detectors) with accumulators counted elsewhere: the monitoring agent's closed
+        slices, one slice one batch. Never raises, like :meth:`observe_batch`.
+
+        Parameters
+        ----------
+        key : tuple
+            The chain's versions (a new key starts fresh windows and detectors).
+        version : int
+            The chain's first module's version (what drift events are about).
+        statistics : object
+            Its ``factories`` ((statistic, stage) -> a fresh accumulator) make the windows' accumulators.
+        accumulators : dict
+            (statistic, stage) -> the slice's accumulator.
+        n_records : int
+            Records in the slice.
+        ts : float
+            The slice's time (its end), for the time window.
+        detect : bool, default=True
+            Feed the detectors too (a late slice joins the windows only).
+
+        Returns
+        -------
+        list of DriftEvent
+            The drift events this slice confirmed (usually empty).
+        """
         if key == self.refused or n_records == 0:
             return []
         try:

@@ -48,7 +48,19 @@ class PartialAggregates:
         self.last_sent = clock()
 
     def add(self, monitor, index: int, records: int, accumulators: dict) -> None:
-        """Add one slice's piece of a batch (``monitor``'s role and chain): the monitor's sink."""
+        """Add one slice's piece of a batch (``monitor``'s role and chain): the monitor's sink.
+
+        Parameters
+        ----------
+        monitor : FairnessMonitor
+            The monitor that counted it (its ``role`` and ``chain_key`` say whose counts they are).
+        index : int
+            The slice (``floor(ts / slice_seconds)``).
+        records : int
+            Records of the batch in the slice.
+        accumulators : dict
+            (statistic, stage) -> the accumulator of those records.
+        """
         slices = self.pending.setdefault((monitor.role, monitor.chain_key), {})
         held = slices.get(index)
         if held is None:
@@ -60,8 +72,20 @@ class PartialAggregates:
 
     def add_paired(self, candidate: tuple, active: tuple, figures: dict[str, dict], refused: int = 0,
                    failed: str = "") -> None:
-        """Add the paired figures (:func:`paired_figures`) of a batch both chains decided, the records the candidate
-        refused of it and why its chain failed on it ("" if it did not)."""
+        """Add the paired figures of a batch both chains decided, the records the candidate refused of it and why its
+        chain failed on it.
+
+        Parameters
+        ----------
+        candidate, active : tuple
+            The candidate and the active chain's versions (``Chain.key``).
+        figures : dict
+            :func:`paired_figures` of the batch.
+        refused : int, default=0
+            Records of the batch the active chain delivered and the candidate refused.
+        failed : str, default=""
+            Why the candidate chain failed on the batch ("" if it did not).
+        """
         refusals = self.refusals.setdefault((candidate, active), [0, ""])
         refusals[0] += refused
         refusals[1] = failed or refusals[1]
@@ -78,11 +102,23 @@ class PartialAggregates:
         return not self.pending and not self.paired
 
     def due(self) -> bool:
-        """Whether a message is due: something is counted and ``monitor.stats_seconds`` passed since the last."""
+        """Whether a message is due.
+
+        Returns
+        -------
+        bool
+            Something is counted and ``monitor.stats_seconds`` passed since the last message.
+        """
         return not self.empty and self.clock() - self.last_sent >= self.config.monitor.stats_seconds
 
     def take(self) -> list[bytes]:
-        """Every stats message due, emptying what is held (the caller sends them; :meth:`keep` what it could not)."""
+        """Every stats message of what is held, emptying it (the caller sends them, and keeps what it could not send).
+
+        Returns
+        -------
+        list of bytes
+            One message per chain (:func:`~fairstream.streams.codec.partials.encode_partial`).
+        """
         now = self.clock()
         partials = [self._partial(role, chain, slices, now) for (role, chain), slices in self.pending.items()]
         by_chain = {(p.role, p.chain): p for p in partials}
