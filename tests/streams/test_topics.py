@@ -76,14 +76,21 @@ def test_names_share_the_prefix():
 def test_specs_cover_every_topic_once():
     config = TopicConfig(partitions=6, replication=3)
     specs = config.specs()
-    assert len({spec.name for spec in specs}) == len(specs) == 8
-    data = [spec for spec in specs if spec.name != config.control]
+    assert len({spec.name for spec in specs}) == len(specs) == 9
+    data = [spec for spec in specs if spec.name not in (config.control, config.stats)]
     assert all(spec.partitions == 6 and spec.replication == 3 and not spec.configs for spec in data)
 
 
 def test_control_topic_is_compacted_with_one_partition_that_never_grows():
     spec = TopicConfig(partitions=8).spec("fairstream.control")
     assert spec == TopicSpec("fairstream.control", 1, 1, {"cleanup.policy": "compact"}, may_grow=False)
+
+
+def test_the_stats_topic_has_one_partition_and_keeps_a_day():
+    """One partition: one monitoring agent of the pipeline reads every worker's partials (a second one stands by)."""
+    spec = TopicConfig(partitions=8).spec("fairstream.stats")
+    assert spec == TopicSpec("fairstream.stats", 1, 1, {"cleanup.policy": "delete", "retention.ms": "86400000"},
+                             may_grow=False)
 
 
 @pytest.mark.parametrize("kwargs", [{"prefix": ""}, {"prefix": ".x"}, {"partitions": 0}, {"replication": 0}])
@@ -99,7 +106,7 @@ def test_a_partitions_table_gives_topics_their_own_count_and_the_rest_the_defaul
     config = TopicConfig(prefix="t", partitions={"default": 3, "records.in": 12, "records.repaired": 12})
     counts = {spec.name: spec.partitions for spec in config.specs()}
     assert counts == {"t.records.in": 12, "t.records.repaired": 12, "t.embeddings.in": 3, "t.embeddings.repaired": 3,
-                      "t.dlq": 3, "t.refit.requests": 3, "t.research": 3, "t.control": 1}
+                      "t.dlq": 3, "t.refit.requests": 3, "t.research": 3, "t.control": 1, "t.stats": 1}
     assert config.partitions_for("records.in") == 12 and config.default_partitions == 3
     assert TopicConfig(partitions={"dlq": 6}).partitions_for("embeddings.in") == 4  # no default: the built-in 4
     assert config.partitions_setting == {"default": 3, "records.in": 12, "records.repaired": 12}
@@ -130,7 +137,7 @@ def test_a_partitions_mistake_names_the_key(partitions, message):
 def test_every_data_topic_can_be_named_in_the_table():
     config = TopicConfig(prefix="all", partitions={name: i + 1 for i, name in enumerate(DATA_TOPICS)})
     assert [config.partitions_for(name) for name in DATA_TOPICS] == list(range(1, len(DATA_TOPICS) + 1))
-    assert {spec.name for spec in config.specs()} == {f"all.{name}" for name in (*DATA_TOPICS, "control")}
+    assert {spec.name for spec in config.specs()} == {f"all.{name}" for name in (*DATA_TOPICS, "control", "stats")}
 
 
 # Through the pipeline's TOML (streams/config.py reads [topics] and writes it back).

@@ -1,5 +1,6 @@
 """A monitor-only worker's hooks without a broker: it consumes without waiting for an artifact, has nothing that
-blocks its readiness, exports the gauges of the records' own decisions, and asks no re-fit when they drift."""
+blocks its readiness, exports the gauges of the records' own decisions and counts them for the pipeline's agent,
+which asks no re-fit when they drift (tests/streams/agent/test_agent.py)."""
 
 from dataclasses import replace
 
@@ -12,7 +13,6 @@ from fairstream.streams.codec.repaired import NO_MODULE, RepairedBatch
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.worker.app import WorkerHooks
 from fairstream.streams.worker.consumer import NOT_LOADED
-from fairstream.streams.worker.drift import DriftEvent
 from fairstream.streams.worker.processing import BatchOutcome
 
 CONFIG = replace(adult_config(records=AgentConfig(artifact=())), name="monitor-only-hooks").with_monitor(
@@ -21,7 +21,7 @@ CONFIG = replace(adult_config(records=AgentConfig(artifact=())), name="monitor-o
 
 @pytest.fixture
 def hooks():
-    return WorkerHooks(CONFIG, "127.0.0.1:1", "monitor-only-test", refit_source="test")
+    return WorkerHooks(CONFIG, "127.0.0.1:1", "monitor-only-test")
 
 
 def test_an_empty_chain_is_served_before_the_control_topic_is_replayed_and_nothing_blocks_readiness(hooks):
@@ -32,7 +32,9 @@ def test_an_empty_chain_is_served_before_the_control_topic_is_replayed_and_nothi
     assert hooks.blockers() == []
 
 
-def test_the_records_own_decisions_are_exported_and_their_drift_asks_no_refit(hooks):
+def test_the_records_own_decisions_are_exported_and_counted_for_the_pipeline(hooks):
+    from fairstream.streams.codec.partials import decode_partial
+
     rng = np.random.default_rng(5)
     n = 600
     s, u, y = rng.integers(0, 2, n), rng.integers(0, 2, n), rng.integers(0, 2, n)
@@ -42,16 +44,15 @@ def test_the_records_own_decisions_are_exported_and_their_drift_asks_no_refit(ho
                           out_of_range=np.zeros(n, dtype=bool), decision=decision)
     hooks.records_delivered(BatchOutcome(version=NO_MODULE, monitor_batch=batch), ())
     labels = {"pipeline": CONFIG.name, "role": "active", "statistic": "dp_difference", "stage": "after",
-              "stratum": "all", "feature": "all", "group_pair": "all", "window": "count"}
+              "stratum": "all", "feature": "all", "group_pair": "all", "window": "count", "scope": "worker"}
     assert REGISTRY.get_sample_value("fairstream_fairness_rate_gap", labels) == pytest.approx(
         dp_difference(decision, s), abs=1e-12)
-    assert hooks.refit_kind is None
-    before = REGISTRY.get_sample_value("fairstream_drift_events_total", {
-        "pipeline": CONFIG.name, "statistic": "dependence_e", "detector": "adwin"})
-    assert hooks.refit_request(DriftEvent("dependence_e", "adwin", 0.4, NO_MODULE, 1.7e9)) is None
-    assert REGISTRY.get_sample_value("fairstream_drift_events_total", {
-        "pipeline": CONFIG.name, "statistic": "dependence_e", "detector": "adwin"}) == before + 1
-    assert hooks.pending_refits == []
+    assert not hasattr(hooks, "pending_refits")  # no worker asks a re-fit: the pipeline's agent does, once
+    (message,) = hooks.partials.take()  # what the worker sends the agent: the records' own decisions, counted
+    partial = decode_partial(message, CONFIG.groups, CONFIG.strata)
+    assert partial.chain == () and partial.records == n
+    (records, accumulators), = partial.slices.values()
+    assert accumulators["dp", "after"].value().difference == pytest.approx(dp_difference(decision, s), abs=1e-12)
 
 
 def test_a_monitor_only_worker_announces_that_it_applies_no_module_rather_than_nothing_yet():

@@ -3,9 +3,10 @@
 The record chain is ``scorer -> thresholds`` on Adult. The serving thresholds were fitted for demographic parity
 with the groups' labels swapped (a fit on mislabelled data), which leaves the decisions' DP gap near 0.16; a
 candidate fitted for DP on the true groups closes it (near 0.01), and one fitted with the groups swapped again does
-not beat the thresholds fitted on the true groups. Under ``promotion = "shadow"`` the
-worker promotes the first and retires the second on its own live figures; under ``"approve"`` a candidate waits in
-shadow until a person approves or rejects it with ``fairstream artifacts approve|reject``. Every output is checked
+not beat the thresholds fitted on the true groups. Under ``promotion = "shadow"`` the pipeline's monitoring agent
+(``fairstream monitor``) promotes the first and retires the second on the worker's paired live figures, once its
+sequential test is sure at ``shadow.alpha``; under ``"approve"`` a candidate waits in shadow until a person approves
+or rejects it with ``fairstream artifacts approve|reject``. Every output is checked
 bit for bit against the thresholds version it is stamped with: a candidate never decides a record before it is
 promoted.
 """
@@ -24,7 +25,7 @@ from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
-from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.ops.supervise import AgentProcess, WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.polling import wait_for
 from tests.streams.refit.test_flow_refit import balanced_scorer
@@ -35,7 +36,9 @@ from .test_liveness import died, metric_samples, wait_ready
 pytestmark = pytest.mark.integration
 
 WAIT = 30.0  # seconds a worker is given to act on a record or a batch
-SHADOW_RECORDS = 400  # live records a candidate is measured on before the shadow policy decides
+SHADOW_RECORDS = 400  # live records a candidate is measured on before the shadow policy may decide
+ROUND = 1500  # records sent at a time while the shadow policy's test is not sure yet
+ROUNDS = 8
 
 
 class Pipeline:
@@ -57,6 +60,7 @@ class Pipeline:
         self.thresholds: dict[int, GroupThresholds] = {}
         self.tmp_path = tmp_path
         self.worker = WorkerProcess(self.config, self.bootstrap, tmp_path, name=promotion)
+        self.agent = AgentProcess(self.config, self.bootstrap, tmp_path, name=f"{promotion}-monitor")
 
     def publish_thresholds(self, candidate: bool, swapped: bool = False, random_state: int = 0) -> int:
         """Thresholds for DP fitted on the research split, on its groups or (``swapped``) on the groups' labels
@@ -119,6 +123,14 @@ class Pipeline:
         return [r for r in self.control.history_sync() if r.kind == "thresholds" and r.version == version
                 and r.action in ("promote", "approve", "reject", "retire")]
 
+    def stream_until_decided(self, version: int) -> list:
+        """Send records a round at a time until the agent decided ``version`` (its test needs a few thousand)."""
+        for _ in range(ROUNDS):
+            if decided := self.decisions(version):
+                return decided
+            self.stream(ROUND)
+        return wait_for(lambda: self.decisions(version), WAIT, f"the shadow policy's decision on version {version}")
+
     def cli(self, *args) -> int:
         return main([*args, "--broker", self.bootstrap, "--config", str(self.toml)])
 
@@ -135,6 +147,8 @@ def started(broker, tmp_path_factory, promotion: str):
     assert live.control.publish_sync(live.scorer.to_artifact()).version == 1
     assert live.publish_thresholds(candidate=False, swapped=True) == 1
     live.worker.start()
+    if promotion == "shadow":  # the shadow policy runs in the pipeline's monitoring agent
+        live.agent.start()
     wait_ready(live.worker)
     return live
 
@@ -146,6 +160,7 @@ def running(broker, tmp_path_factory, promotion: str):
         yield live
     finally:
         live.worker.stop()
+        live.agent.stop()
 
 
 @pytest.fixture(scope="module")
@@ -169,10 +184,11 @@ def test_shadow_promotes_a_candidate_that_closes_the_gap_on_live_records(shadow)
     versions = stamped(records)
     # Nothing decided by the candidate before it was measured on SHADOW_RECORDS live records.
     assert set(versions) <= {1, 2} and np.count_nonzero(versions == 1) >= SHADOW_RECORDS, np.bincount(versions)
-    [promotion] = wait_for(lambda: shadow.decisions(2), WAIT, "the shadow policy's decision on version 2")
+    [promotion] = shadow.stream_until_decided(2)
     assert promotion.action == "promote" and promotion.actor.startswith("shadow-policy@"), promotion
     figures = promotion.statistics
-    assert figures["records"] >= SHADOW_RECORDS
+    assert figures["records"] >= SHADOW_RECORDS and figures["alpha"] == 0.05
+    assert figures["bound.dp_difference.lower"] > 0  # better for sure, at alpha, at every look
     assert figures["candidate.dp_difference"] < figures["active.dp_difference"] - 0.05, figures
     wait_for(lambda: shadow.serving(2), WAIT, "the worker serves version 2")
     assert set(stamped(shadow.stream(300))) == {2}
@@ -183,7 +199,7 @@ def test_shadow_retires_a_candidate_that_does_not_beat_the_serving_chain(shadow)
     assert shadow.publish_thresholds(candidate=True, swapped=True, random_state=3) == 3
     wait_for(lambda: shadow.candidate_version() == 3, WAIT, "the worker shadows candidate version 3")
     assert set(stamped(shadow.stream(SHADOW_RECORDS + 100))) == {2}
-    [retirement] = wait_for(lambda: shadow.decisions(3), WAIT, "the shadow policy's decision on version 3")
+    [retirement] = shadow.stream_until_decided(3)
     assert retirement.action == "retire" and retirement.actor.startswith("shadow-policy@"), retirement
     assert "dp_difference" in retirement.reason, retirement.reason
     wait_for(lambda: shadow.candidate_version() is None, WAIT, "no candidate once it was retired")
