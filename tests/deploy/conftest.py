@@ -26,7 +26,7 @@ K8S = REPO / "deploy" / "k8s"
 ALERTMANAGER_YML = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 DASHBOARD_JSON = REPO / "deploy" / "grafana" / "dashboards" / "fairstream.json"
 PIPELINE_TOML = REPO / "deploy" / "pipeline.adult.toml"
-FAIRSTREAM_IMAGE_SERVICES = ("topics", "worker", "refit", "cli")
+FAIRSTREAM_IMAGE_SERVICES = ("topics", "worker", "monitor", "refit", "cli")
 
 
 class _GoYAMLLoader(yaml.SafeLoader):

@@ -100,7 +100,7 @@ def test_fairstream_services_share_one_image_the_pipeline_and_the_artifact_store
         assert "artifacts:/var/lib/fairstream/artifacts" in spec["volumes"]
         assert spec["environment"]["FAIRSTREAM_BROKER"] == "kafka://kafka:9092"
     assert service("topics")["depends_on"] == {"kafka": {"condition": "service_healthy"}}
-    for name in ("worker", "refit"):
+    for name in ("worker", "monitor", "refit"):
         assert service(name)["depends_on"] == {"topics": {"condition": "service_completed_successfully"}}
 
 
@@ -171,6 +171,16 @@ def test_the_fairstream_commands_are_valid_command_lines():
     assert refit.webhook_token_file == "/run/secrets/refit_webhook_token"  # compose mounts secrets there
     assert service("refit")["secrets"] == ["refit_webhook_token"]
     assert compose()["secrets"]["refit_webhook_token"] == {"environment": "FAIRSTREAM_WEBHOOK_TOKEN"}
+    monitor = parse_cli(service("monitor")["command"])
+    assert monitor.command == "monitor" and monitor.config == PIPELINE_IN_CONTAINER and monitor.metrics_port == 9464
+    assert monitor.broker == worker.broker and monitor.app_id is None  # the workers' app id: the pipeline's agent
+
+
+def test_the_pipeline_has_one_monitoring_agent_and_a_standby():
+    """Two replicas in one consumer group: one reads the stats topic, the other takes over if it goes."""
+    monitor = service("monitor")
+    assert monitor["deploy"]["replicas"] == 2 and "container_name" not in monitor
+    assert monitor["restart"] == "unless-stopped" and monitor["stop_signal"] == "SIGTERM"
 
 
 def test_workers_stop_gracefully_and_scale_out():
@@ -232,13 +242,18 @@ def test_prometheus_in_compose_loads_its_config_and_the_alert_rules(tmp_path):
     assert mounts["/etc/prometheus/alerts.yml"] == (DOCKER / ".." / "deploy" / "prometheus" / "alerts.yml").resolve()
 
 
-def test_prometheus_scrapes_the_workers_and_alerts_to_alertmanager():
+def test_prometheus_scrapes_the_workers_and_the_agent_and_alerts_to_alertmanager():
     config = yaml.safe_load(bind_mounts("prometheus")["/etc/prometheus/prometheus.yml"].read_text())
     (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "fairstream-worker"]  # the rules' job
     (dns,) = job["dns_sd_configs"]
     worker_port = PipelineConfig.from_toml(DOCKER / "pipeline.toml").monitor.metrics_port
     assert dns["names"] == ["worker"] and dns["type"] == "A" and dns["port"] == worker_port
     assert option(service("worker")["command"], "--metrics-port") == str(worker_port)
+    (agent,) = [j for j in config["scrape_configs"] if j["job_name"] == "fairstream-monitor"]
+    (dns,) = agent["dns_sd_configs"]  # both replicas, the active agent and the standby
+    assert dns["names"] == ["monitor"] and dns["type"] == "A"
+    assert dns["port"] == int(option(service("monitor")["command"], "--metrics-port"))
+    assert agent["relabel_configs"] == job["relabel_configs"]  # the same pipeline label
     (target,) = config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"]
     assert target == "alertmanager:9093" and "alertmanager" in compose()["services"]
 

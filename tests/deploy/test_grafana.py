@@ -1,10 +1,12 @@
-"""The Grafana dashboard asks for what a live worker exports, in valid PromQL, and gets data back.
+"""The Grafana dashboard asks for what a live worker and its monitoring agent export, in valid PromQL, and gets data.
 
-A real worker (the compose pipeline, with local paths) runs on Apache Kafka with a plan;
-records flow through it while a real Prometheus scrapes it. Then:
+A real worker and the pipeline's monitoring agent (the compose pipeline, with local paths) run on Apache Kafka with
+a plan; records flow through the worker while a real Prometheus scrapes both (the agent as job fairstream-monitor).
+Then:
 
-- every metric a panel or annotation names appears in the worker's /metrics scrape, and every label
+- every metric a panel or annotation names appears in the worker's or the agent's /metrics scrape, and every label
   a query matches on is a label that metric has there;
+- the fairness panels read the pipeline's figures (``scope="pipeline"``, the agent's), never one worker's;
 - every query reads the data source and the pipeline(s) the dashboard's variables choose, and counts
   over Grafana's ``$__rate_interval``;
 - promtool accepts every query (as a recording rule, template variables filled in);
@@ -30,8 +32,8 @@ from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages, replay
-from fairstream.streams.ops.prometheus import PrometheusServer, binary
-from fairstream.streams.ops.supervise import WorkerProcess
+from fairstream.streams.ops.prometheus import AGENT_JOB, PrometheusServer, binary, free_port
+from fairstream.streams.ops.supervise import AgentProcess, WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from fairstream.streams.worker.consumer import LATENCY_SAMPLES
 from fairstream.streams.worker.metrics import FAIRNESS_FAMILIES
@@ -53,7 +55,10 @@ ONLY_AFTER_EVENTS = {  # registered at start, sampled only once the event happen
     "fairstream_verification",  # labelled embeddings (the test sends records only)
     "fairstream_fairness_transport_cost",  # otf monitored with a scorer (the compose pipeline has neither)
     "fairstream_candidate_version",  # a pending candidate in shadow (the test publishes none)
+    "fairstream_fairness_unmeasurable",  # a group short of records in a window (both groups flow here)
 }
+SCOPED = {"fairstream_window_group_records", "fairstream_fairness_unmeasurable", "fairstream_monitor_window_records",
+          *FAIRNESS_FAMILIES.values()}  # the families with a scope label: the pipeline's figure or one worker's
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? ")
 _MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)\s*"')
 
@@ -90,12 +95,12 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
 
 
 class Scrape:
-    """One /metrics page: the sample names with their label names, and every declared family."""
+    """/metrics pages: the sample names with their label names, and every declared family."""
 
-    def __init__(self, text: str):
+    def __init__(self, *texts: str):
         self.labels: dict[str, set[str]] = {}
         self.declared: set[str] = set()
-        for line in text.splitlines():
+        for line in "\n".join(texts).splitlines():
             if line.startswith("# TYPE "):
                 _, _, name, kind = line.split()
                 suffixes = {"counter": ("", "_total"), "histogram": ("_bucket", "_sum", "_count")}.get(kind, ("",))
@@ -107,7 +112,8 @@ class Scrape:
 
 @pytest.fixture(scope="module")
 def live(broker, tmp_path_factory):
-    """A worker of the compose pipeline with a plan, scraped by Prometheus while 1500 records go through it."""
+    """A worker of the compose pipeline with a plan and the pipeline's monitoring agent, scraped by Prometheus while
+    1500 records go through the worker."""
     run_dir = tmp_path_factory.mktemp("grafana")
     config = PipelineConfig.from_toml(DOCKER / "pipeline.toml")
     config = replace(config, artifact_dir=str(run_dir / "artifacts")).with_topics(
@@ -116,13 +122,18 @@ def live(broker, tmp_path_factory):
     research, archive = datasets.load("adult").split(3000, seed=0)
     plan = DistributionalRepair(n_q=50, columns=list(config.features)).fit(research.X, research.s, research.u)
     ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(plan.to_artifact())
-    worker = WorkerProcess(config, broker.bootstrap, run_dir / "worker").start()
+    agent_target = f"127.0.0.1:{free_port()}"
+    agent = AgentProcess(config, broker.bootstrap, run_dir / "worker", metrics_port=int(agent_target.split(":")[1]))
+    worker = WorkerProcess(config, broker.bootstrap, run_dir / "worker")
     try:
+        agent.start()
+        worker.start()
         assert worker.wait_for_log("now serving plan artifact version 1", timeout=90), worker.log_tail()
         port = int(re.search(r"serving Prometheus /metrics on port (\d+)", worker.log_path.read_text()).group(1))
         target = f"127.0.0.1:{port}"
-        with PrometheusServer(run_dir / "prometheus", [target]) as prom:
+        with PrometheusServer(run_dir / "prometheus", [target], jobs={AGENT_JOB: [agent_target]}) as prom:
             prom.wait_for_targets_up()
+            prom.wait_for_targets_up(job=AGENT_JOB)
             messages = record_messages(archive.subset(slice(0, 1500)), config, id_prefix="grafana")
             # Two waves, as on a worker that was already busy: the counters exist before the second
             # one, so increase() and rate() over the scrapes see it (a series' first sample is no increase).
@@ -130,16 +141,19 @@ def live(broker, tmp_path_factory):
             prom.wait_for(lambda: prom.query("fairstream_records_in_total"), 30, "the first wave scraped")
             assert replay(broker.bootstrap, config.topics.records_in, messages[100:], progress=False) == 1400
             prom.wait_for(lambda: prom.query('sum(fairstream_records_repaired_total{agent="records"}) >= 1500')
-                          and prom.query("fairstream_fairness_dependence"), 90,
-                          "1500 repaired records and fairness statistics")
+                          and prom.query('fairstream_fairness_dependence{scope="pipeline"}'), 90,
+                          "1500 repaired records and the pipeline's fairness statistics")
             # A series born with the traffic needs two samples before rate() and increase() see it.
             prom.wait_for(lambda: prom.query("count_over_time(fairstream_record_latency_seconds_count[1m]) >= 2"), 30,
                           "two scrapes of the latency histogram")
-            with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as response:
-                scrape = Scrape(response.read().decode())
-            yield prom, scrape
+            pages = []
+            for address in (target, agent_target):
+                with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+                    pages.append(response.read().decode())
+            yield prom, Scrape(*pages)
     finally:
         worker.stop()
+        agent.stop()
 
 
 # --------------------------------------------------------------------------- the file
@@ -166,13 +180,17 @@ def test_the_dashboard_is_complete_json_on_the_datasource_variable():
     # what the issue asks the dashboard to show
     titles = " | ".join(p["title"] for p in panels()).lower()
     for shown in ("dependence e", "w1", "rate gap", "ratio gap", "out-of-range", "drift events", "records per second",
-                  "dead-letter", "lag", "latency", "artifact version"):
+                  "dead-letter", "lag", "latency", "artifact version", "records per group", "unmeasurable",
+                  "monitoring agents", "partial aggregates", "age of the pipeline's numbers", "late records"):
         assert shown in titles, shown
     metrics = {name for expr in queries().values() for name in metric_names(expr)}
     assert {"fairstream_records_in_total", "fairstream_records_repaired_total",
             "fairstream_records_dead_lettered_total", "fairstream_records_group_imputed_total",
             "fairstream_drift_events_total", "fairstream_artifact_version", "fairstream_consumer_lag_records",
-            "fairstream_record_latency_seconds_bucket", *FAIRNESS_FAMILIES.values()} <= metrics
+            "fairstream_record_latency_seconds_bucket", *FAIRNESS_FAMILIES.values(), "fairstream_window_group_records",
+            "fairstream_fairness_unmeasurable", "fairstream_agent_active", "fairstream_agent_info",
+            "fairstream_agent_partials_total", "fairstream_stats_messages_total",
+            "fairstream_agent_last_partial_timestamp_seconds", "fairstream_agent_late_records"} <= metrics
 
 
 def test_the_pipeline_variable_filters_and_splits_every_query():
@@ -202,6 +220,19 @@ def test_every_fairness_query_chooses_and_shows_the_role():
         where = f"{panel['title']} / {target['refId']}"
         assert 'role=~"$role"' in target["expr"] and "by (pipeline, role, " in target["expr"], where
         assert "{{role}}" in target["legendFormat"] and "candidate" in panel["description"], where
+
+
+def test_every_scoped_query_reads_the_pipelines_figure():
+    """The fairness panels, the records per group and the unmeasurable statistics are the agent's (scope="pipeline"),
+    never one worker's (they are not filtered by the worker variable either: the agent is no worker)."""
+    scoped = [(where, name, body) for where, expr in raw_queries().items()
+              for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr) if name in SCOPED]
+    assert {name for _, name, _ in scoped} == SCOPED
+    for where, name, body in scoped:
+        assert 'scope="pipeline"' in body and "$instance" not in body, f"{where}: {name}{{{body}}}"
+    for where, expr in raw_queries().items():  # the agent's counters: one per pipeline, not per worker
+        if "fairstream_drift_events_total" in expr or "fairstream_refit_requests_total" in expr:
+            assert "$instance" not in expr, where
 
 
 def test_every_range_is_the_rate_interval():
@@ -256,11 +287,11 @@ def test_promtool_accepts_every_query(tmp_path):
 # --------------------------------------------------------------------------- against a live worker
 
 
-def test_every_metric_a_query_names_is_on_the_workers_metrics_page(live):
+def test_every_metric_a_query_names_is_on_the_metrics_page_of_the_worker_or_the_agent(live):
     _, scrape = live
     for where, expr in queries().items():
         unknown = metric_names(expr) - scrape.declared - PROMETHEUS_SERIES
-        assert not unknown, f"{where}: the worker exports no {sorted(unknown)}"
+        assert not unknown, f"{where}: neither the worker nor the agent exports {sorted(unknown)}"
     sampled_only_later = {name for expr in queries().values() for name in metric_names(expr)} - set(scrape.labels)
     assert sampled_only_later - PROMETHEUS_SERIES <= ONLY_AFTER_EVENTS
 

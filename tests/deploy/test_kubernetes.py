@@ -163,15 +163,34 @@ def test_the_worker_stops_gracefully_within_its_grace_period():
     assert strategy["maxUnavailable"] == 0
 
 
-def test_metrics_ports_agree_from_pipeline_to_scrape():
+@pytest.mark.parametrize("name", ["fairstream-worker", "fairstream-monitor"])
+def test_metrics_ports_agree_from_pipeline_to_scrape(name):
     port = PipelineConfig.from_toml(K8S / "base" / "pipeline.toml").monitor.metrics_port
-    deployment = objects("Deployment")["fairstream-worker"]
-    (worker,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert parse_cli(worker["args"]).metrics_port == port
-    assert {"name": "metrics", "containerPort": port} in worker["ports"]
+    deployment = objects("Deployment")[name]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert parse_cli(container["args"]).metrics_port == port
+    assert {"name": "metrics", "containerPort": port} in container["ports"]
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true" and annotations["prometheus.io/port"] == str(port)
     assert annotations["prometheus.io/path"] == "/metrics"
+
+
+def test_the_pipeline_has_one_monitoring_agent_and_a_standby():
+    """`fairstream monitor` with the workers' pipeline and app id: two pods in one consumer group, one reads the
+    stats topic and the other stands by; a rolling update replaces one at a time, on different nodes if it can."""
+    deployment = objects("Deployment")["fairstream-monitor"]
+    spec = deployment["spec"]["template"]["spec"]
+    (agent,) = spec["containers"]
+    args = parse_cli(agent["args"])
+    assert args.command == "monitor" and args.app_id is None  # the workers' app id: this pipeline's agent
+    (worker,) = objects("Deployment")["fairstream-worker"]["spec"]["template"]["spec"]["containers"]
+    assert args.config == parse_cli(worker["args"]).config
+    assert {m["mountPath"] for m in agent["volumeMounts"]} == {m["mountPath"] for m in worker["volumeMounts"]}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    (term,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert objects("Service")["fairstream-monitor"]["spec"]["publishNotReadyAddresses"] is True  # the standby too
 
 
 def test_the_worker_is_probed_for_liveness_at_healthz_and_readiness_at_readyz_on_its_metrics_port():
@@ -220,15 +239,22 @@ def test_the_cronjob_is_suspended_while_the_service_answers_drift():
 # --------------------------------------------------------------------------- Prometheus Operator objects
 
 
-def test_the_servicemonitor_scrapes_the_worker_service_as_the_rules_job():
-    (monitor,) = objects("ServiceMonitor").values()
-    worker_service = objects("Service")["fairstream-worker"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= worker_service["metadata"]["labels"].items()
+@pytest.mark.parametrize("name", ["fairstream-worker", "fairstream-monitor"])
+def test_the_servicemonitors_scrape_the_workers_and_the_agents_as_their_jobs(name):
+    monitor = objects("ServiceMonitor")[name]
+    service = objects("Service")[name]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (other,) = set(objects("Service")) & {"fairstream-worker", "fairstream-monitor"} - {name}
+    other_labels = objects("Service")[other]["metadata"]["labels"]
+    assert not monitor["spec"]["selector"]["matchLabels"].items() <= other_labels.items()
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in worker_service["spec"]["ports"]}
-    # The operator names the job after the Service; the alert rules select job="fairstream-worker".
-    assert worker_service["metadata"]["name"] == "fairstream-worker" and "jobLabel" not in monitor["spec"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    # The operator names the job after the Service; the alert rules select job="fairstream-worker", and the
+    # dashboard and the runbook name job fairstream-monitor (deploy/prometheus/prometheus.yml's job for the agent).
+    assert service["metadata"]["name"] == name and "jobLabel" not in monitor["spec"]
     assert 'job="fairstream-worker"' in ALERTS_YML.read_text()
+    prometheus = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert name in {job["job_name"] for job in prometheus["scrape_configs"]}
 
 
 def test_the_prometheusrule_is_the_rule_file_rendered_up_to_date():

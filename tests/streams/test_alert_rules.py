@@ -22,6 +22,10 @@ from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLO
 from fairstream.streams.worker import metrics
 
 DEFAULT_CONFIG = REPO / "deploy" / "pipeline.adult.toml"
+RULES = 13  # three rendered thresholds and BFAR, nine written by hand
+SCOPED = {family.describe()[0].name for family in vars(metrics).values()
+          if hasattr(family, "_labelnames") and "scope" in family._labelnames}
+"""Every family with a ``scope`` label: the pipeline's figure (the monitoring agent's) or one worker's own."""
 
 
 def promtool(*args: str, cwd=DEPLOY) -> subprocess.CompletedProcess:
@@ -36,13 +40,13 @@ def assert_ok(result: subprocess.CompletedProcess) -> str:
 
 def test_promtool_check_rules():
     output = assert_ok(promtool("check", "rules", str(ALERTS_YML)))
-    assert "SUCCESS: 10 rules found" in output, output
+    assert f"SUCCESS: {RULES} rules found" in output, output
 
 
 def test_promtool_check_config():
     # rule_files in prometheus.yml are relative to the config file: run from its folder, as documented.
     output = assert_ok(promtool("check", "config", PROMETHEUS_YML.name))
-    assert "SUCCESS: 1 rule files found" in output and "SUCCESS: 10 rules found" in output, output
+    assert "SUCCESS: 1 rule files found" in output and f"SUCCESS: {RULES} rules found" in output, output
 
 
 def test_promtool_unit_tests_of_the_rules():
@@ -73,15 +77,65 @@ def test_the_threshold_rules_are_those_of_the_deployed_pipeline_config():
         assert f") > {threshold:g}\n" in text
 
 
+def selectors_of(families: set[str]) -> list[tuple[str, str]]:
+    """(family, matchers) of every selector of one of ``families`` in the rules."""
+    return [(name, body) for expr in rule_exprs(ALERTS_YML.read_text())
+            for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr) if name in families]
+
+
 def test_every_fairness_rule_reads_the_serving_chain_only():
     """A candidate measured in shadow (role="candidate") never pages: every selector of a fairness family in the
     rules matches role="active" (alerts_test.yml proves it with promtool)."""
-    families = set(metrics.FAIRNESS_FAMILIES.values())
-    selectors = [(name, body) for expr in rule_exprs(ALERTS_YML.read_text())
-                 for name, body in re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{([^}]*)\}", expr) if name in families]
+    selectors = selectors_of(set(metrics.FAIRNESS_FAMILIES.values()))
     assert len(selectors) == len(PipelineConfig.from_toml(DEFAULT_CONFIG).monitor.thresholds)
-    assert all('role="active"' in body for _, body in selectors), selectors
+    assert all('role="active"' in body for _, body in selectors_of(SCOPED)), selectors
     assert 'role="candidate"' in ALERTS_TEST_YML.read_text()
+
+
+def test_every_rule_on_a_scoped_family_reads_the_pipelines_figure():
+    """The fairness rules read the monitoring agent's figures over every worker's records (scope="pipeline"), never a
+    worker's own (scope="worker": a fragment of the stream); alerts_test.yml has worker series far above every
+    threshold that never page."""
+    assert {"fairstream_fairness_dependence", "fairstream_fairness_unmeasurable",
+            "fairstream_window_group_records"} <= SCOPED
+    selectors = selectors_of(SCOPED)
+    # the deployed pipeline monitors E, the DP gap and MDP
+    assert {name for name, _ in selectors} == {"fairstream_fairness_dependence", "fairstream_fairness_rate_gap",
+                                               "fairstream_fairness_unmeasurable"}
+    assert all('scope="pipeline"' in body and 'window="count"' in body for _, body in selectors), selectors
+    assert 'scope="worker"' in ALERTS_TEST_YML.read_text() and "worker" not in "".join(body for _, body in selectors)
+    assert "worst value" not in ALERTS_YML.read_text()  # one value per pipeline: the agent's
+
+
+def test_a_rendered_rule_reads_the_pipelines_figure_whatever_the_statistic():
+    config = PipelineConfig.from_toml(DEFAULT_CONFIG).with_monitor(statistic=("dp_ratio", "w1", "otf"), threshold=0.2)
+    text = render_threshold_rules(config)
+    for statistic in ("dp_ratio", "w1", "otf"):
+        assert (f'{metrics.fairness_family(statistic)}{{stage="after", statistic="{statistic}", role="active", '
+                f'scope="pipeline", window="count", feature="all", group_pair="all"}}') in text
+
+
+def rule(name: str) -> dict:
+    (found,) = [r for g in yaml.safe_load(ALERTS_YML.read_text())["groups"] for r in g["rules"] if r["alert"] == name]
+    return found
+
+
+def test_the_monitoring_agents_rules_read_its_metrics():
+    """Drift is the agent's counter; the agent's own health is three rules on what only it exports."""
+    agent_only = {"fairstream_agent_active", "fairstream_agent_last_partial_timestamp_seconds"}
+    assert metric_names(rule("FairstreamFairnessDrift")["expr"]) == {"fairstream_drift_events_total", "up"}
+    unmeasurable = rule("FairstreamFairnessUnmeasurable")
+    assert metric_names(unmeasurable["expr"]) == {"fairstream_fairness_unmeasurable"}
+    assert "max by (pipeline, group, reason)" in unmeasurable["expr"] and unmeasurable["for"] == "1m"
+    down = rule("FairstreamMonitorAgentDown")
+    assert metric_names(down["expr"]) == {"fairstream_worker_info", "fairstream_agent_active"}
+    assert "unless on (pipeline)" in down["expr"] and "fairstream_agent_active == 1" in down["expr"]
+    assert down["for"] == "2m" and down["labels"]["severity"] == "critical"
+    stale = rule("FairstreamPipelineStatisticsStale")
+    assert metric_names(stale["expr"]) == agent_only | {"fairstream_records_repaired_total"}
+    assert "time() - fairstream_agent_last_partial_timestamp_seconds" in stale["expr"] and ") > 60" in stale["expr"]
+    for name in ("FairstreamMonitorAgentDown", "FairstreamPipelineStatisticsStale"):  # the workers keep serving
+        assert "stale" in rule(name)["annotations"]["description"], name
 
 
 def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
@@ -105,9 +159,9 @@ def test_a_ratio_is_read_as_one_minus_it_so_its_rule_pages_above_the_threshold_l
 
 def test_every_rule_aggregates_by_pipeline_and_links_its_runbook_section():
     rules = [rule for group in yaml.safe_load(ALERTS_YML.read_text())["groups"] for rule in group["rules"]]
-    assert len(rules) == 10
+    assert len(rules) == RULES
     for rule in rules:
-        assert re.search(r"\b(max|min|sum) by \(pipeline, ", rule["expr"]), rule["alert"]
+        assert re.search(r"\b(max|min|sum) by \(pipeline[,)]", rule["expr"]), rule["alert"]
         assert rule["annotations"]["runbook_url"] == runbook_url(rule["alert"])
         assert rule["annotations"]["runbook_url"].endswith("docs/runbook.md#" + rule["alert"].lower())
 
@@ -194,7 +248,7 @@ def exported_sample_names() -> set[str]:
 def test_rule_file_parsing_finds_every_expression():
     text = ALERTS_YML.read_text()
     exprs = rule_exprs(text)
-    assert len(exprs) == len(alert_names(text)) == 10
+    assert len(exprs) == len(alert_names(text)) == RULES
     assert all(exprs), exprs
     assert metric_names(exprs[0]) == {"fairstream_fairness_dependence"}
 
@@ -219,7 +273,8 @@ def test_every_metric_in_the_alert_rules_is_exported():
     assert {"fairstream_fairness_dependence", "fairstream_fairness_rate_gap", "fairstream_drift_events_total",
             "fairstream_records_dead_lettered_total", "fairstream_worker_info",
             "fairstream_records_in_total", "fairstream_input_held", "fairstream_consumer_lag_records",
-            "fairstream_verification"} <= used
+            "fairstream_verification", "fairstream_fairness_unmeasurable", "fairstream_agent_active",
+            "fairstream_agent_last_partial_timestamp_seconds", "fairstream_records_repaired_total"} <= used
     unknown = sorted(used - exported - PROMETHEUS_SERIES)
     assert not unknown, f"alerts.yml uses metrics that fairstream.streams.worker.metrics does not export: {unknown}"
 

@@ -4,8 +4,10 @@ The monitor counts a statistic as unfair above ``monitor.threshold`` (per statis
 embeddings above ``agents.embeddings.bfar_threshold``; Prometheus must page at the same values. Each
 statistic is read from its family (:data:`~fairstream.streams.worker.metrics.FAIRNESS_FAMILIES`), in
 which higher is always worse (``dp_ratio`` is exported as 1 - ratio), so every rule is ``> threshold``;
-each reads the serving chain only (``role="active"``: a pending candidate measured in shadow never pages),
-each aggregates ``by (pipeline, ...)`` and names its section of docs/runbook.md (``runbook_url``).
+each reads the pipeline's value (``scope="pipeline"``: the monitoring agent's figure over every worker's
+records, never one worker's ``scope="worker"`` diagnostic) of the serving chain only (``role="active"``: a
+pending candidate measured in shadow never pages), each aggregates ``by (pipeline, ...)`` and names its
+section of docs/runbook.md (``runbook_url``).
 So those rules are not written by hand: ``fairstream alerts --config PIPELINE --write
 deploy/prometheus/alerts.yml`` renders them between two marker lines of the rules file (the
 other rules stay as written), and a test fails the build when the file and the deployed config
@@ -13,7 +15,7 @@ disagree.
 
 >>> from fairstream.streams.config import adult_config
 >>> text = render_threshold_rules(adult_config())
->>> "statistic=\\"dependence_e\\"" in text and ") > 0.1" in text
+>>> "statistic=\\"dependence_e\\"" in text and "scope=\\"pipeline\\"" in text and ") > 0.1" in text
 True
 """
 
@@ -37,12 +39,14 @@ def runbook_url(alertname: str) -> str:
 
 _GAP_RULE = """\
       - alert: FairstreamFairnessGapHigh
-        # {statistic} after the record chain, from {family} (0 is fair, higher is worse): the worst value
-        # over the pipeline's workers, count window, all-features / all-group-pairs row, per stratum; the
-        # chain that serves only (role="active"): a candidate measured in shadow never pages.
+        # {statistic} after the record chain, from {family} (0 is fair, higher is worse): the pipeline's value
+        # (scope="pipeline": the monitoring agent's, over every worker's records; one worker's own value,
+        # scope="worker", is a diagnostic and never pages), count window, all-features / all-group-pairs row,
+        # per stratum; the chain that serves only (role="active"): a candidate measured in shadow never pages.
+        # `max by` drops the agent's job and instance: a standby that takes over continues the same alert.
         expr: |
           max by (pipeline, statistic, stratum, feature) (
-            {family}{{stage="after", statistic="{statistic}", role="active", window="count", feature="all", group_pair="all"}}
+            {family}{{stage="after", statistic="{statistic}", role="active", scope="pipeline", window="count", feature="all", group_pair="all"}}
           ) > {threshold}
         for: {for_}
         labels:
@@ -51,8 +55,9 @@ _GAP_RULE = """\
         annotations:
           summary: "Fairness gap after repair is high ({{{{ $labels.pipeline }}}}, stratum {{{{ $labels.stratum }}}})"
           description: >-
-            {{{{ $labels.statistic }}}}{shown} after repair is {{{{ $value | printf "%.4f" }}}} in pipeline
-            {{{{ $labels.pipeline }}}}, stratum {{{{ $labels.stratum }}}} (feature {{{{ $labels.feature }}}}), above
+            {{{{ $labels.statistic }}}}{shown} after repair is {{{{ $value | printf "%.4f" }}}} over the records
+            of pipeline {{{{ $labels.pipeline }}}} (every worker's), stratum {{{{ $labels.stratum }}}}
+            (feature {{{{ $labels.feature }}}}), above
             the {threshold} threshold for {for_}.
             The repair artifact may no longer fit the stream: check the drift alerts and re-fit requests.
           runbook_url: {runbook}
@@ -61,7 +66,8 @@ _GAP_RULE = """\
 _BFAR_RULE = """\
       - alert: FairstreamVerificationBiasHigh
         # BFAR of labelled embeddings (max over the geometric mean of the groups' false accept rates at the
-        # match threshold), worst worker of the pipeline, count window.
+        # match threshold), worst worker of the pipeline, count window: the verification rates are each worker's
+        # own (the monitoring agent merges the records chain's statistics, not the embeddings').
         expr: |
           max by (pipeline, rate) (fairstream_verification{{rate="bfar", group="all", window="count"}}) > {threshold}
         for: 5m

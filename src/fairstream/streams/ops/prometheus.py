@@ -1,17 +1,20 @@
 """A real Prometheus server for the demo and the tests: start it on loopback, point it at workers, ask it things.
 
-    from .prometheus import ALERTS_YML, PrometheusServer, rules_with_short_for
+    from .prometheus import AGENT_JOB, ALERTS_YML, PrometheusServer, rules_with_short_for
 
     rules = rules_with_short_for(ALERTS_YML, tmp_path)          # alerts.yml, `for:` capped at 5s
-    with PrometheusServer(tmp_path / "prom", ["127.0.0.1:9464"], [rules]) as prom:
+    with PrometheusServer(tmp_path / "prom", ["127.0.0.1:9464"], [rules],  # workers: job fairstream-worker
+                          jobs={AGENT_JOB: ["127.0.0.1:9470"]}) as prom:  # the pipeline's monitoring agent
         prom.wait_for_targets_up()
         prom.query('fairstream_fairness_dependence{stage="after"}')  # -> [{"metric": {...}, "value": [t, "0.01"]}]
         prom.wait_for_alert("FairstreamFairnessGapHigh", state="firing", timeout=60)
 
 The server is ``/usr/bin/prometheus`` (the Debian ``prometheus`` package, installed by ``make
 setup``) run as a subprocess with its own config, TSDB and log under ``run_dir``; it scrapes the
-targets as job ``fairstream-worker`` (the job the alert rules select) every ``scrape_interval`` and
-evaluates the rule files every ``evaluation_interval``. Targets are read from a file_sd file, so
+targets as job ``fairstream-worker`` (the job the alert rules select), and those of ``jobs`` under
+their own job names (``{AGENT_JOB: [...]}``: the pipeline's monitoring agent, as production scrapes
+it), every ``scrape_interval`` and evaluates the rule files every ``evaluation_interval``. Targets
+are read from a file_sd file, so
 :meth:`PrometheusServer.set_targets` can add or drop workers while it runs (e.g. a worker whose port
 is only known after Prometheus started). Prometheus hands discovered targets to its scrapers at
 most every 5s, so the first scrape of a target comes about 5s after start or ``set_targets``. Only
@@ -49,6 +52,7 @@ ALERTS_YML = DEPLOY / "alerts.yml"
 PROMETHEUS_YML = DEPLOY / "prometheus.yml"
 ALERTS_TEST_YML = DEPLOY / "alerts_test.yml"
 WORKER_JOB = "fairstream-worker"
+AGENT_JOB = "fairstream-monitor"  # the monitoring agent's job (deploy/prometheus/prometheus.yml)
 from .processes import (  # noqa: F401
     LOOPBACK,
     ManagedProcess,
@@ -113,7 +117,8 @@ def rules_with_short_for(source: str | os.PathLike, dest_dir: str | os.PathLike,
 class PrometheusServer(ManagedProcess):
     """A Prometheus subprocess on a free loopback port that scrapes ``targets`` as job ``fairstream-worker``.
 
-    ``targets`` are ``host:port`` strings (the ``instance`` label of their series); ``rule_files``
+    ``targets`` are ``host:port`` strings (the ``instance`` label of their series); ``jobs`` maps more
+    job names to their targets (e.g. ``{AGENT_JOB: [agent]}``); ``rule_files``
     are loaded as they are (use :func:`rules_with_short_for` for short ``for:``). ``scrape_interval``
     also serves as the scrape timeout. Use it as a context manager, or call ``start()``/``stop()``.
     """
@@ -130,6 +135,7 @@ class PrometheusServer(ManagedProcess):
         job: str = WORKER_JOB,
         start_timeout: float = 30.0,
         stop_timeout: float = 10.0,
+        jobs: dict[str, Iterable[str]] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         super().__init__(self.run_dir / "prometheus.log")
@@ -140,6 +146,9 @@ class PrometheusServer(ManagedProcess):
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self._targets = list(targets)
+        self._jobs = {name: list(found) for name, found in (jobs or {}).items()}
+        if job in self._jobs:
+            raise PrometheusError(f"job {job!r} is the main job: give its targets as `targets`")
         self._port: int | None = None
         for path in self.rule_files:
             if not path.is_file():
@@ -156,6 +165,9 @@ class PrometheusServer(ManagedProcess):
     def targets_path(self) -> Path:
         """The file-based service discovery file with the scraped targets."""
         return self.run_dir / "targets.json"
+
+    def _targets_path(self, job: str) -> Path:
+        return self.targets_path if job == self.job else self.run_dir / f"targets-{job}.json"
 
     @property
     def port(self) -> int:
@@ -177,6 +189,8 @@ class PrometheusServer(ManagedProcess):
             return self
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.set_targets(self._targets)
+        for name, found in self._jobs.items():
+            self.set_targets(found, job=name)
         self.config_path.write_text(json.dumps(self._config(), indent=2) + "\n")  # JSON is YAML
         self.log_path.write_bytes(b"")
         for attempt in range(3):  # a free port can be lost to a race before Prometheus binds it
@@ -193,13 +207,21 @@ class PrometheusServer(ManagedProcess):
         state = f"pid={self.pid} at {self.url}" if self.running else "stopped"
         return f"<PrometheusServer {state} targets={self._targets}>"
 
-    def set_targets(self, targets: Iterable[str]) -> None:
-        """Replace the scraped targets. Prometheus passes discovery changes to its scrapers at most
-        every 5s, so a new target's first scrape comes about 5s later (also right after start)."""
-        self._targets = list(targets)
-        tmp = self.targets_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([{"targets": self._targets, "labels": {}}]))
-        os.replace(tmp, self.targets_path)  # atomic: Prometheus never reads a half-written file
+    def set_targets(self, targets: Iterable[str], job: str | None = None) -> None:
+        """Replace the scraped targets of ``job`` (None: the main one; another must be one of ``jobs``).
+        Prometheus passes discovery changes to its scrapers at most every 5s, so a new target's first
+        scrape comes about 5s later (also right after start)."""
+        job = self.job if job is None else job
+        if job == self.job:
+            self._targets = found = list(targets)
+        elif job in self._jobs:
+            self._jobs[job] = found = list(targets)
+        else:
+            raise PrometheusError(f"no job {job!r}: the jobs are {[self.job, *self._jobs]}")
+        path = self._targets_path(job)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": found, "labels": {}}]))
+        os.replace(tmp, path)  # atomic: Prometheus never reads a half-written file
 
     def get(self, path: str, **params: Any) -> Any:
         """GET ``path`` of the API (e.g. ``/api/v1/query``) and return its ``data`` field."""
@@ -249,14 +271,14 @@ class PrometheusServer(ManagedProcess):
                                   f"(rule files: {self.rule_files})")
         return matches[0]
 
-    def targets(self) -> list[dict]:
-        """This job's active targets (``/api/v1/targets``): scrapeUrl, labels, health, lastError, ..."""
+    def targets(self, job: str | None = None) -> list[dict]:
+        """The active targets of ``job`` (None: the main one; ``/api/v1/targets``): scrapeUrl, labels, health, ..."""
         active = self.get("/api/v1/targets", state="active")["activeTargets"]
-        return [target for target in active if target["labels"].get("job") == self.job]
+        return [target for target in active if target["labels"].get("job") == (job or self.job)]
 
-    def targets_up(self) -> list[str]:
-        """The ``instance`` of every target whose last scrape succeeded."""
-        return sorted(target["labels"]["instance"] for target in self.targets() if target["health"] == "up")
+    def targets_up(self, job: str | None = None) -> list[str]:
+        """The ``instance`` of every target of ``job`` (None: the main one) whose last scrape succeeded."""
+        return sorted(target["labels"]["instance"] for target in self.targets(job) if target["health"] == "up")
 
     # --- waiting
 
@@ -274,10 +296,13 @@ class PrometheusServer(ManagedProcess):
                 raise TimeoutError(f"no {what} after {timeout:.0f}s (last: {last!r}); alerts now: {self._alert_summary()}")
             time.sleep(_POLL_SECONDS)
 
-    def wait_for_targets_up(self, targets: Iterable[str] | None = None, timeout: float = 30.0) -> list[str]:
-        """Wait until every target in ``targets`` (default: all configured) has been scraped successfully."""
-        wanted = sorted(self._targets if targets is None else targets)
-        self.wait_for(lambda: set(wanted) <= set(self.targets_up()), timeout, f"successful scrape of {wanted}")
+    def wait_for_targets_up(self, targets: Iterable[str] | None = None, timeout: float = 30.0,
+                            job: str | None = None) -> list[str]:
+        """Wait until every target in ``targets`` (default: all configured) of ``job`` (None: the main one) has been
+        scraped successfully."""
+        configured = self._targets if job in (None, self.job) else self._jobs[job]
+        wanted = sorted(configured if targets is None else targets)
+        self.wait_for(lambda: set(wanted) <= set(self.targets_up(job)), timeout, f"successful scrape of {wanted}")
         return wanted
 
     def wait_for_alert(self, name: str, state: str = "firing", timeout: float = 60.0,
@@ -328,9 +353,9 @@ class PrometheusServer(ManagedProcess):
             },
             "rule_files": [str(path) for path in self.rule_files],
             "scrape_configs": [{
-                "job_name": self.job,
-                "file_sd_configs": [{"files": [str(self.targets_path.resolve())], "refresh_interval": "1s"}],
-            }],
+                "job_name": job,
+                "file_sd_configs": [{"files": [str(self._targets_path(job).resolve())], "refresh_interval": "1s"}],
+            } for job in (self.job, *self._jobs)],
         }
 
     def _command(self) -> list[str]:
