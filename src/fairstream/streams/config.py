@@ -274,9 +274,9 @@ class MonitorConfig(_Section):
         aggregates, of the monitoring agent's windows and of its detectors' chunks. Valid: a number > 0 and <=
         3600.
     lateness_seconds : float, default=2.0
-        The agent closes a slice (it joins the windows and the detectors) once the pipeline's event time is this far
-        past its end, or no partial for it arrived for this long; a later partial is counted as late. Valid: a
-        number >= 0 and <= 3600.
+        The agent closes a slice (it joins the windows and the detectors) once no partial for it arrived for this
+        long and every slice before it has closed; a later partial is counted as late. Valid: a number >= 0 and <=
+        3600.
     stats_seconds : float, default=1.0
         A worker sends its partial aggregates to the stats topic at most this often (and when its partitions are
         revoked). Valid: a number > 0 and <= 60.
@@ -321,8 +321,8 @@ class MonitorConfig(_Section):
         "the pipeline's statistics are counted in slices of this much event time: the unit of the workers' partial "
         "aggregates, of the monitoring agent's windows and of its detectors' chunks"))
     lateness_seconds: Annotated[float, Meta(ge=0, le=3600)] = field(default=2.0, metadata=_doc(
-        "the agent closes a slice (it joins the windows and the detectors) once the pipeline's event time is this "
-        "far past its end, or no partial for it arrived for this long; a later partial is counted as late"))
+        "the agent closes a slice (it joins the windows and the detectors) once no partial for it arrived for this "
+        "long and every slice before it has closed; a later partial is counted as late"))
     stats_seconds: Annotated[float, Meta(gt=0, le=60)] = field(default=1.0, metadata=_doc(
         "a worker sends its partial aggregates to the stats topic at most this often (and when its partitions are "
         "revoked)"))

@@ -358,8 +358,9 @@ class StatsReader:
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self.holding = False
         self.agent.metrics.agent_state.set(0.0)
-        with self.agent.lock:  # another agent reads now: this one's windows would go stale
-            self.agent.statistics = PipelineStatistics(self.config, self.agent.clock)
+        with self.agent.lock:  # another agent reads now: this one's windows and gauges would go stale
+            self.agent.statistics = PipelineStatistics(self.config, self.agent.clock, self.agent.statistics.monotonic)
+            self.agent.metrics.clear_fairness()
         log.info("monitoring agent %s: %s was taken by another agent: standing by", self.agent.name, self.topic)
 
 

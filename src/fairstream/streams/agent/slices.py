@@ -6,7 +6,7 @@ counts go to the pipeline's windows and detectors, in slice order) once no parti
 ``monitor.lateness_seconds``, and every slice before it has closed: the records of a slice come from every worker
 whose partitions hold records of that second, and they are all in once the slice has been quiet for a while. A
 partial for a slice already closed is *late*: its counts still join the windows (nothing is lost), not the detectors'
-chunks, and they are counted (``fairstream_agent_late_records_total``). At most :data:`MAX_OPEN` slices wait (a
+chunks, and they are counted (``fairstream_agent_late_records``). At most :data:`MAX_OPEN` slices wait (a
 backlog replayed faster than it was written spans many seconds of event time): past that the oldest closes.
 
 The counts of a closed slice are the sum of every worker's counts of its records, so they do not depend on how

@@ -257,12 +257,15 @@ class PipelineMetrics:
         self.refit_requests = Bound(REFIT_REQUESTS, pipeline)
         # Families without other labels: the child itself (exported at 0 from the start).
         self.monitor_cpu = MONITOR_CPU.labels(pipeline)
-        self.stats_messages = STATS_MESSAGES.labels(pipeline)
-        self.agent_state = AGENT_ACTIVE.labels(pipeline)
         self.agent_partials = Bound(AGENT_PARTIALS, pipeline)
-        self.agent_last_partial = AGENT_LAST_PARTIAL.labels(pipeline)
-        self.agent_slice_end = AGENT_SLICE_END.labels(pipeline)
-        self.agent_late_records = AGENT_LATE_RECORDS.labels(pipeline)
+        # Each process exports the series of its own work only: a worker never looks like a standby agent.
+        if process == "worker":
+            self.stats_messages = STATS_MESSAGES.labels(pipeline)
+        else:
+            self.agent_state = AGENT_ACTIVE.labels(pipeline)
+            self.agent_last_partial = AGENT_LAST_PARTIAL.labels(pipeline)
+            self.agent_slice_end = AGENT_SLICE_END.labels(pipeline)
+            self.agent_late_records = AGENT_LATE_RECORDS.labels(pipeline)
         self.reembed_events = REEMBED_EVENTS.labels(pipeline)
         self._fairness = {statistic: Bound(gauge, pipeline) for statistic, gauge in _FAIRNESS_GAUGES.items()}
 

@@ -643,12 +643,14 @@ class BatchStatistics:
             stages.append(("before", cell[rows], lambda: sample.weight * before,
                            lambda: sample.weight * before * labelled[rows]))
         for stage, cells, positive, labelled_positive in stages:
+            # float: weighted positives (numpy's bincount of no rows gives int64 even with weights)
             if ("dp", stage) in wanted:
                 new["dp", stage] = self.prototypes["dp", stage]._of_counts(
-                    positives_=np.bincount(cells, positive(), size).reshape(shape), totals_=totals)
+                    positives_=np.bincount(cells, positive(), size).astype(np.float64).reshape(shape), totals_=totals)
             if ("eopp", stage) in wanted and among is not None:
                 new["eopp", stage] = self.prototypes["eopp", stage]._of_counts(
-                    positives_=np.bincount(cells, labelled_positive(), size).reshape(shape), totals_=among)
+                    positives_=np.bincount(cells, labelled_positive(), size).astype(np.float64).reshape(shape),
+                    totals_=among)
         return new
 
 

@@ -63,12 +63,14 @@ class PartialAggregates:
         """
         slices = self.pending.setdefault((monitor.role, monitor.chain_key), {})
         held = slices.get(index)
-        if held is None:
-            slices[index] = [records, dict(accumulators)]
+        if held is None:  # the batch's accumulators are the windows' too: the slice's own copies are added into
+            slices[index] = [records, {key: owned(accumulator) for key, accumulator in accumulators.items()}]
             return
         held[0] += records
         for key, accumulator in accumulators.items():
-            held[1][key] = accumulator if key not in held[1] else held[1][key].merge(accumulator)
+            mine = held[1].get(key)
+            held[1][key] = owned(accumulator) if mine is None else \
+                mine.absorb(accumulator) if hasattr(mine, "absorb") else mine.merge(accumulator)
 
     def add_paired(self, candidate: tuple, active: tuple, figures: dict[str, dict], refused: int = 0,
                    failed: str = "") -> None:
@@ -137,6 +139,12 @@ class PartialAggregates:
         return Partial(self.config.name, self.worker, role, chain, now, self.config.monitor.slice_seconds, self.layout,
                        {index: (records, {key: matched(acc) for key, acc in accumulators.items()})
                         for index, (records, accumulators) in slices.items()})
+
+
+def owned(accumulator):
+    """A copy of a count accumulator that later batches can be added into in place (``absorb``: no new arrays per
+    batch); one without (MDP's deferred samples, OTF's sample) as it is: those are merged into new ones."""
+    return accumulator.fresh().absorb(accumulator) if hasattr(accumulator, "absorb") else accumulator
 
 
 def matched(accumulator):
