@@ -481,7 +481,9 @@ class WorkerHooks:
             return
         with self.export_lock:
             if everything or self.partials.due():
+                started = time.thread_time()  # matching MDP's samples and encoding are the monitor's work
                 self.unsent += self.partials.take()
+                self.metrics.monitor_cpu.inc(time.thread_time() - started)
             if len(self.unsent) > MAX_UNSENT_STATS:
                 log.error("%d stats messages could not be sent: the oldest %d are dropped (the pipeline's statistics "
                           "miss their records)", len(self.unsent), len(self.unsent) - MAX_UNSENT_STATS)
