@@ -127,3 +127,66 @@ def read_outputs(bootstrap: str, topic: str, count: int, timeout: float = 180.0)
                 values.setdefault(json.loads(message.value)["id"], message.value)
     assert len(values) == count, f"{len(values)} of {count} records came out"
     return list(values.values())
+
+
+def gauge(port: int, name: str) -> float | None:
+    """One unlabelled (but for ``pipeline``) gauge of a process's /metrics, or None."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")]
+    return found[0] if found else None
+
+
+def test_a_standby_agent_takes_over_and_rebuilds_the_pipelines_windows(broker, tmp_path: Path):
+    research, archive = datasets.load("adult").split(10_000, seed=0)
+    config = adult_config(artifact_dir=str(tmp_path / "artifacts"), monitor=MonitorConfig(
+        window_records=8000, buckets=4, min_records=200, lateness_seconds=1.0, stats_seconds=0.5,
+        metrics_port="off")).with_topics(prefix="standby", partitions=2)
+    ensure_topics(broker.bootstrap, config.topics)
+    ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir)).publish_sync(
+        DistributionalRepair(n_q=100).fit(research.X, research.s, research.u).to_artifact())
+    ports = [free_port(), free_port()]
+    agents = [AgentProcess(config, broker.bootstrap, tmp_path, name=f"monitor-{i}", metrics_port=port)
+              for i, port in enumerate(ports)]
+    with WorkerProcess(config, broker.bootstrap, tmp_path, name="w") as worker, agents[0], agents[1]:
+        assert worker.wait_for_log("caught up with", timeout=90), worker.log_tail()
+        messages = record_messages(archive.subset(slice(0, 3000)), config, "s", start_ts=time.time() - 10.0,
+                                   spacing=10.0 / 3000)
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, api_version=KAFKA_API_VERSION, acks="all")
+        for key, value in messages:
+            producer.send(config.topics.records_in, value, key)
+        producer.flush()
+        producer.close()
+        states = wait_until(lambda: [gauge(port, "fairstream_agent_active") for port in ports],
+                            lambda found: sorted(found) == [0.0, 1.0], agents)
+        active, standby = (0, 1) if states[0] == 1.0 else (1, 0)
+        wait_until(lambda: window_records(ports[active], config.name), lambda n: n == 3000, agents)
+        assert window_records(ports[standby], config.name) in (None, 0.0)  # a standby exports no pipeline figures
+        agents[active].stop()
+        wait_until(lambda: gauge(ports[standby], "fairstream_agent_active"), lambda state: state == 1.0, agents)
+        # It read the stats topic back: the pipeline's window holds every record again, not only later ones.
+        wait_until(lambda: window_records(ports[standby], config.name), lambda n: n == 3000, agents)
+
+
+def window_records(port: int, pipeline: str) -> float | None:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("fairstream_monitor_window_records{") and 'scope="pipeline"' in line \
+                and 'window="count"' in line and f'pipeline="{pipeline}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_until(read, done, agents, timeout: float = 60.0):
+    deadline, found = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        found = read()
+        if done(found):
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"still {found!r} after {timeout:g} s; " + " | ".join(a.log_tail() for a in agents))
