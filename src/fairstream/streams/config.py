@@ -287,6 +287,10 @@ class MonitorConfig(_Section):
     min_group_records : int, default=30
         A window holding fewer records of a configured group does not report the statistics between groups (they
         are exported as unmeasurable, with the reason). Valid: an integer >= 1 and <= 10000000.
+    worker_statistics : bool, default=True
+        A worker also keeps windows of its own records and exports them (scope="worker": a diagnostic of its
+        partitions); false: it only counts for the pipeline's monitoring agent, which spares about a fifth of the
+        monitor's CPU.
     """
 
     section: ClassVar[str] = "monitor"
@@ -332,6 +336,10 @@ class MonitorConfig(_Section):
     min_group_records: Annotated[int, Meta(ge=1, le=10_000_000)] = field(default=30, metadata=_doc(
         "a window holding fewer records of a configured group does not report the statistics between groups (they "
         "are exported as unmeasurable, with the reason)"))
+    worker_statistics: bool = field(default=True, metadata=_doc(
+        "a worker also keeps windows of its own records and exports them (scope=\"worker\": a diagnostic of its "
+        "partitions); false: it only counts for the pipeline's monitoring agent, which spares about a fifth of the "
+        "monitor's CPU"))
 
     def __post_init__(self) -> None:
         if isinstance(self.threshold, tuple):  # the stored form (a copy made by replace) reads back

@@ -67,3 +67,23 @@ def test_a_monitor_only_worker_announces_that_it_applies_no_module_rather_than_n
     waiting = WorkerStatus(identity.name, identity.app_id, identity.host, identity.pid, at=0.0, every=10.0,
                            kinds=("plan",), serving=())
     assert _describe(waiting) == "serves nothing yet"  # a chain whose artifact is not published: input held
+
+
+def test_a_worker_without_its_own_statistics_only_counts_for_the_agent():
+    from fairstream.streams.codec.partials import decode_partial
+
+    config = replace(CONFIG, name="counts-only").with_monitor(worker_statistics=False)
+    hooks = WorkerHooks(config, "127.0.0.1:1", "counts-only-test")
+    rng = np.random.default_rng(6)
+    n = 600
+    s, u = rng.integers(0, 2, n), rng.integers(0, 2, n)
+    X = rng.uniform(20, 60, (n, 2))
+    batch = RepairedBatch(X, X, s, u, None, np.arange(n).astype(str), np.full(n, 1.7e9),
+                          out_of_range=np.zeros(n, dtype=bool), decision=(rng.uniform(size=n) < 0.4).astype(np.int64))
+    hooks.records_delivered(BatchOutcome(version=NO_MODULE, monitor_batch=batch), ())
+    hooks.export_unexported()
+    assert REGISTRY.get_sample_value("fairstream_fairness_rate_gap", {
+        "pipeline": "counts-only", "role": "active", "statistic": "dp_difference", "stage": "after", "stratum": "all",
+        "feature": "all", "group_pair": "all", "window": "count", "scope": "worker"}) is None
+    (message,) = hooks.partials.take()
+    assert decode_partial(message, config.groups, config.strata).records == n  # the agent still gets every record

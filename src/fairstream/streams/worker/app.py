@@ -286,7 +286,8 @@ class WorkerHooks:
         self.partials = PartialAggregates(config, f"{app_id}@{socket.gethostname()}:{os.getpid()}")
         self.unsent: list[bytes] = []  # stats messages the broker did not take yet, oldest first
         # Detectors run in the monitoring agent, on the pipeline's records: the worker's monitor only counts.
-        self.monitor = FairnessMonitor(config, detect=False, sink=self.partials.add)
+        self.monitor = FairnessMonitor(config, detect=False, sink=self.partials.add,
+                                       windows=config.monitor.worker_statistics)
         self.verification = EmbeddingMonitor(config)
         self.shadow = ShadowTrial(config, self.metrics, self.partials)  # pending candidates, measured beside
         self.notices, self.health = NoticeProducer(bootstrap), WorkerHealth()

@@ -700,12 +700,14 @@ class FairnessMonitor:
     sink : callable or None, default=None
         ``sink(monitor, slice, records, accumulators)`` receives each batch's accumulators cut at its records'
         event-time slices (a worker's :class:`~fairstream.streams.worker.partials.PartialAggregates`).
+    windows : bool, default=True
+        Keep the count and time windows (and so rows and gauges); False: only count for the ``sink``.
     """
 
     def __init__(self, config: PipelineConfig, clock: Callable[[], float] = time.time, role: str = "active",
-                 detect: bool = True, sink: Callable | None = None):
+                 detect: bool = True, sink: Callable | None = None, windows: bool = True):
         self.config, self.monitor, self.clock, self.role = config, config.monitor, clock, role
-        self.detect, self.sink = detect, sink
+        self.detect, self.sink, self.keep_windows = detect, sink, windows
         self.version: int | None = None
         self.chain_key: tuple | None = None
         self.refused: tuple | None = None  # the chain whose statistics could not be measured (see observe_batch)
@@ -802,8 +804,9 @@ class FairnessMonitor:
     def _add(self, accumulators: dict, n_records: int, ts: float, parts) -> list[DriftEvent]:
         """Add a batch's accumulators to both windows and its ``parts`` ((rows, accumulators) per piece) to the
         detectors' chunks; returns the drift events it confirmed."""
-        for windows in self.windows.values():
-            windows.add(accumulators, n_records, ts=ts)
+        if self.keep_windows:
+            for windows in self.windows.values():
+                windows.add(accumulators, n_records, ts=ts)
         if not self.trackers:
             return []
         for piece, part in parts:

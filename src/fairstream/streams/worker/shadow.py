@@ -76,7 +76,8 @@ class ShadowTrial:
 
     def restart(self) -> None:
         """Measure afresh: a new monitor and comparison, nothing refused, no failure, no figures."""
-        self.monitor = FairnessMonitor(self.config, role="candidate", detect=False, sink=self.partials.add)
+        self.monitor = FairnessMonitor(self.config, role="candidate", detect=False, sink=self.partials.add,
+                                       windows=self.config.monitor.worker_statistics)
         self.comparison = ShadowComparison(self.config, self.config.shadow_statistics)
         self.announced, self.refused, self.failure = None, 0, None
 
