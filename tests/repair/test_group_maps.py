@@ -360,6 +360,53 @@ def test_asking_the_tree_for_two_points_first_finds_what_asking_for_eight_finds(
         assert np.array_equal(a, b)
 
 
+def _per_row(matched, rows):
+    """Each of ``rows``' counterparts as a sorted list of (point, group, weight)."""
+    return [sorted(zip(map(tuple, matched.X[matched.rows == r]), matched.s[matched.rows == r].tolist(),
+                       matched.weights[matched.rows == r].tolist())) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def tied_map():
+    """A map fitted on half-integer points, and rows of the integer grid: most are exactly as near to two or four
+    of its points (ties), some to one."""
+    rng = np.random.default_rng(7)
+    X, s = np.round(rng.normal(size=(120, 2)) * 1.5) + 0.5, np.repeat([0, 1], [70, 50])
+    return GroupTransportMap(seed=0).fit(X, s), rng
+
+
+def test_draws_give_each_row_its_counterparts_whatever_batch_it_is_in(tied_map):
+    gmap, rng = tied_map
+    X, s = np.round(rng.normal(size=(600, 2)) * 1.5), rng.integers(0, 2, 600)
+    X[:40] = X[0]  # one row many times: without draws, its copies take the tied points in turn
+    s[:40] = s[0]
+    draws = rng.random(600)
+    whole = gmap.counterparts(X, s, draws=draws)
+    rows = np.arange(600)
+    for part in np.split(rng.permutation(600), [7, 250, 251, 480]):  # other batches, in another order
+        alone = gmap.counterparts(X[part], s[part], draws=draws[part])
+        assert _per_row(alone, range(len(part))) == _per_row(whole, part)
+    # The copies of one row with the same draw get the same counterparts; the point a draw picks among k tied
+    # points is the floor(k * draw)-th, so the choice is uniform over them.
+    same = gmap.counterparts(X[:40], s[:40], draws=np.full(40, draws[0]))
+    assert len({tuple(map(tuple, c)) for c in _per_row(same, range(40))}) == 1
+    spread = gmap.counterparts(X[:40], s[:40], draws=(np.arange(40) + 0.5) / 40)
+    picked = [tuple(map(tuple, c)) for c in _per_row(spread, range(40))]
+    assert len(set(picked)) > 1 and max(map(picked.count, set(picked))) - min(map(picked.count, set(picked))) <= 1
+    # Without draws the round robin is unchanged: the k-th copy takes the k-th tied point (cyclically), so a copy's
+    # counterparts depend on the copies before it in the call.
+    turns = [tuple(map(tuple, c)) for c in _per_row(gmap.counterparts(X[:40], s[:40]), range(40))]
+    k = len(set(turns))
+    assert k > 1 and turns == [turns[i % k] for i in range(40)]
+    later = [tuple(map(tuple, c)) for c in _per_row(gmap.counterparts(X[1:40], s[1:40]), range(39))]
+    assert later == turns[:39] and later[0] != turns[1]
+    # A row without a tie gets its one nearest point, with draws or without.
+    low, high = (_per_row(gmap.counterparts(X, s, draws=np.full(600, d)), rows) for d in (0.0, 0.999))
+    untied = [r for r in rows if low[r] == high[r]]
+    plain = _per_row(gmap.counterparts(X, s), rows)
+    assert 0 < len(untied) < 600 and all(plain[r] == low[r] for r in untied)
+
+
 @pytest.mark.parametrize("groups", [[0, 1], [3, 10, 200], ["a", "b"]])
 def test_group_codes_of_numbers_and_of_text_agree(groups):
     # Integer groups are compared as numbers, other labels as text: the codes are the same as by their text.

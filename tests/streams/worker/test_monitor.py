@@ -3,6 +3,7 @@
 import copy
 import itertools
 import logging
+import tomllib
 from dataclasses import replace
 
 import numpy as np
@@ -15,14 +16,15 @@ from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
 from fairstream.repair.group_maps import GroupTransportMap
+from fairstream.repair.hashing import keys_to_uint64, uniforms
 from fairstream.streams.codec.repaired import RepairedBatch, decode_repaired
-from fairstream.streams.config import AgentConfig, adult_config
+from fairstream.streams.config import AgentConfig, PipelineConfig, adult_config
 from fairstream.streams.control.registry import Active
 from fairstream.streams.demo.loop import balanced_scorer
 from fairstream.streams.demo.replay import record_messages
-from fairstream.repair.measure.accumulators import PositiveRateAccumulator, RateAccumulator
+from fairstream.repair.measure.accumulators import DecisionRateAccumulator, PositiveRateAccumulator, RateAccumulator
 from fairstream.streams.worker import monitor
-from fairstream.streams.worker.monitor import MDP_ROWS, MDP_SEED, FairnessMonitor, finite_edges, mdp_rows, stage_edges
+from fairstream.streams.worker.monitor import FairnessMonitor, finite_edges, key_draws, sampled_rows, stage_edges
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
 CONFIG = adult_config().with_monitor(window_records=8000, buckets=8, min_records=500, threshold=0.1,
@@ -63,6 +65,15 @@ def stat(monitor, statistic, stage, stratum="all", feature="all", pair="all", wi
     return {r[:5]: r[5] for r in monitor.rows(window)}[(statistic, stage, stratum, feature, pair)]
 
 
+def mdp_standard_error(gap, config):
+    """The standard error of the monitor's MDP of records whose own gaps (their counterparts' weighted mean gap) are
+    ``gap``: each record is in the sample with probability p = ``sample_share``, independently, and counts 1 / p. The
+    window's MDP is the ratio of the sampled gaps' sum to the sampled records', whose variance is (to first order)
+    that of the Horvitz-Thompson sum of the residuals x = gap - mean: sum((1 - p) / p * x^2), over N^2."""
+    p = config.monitor.sample_share
+    return np.sqrt(np.sum((1 - p) / p * (gap - gap.mean()) ** 2)) / len(gap)
+
+
 def test_statistics_show_the_repair(adult):
     _, archive, plan, scorer = adult
     monitor = FairnessMonitor(CONFIG)
@@ -70,18 +81,20 @@ def test_statistics_show_the_repair(adult):
         assert monitor.observe(batch, plan, scorer) == []
     assert stat(monitor, "dependence_e", "after") < stat(monitor, "dependence_e", "before") / 3
     assert stat(monitor, "w1", "after", feature="hours-per-week") < stat(monitor, "w1", "before", feature="hours-per-week") / 3
-    # MDP: the monitor measures a uniform sample of MDP_ROWS records of each batch of 1,000, so its estimate is
-    # within 4 standard errors of repair.measure's batch MDP of all the window's records with the same map
-    # (independent of the monitor's draws; test_monitor_mdp.py checks it exactly on batches measured whole).
+    # MDP: the monitor measures the records whose key puts them in the sample (about sample_share of them, each
+    # standing for 1 / share), so its estimate is within 4 standard errors of repair.measure's batch MDP of all the
+    # window's records with the same map and the same tie-breaks (test_monitor_mdp.py checks it exactly).
     from fairstream.repair.measure.mdp import matched_dp
 
     window = codec_arrays(repaired_values(archive.subset(slice(0, 8000)), plan, "a"))
-    f, pairs = scorer.module.predict_proba(window.after), scorer.module.matched_counterparts(window.after, window.s)
+    draws = key_draws(window.keys)
+    f = scorer.module.predict_proba(window.after)
+    pairs = scorer.module.matched_counterparts(window.after, window.s, draws=draws[:, 2])
     f_matched = scorer.module.predict_proba(pairs.X)
     truth = matched_dp(f[pairs.rows], f_matched, window.s[pairs.rows], pairs.s, weights=pairs.weights).overall
     gap = np.bincount(pairs.rows, pairs.weights * np.abs(f[pairs.rows] - f_matched), minlength=8000)  # per record
-    variance = np.sum(1000**2 * (1 - MDP_ROWS / 1000) * gap.reshape(8, 1000).var(axis=1, ddof=1) / MDP_ROWS)
-    assert abs(stat(monitor, "mdp", "after", window="time") - truth) <= 4 * np.sqrt(variance) / 8000
+    assert truth == pytest.approx(gap.mean())
+    assert abs(stat(monitor, "mdp", "after", window="time") - truth) <= 4 * mdp_standard_error(gap, CONFIG)
     assert stat(monitor, "mdp", "after", pair="0-1") == stat(monitor, "mdp", "after")
     assert 0 <= stat(monitor, "dp_difference", "label") <= 1 and 0 <= stat(monitor, "dp_ratio", "after") <= 1
     assert stat(monitor, "out_of_range_rate", "before") < 0.01
@@ -137,7 +150,7 @@ def test_a_new_plan_version_starts_fresh_windows(adult):
     assert monitor.version == 2 and monitor.windows["count"].n_records == 600
 
 
-# --------------------------------------------------------------------------- MDP on a sample of each batch
+# --------------------------------------------------------------------------- MDP on the sample of the records by key
 
 
 @pytest.fixture(scope="module")
@@ -178,63 +191,171 @@ def arrivals(order, rng):
 
 
 def windowed_mdp(scorer_active, order):
-    """(the monitor's MDP of the window, the true MDP of all its records, a 4-standard-error tolerance, and the
-    MDP of the monitor's samples with every sampled row counted once whatever its batch's size)."""
+    """(the monitor's MDP of the window, the true MDP of all its records, a 4-standard-error tolerance, the MDP of
+    the sampled records with each counted once, and the share of the records sampled)."""
     from fairstream.repair.measure.mdp import matched_dp
     from fairstream.streams.codec.repaired import RepairedBatch
 
     config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
         window_records=30000, buckets=10, min_records=500, statistic="mdp")
     X, s, bounds = arrivals(order, np.random.default_rng(1))
+    keys = np.arange(len(X)).astype(str)
     monitor, scorer = FairnessMonitor(config), scorer_active.module
     for a, b in zip(bounds[:-1], bounds[1:]):
         n = b - a
-        monitor.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None,
-                                            np.arange(a, b).astype(str), np.full(n, 1000.0)), scorer_active)
+        monitor.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None, keys[a:b],
+                                            np.full(n, 1000.0)), scorer_active)
     assert monitor.windows["count"].n_records == len(X)  # the window holds every record
     # The truth: MDP of all the records with the same map (matched_dp on the whole window), and each
     # record's own gap (its counterparts' weighted mean gap).
+    draws = key_draws(keys)
     f = scorer.predict_proba(X)
-    pairs = scorer.matched_counterparts(X, s)
+    pairs = scorer.matched_counterparts(X, s, draws=draws[:, 2])
     gaps = np.abs(f[pairs.rows] - scorer.predict_proba(pairs.X))
     truth = matched_dp(f[pairs.rows], scorer.predict_proba(pairs.X), s[pairs.rows], pairs.s, weights=pairs.weights)
     gap = np.bincount(pairs.rows, pairs.weights * gaps, minlength=len(X))
     assert truth.overall == pytest.approx(gap.mean())
-    # Sampling noise: batch b contributes n_b * (mean of its m_b sampled gaps), a uniform sample without
-    # replacement, so the estimate's variance is sum_b n_b^2 (1 - m_b / n_b) var_b / m_b / N^2.
-    # 4 standard errors: a seed this far off happens about once in 16,000.
-    rng = np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
-    samples = [(a + mdp_rows(b - a, rng), b - a) for a, b in zip(bounds[:-1], bounds[1:])]
-    variance = sum(n**2 * (1 - len(rows) / n) * gap[a:a + n].var(ddof=1) / len(rows)
-                   for (rows, n), a in zip(samples, bounds[:-1]))
-    naive = np.concatenate([gap[rows] for rows, _ in samples]).mean()
-    return stat(monitor, "mdp", "after"), truth.overall, 4 * np.sqrt(variance) / len(X), naive
+    # 4 standard errors: a sample this far off happens about once in 16,000.
+    sampled, _ = sampled_rows(draws, config.monitor.sample_share)
+    return (stat(monitor, "mdp", "after"), truth.overall, 4 * mdp_standard_error(gap, config), gap[sampled].mean(),
+            len(sampled) / len(X))
 
 
-@pytest.mark.parametrize("order", ["alternating", "sorted by group"])
+@pytest.mark.parametrize("order", ["alternating", "sorted by group", "interleaved groups"])
 def test_windowed_mdp_estimates_the_mdp_of_all_the_windows_records(mapped_scorer, order):
-    estimate, truth, tolerance, naive = windowed_mdp(mapped_scorer, order)
+    # Records of a drifted source arrive in small batches, or sorted by group, or with the groups interleaved
+    # (every k-th row of a batch, for an even k, of group 0): a per-batch sample had to weigh each batch's rows by
+    # its size, and a strided one saw one group only. The sample by key knows nothing of batches.
+    estimate, truth, tolerance, once, share = windowed_mdp(mapped_scorer, order)
     assert abs(estimate - truth) <= tolerance
-    # Every sampled row counted once whatever its batch's size (the former rule) is about 25% off here.
-    assert abs(naive - truth) > max(2 * tolerance, 0.08 * truth)
+    # Every sampled record stands for the same 1 / share records whatever its batch, so the window's MDP is the mean
+    # gap of the sampled records (the former per-batch sample, counted so, was about 25% off here).
+    assert estimate == pytest.approx(once, rel=1e-12)
+    n = 30000 if order != "interleaved groups" else 18120
+    assert abs(share - 0.125) <= 4 * np.sqrt(0.125 * 0.875 / n)
 
 
-def test_windowed_mdp_of_interleaved_groups_samples_both_groups(mapped_scorer):
-    # Every 4th row of a batch of 1,000 and every 2nd of 512 or 300 (the former sample) were all of group 0,
-    # whose drifted gaps are about three times group 1's: the window's MDP was far above its records' MDP.
-    estimate, truth, tolerance, _ = windowed_mdp(mapped_scorer, "interleaved groups")
-    assert abs(estimate - truth) <= tolerance
-
-
-def test_mdp_rows_are_a_uniform_sample_of_the_batch():
+def test_the_sample_is_about_sample_share_of_the_records_and_each_records_membership_is_its_keys():
+    n, share = 100_000, 0.125
+    keys = np.array([f"rec-{i}" for i in range(n)])
+    draws = key_draws(keys)
+    rows, weight = sampled_rows(draws, share)
+    assert draws.shape == (n, 3) and ((draws >= 0) & (draws < 1)).all() and weight == 1 / share
+    bound = 4 * np.sqrt(n * share * (1 - share))  # binomial: each record in with probability share, independently
+    assert abs(len(rows) - n * share) <= bound
+    # No stride: rows 0, 1, 2, 3 mod 4 (interleaved producers) are each sampled at the share.
+    assert all(abs(np.sum(rows % 4 == phase) - n / 4 * share) <= bound / 2 for phase in range(4))
+    # The other two draws (OTF's priority, MDP's tie-breaks) are uniform and not the sample's draw.
+    for column in (1, 2):
+        assert abs(draws[:, column].mean() - 0.5) <= 4 * np.sqrt(1 / 12 / n)
+        assert abs(np.corrcoef(draws[:, 0], draws[:, column])[0, 1]) <= 4 / np.sqrt(n)
+        assert abs(draws[rows, column].mean() - 0.5) <= 4 * np.sqrt(1 / 12 / len(rows))
+    # A record's membership depends on its key only: the same keys split into batches of any size, in any order,
+    # give the same sampled records (the pipeline's sample is the union of the workers').
     rng = np.random.default_rng(0)
-    assert mdp_rows(100, rng).tolist() == list(range(100))  # a batch within MDP_ROWS: every row
-    drawn = np.concatenate([mdp_rows(1000, rng) for _ in range(400)])
-    assert all(np.unique(mdp_rows(n, rng)).size == MDP_ROWS for n in (257, 512, 2700))
-    counts = np.bincount(drawn, minlength=1000)  # each row in a sample with probability 256 / 1000
-    expected = 400 * MDP_ROWS / 1000
-    by_phase = counts.reshape(250, 4).mean(axis=0)  # rows 0, 1, 2, 3 mod 4: every 4th row was the former sample
-    assert abs(by_phase - expected).max() < 0.05 * expected
+    order = rng.permutation(n)
+    cuts = np.sort(rng.choice(np.arange(1, n), 40, replace=False))
+    in_batches = np.concatenate([part[sampled_rows(key_draws(keys[part]), share)[0]]
+                                 for part in np.split(order, cuts)])
+    assert np.array_equal(np.sort(in_batches), rows)
+    assert np.array_equal(key_draws(keys[order[:5]]), draws[order[:5]])  # alone, each draws what it drew among many
+    # A larger share keeps every record of a smaller one; the whole share is every record, each standing for one.
+    assert np.isin(rows, sampled_rows(draws, 0.5)[0]).all()
+    every, one = sampled_rows(draws[:10], 1.0)
+    assert every.tolist() == list(range(10)) and one == 1.0
+
+
+def tied_records(n, seed):
+    """Records on a coarse grid (most are exactly as near to several of the map's points) and their groups."""
+    rng = np.random.default_rng(seed)
+    s = rng.integers(0, 2, n)
+    X = np.round(rng.normal(size=(n, 2)) * 1.5 + np.where(s[:, None] == 1, [1.0, 0.0], 0.0))
+    return X, s
+
+
+@pytest.fixture(scope="module")
+def tied_scorer():
+    """A scorer whose group map was fitted on records of the coarse grid: records tie between its points."""
+    X, s = tied_records(1600, seed=0)
+    X = X + np.random.default_rng(1).choice([-0.5, 0.5], size=X.shape)  # half-way points: every grid record ties
+    y = (X.sum(axis=1) + np.random.default_rng(2).normal(size=len(X)) > 0).astype(int)
+    scorer = LogisticScorer().fit(X, y).attach_group_map(GroupTransportMap(seed=0).fit(X, s))
+    return Active("scorer", 1, "t" * 64, None, scorer)
+
+
+def test_mdp_and_the_classifier_alones_dp_of_a_window_do_not_depend_on_how_its_records_are_batched(tied_scorer):
+    # The point of sampling by key and breaking ties by key: one worker reading every record in batches of 1000,
+    # or several reading them in other batches and orders, measure the same window.
+    config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(
+        window_records=20000, buckets=2, min_records=500, statistic=("dp_difference", "mdp", "otf"))
+    X, s = tied_records(6000, seed=3)
+    keys = np.array([f"k{i}" for i in range(len(X))], dtype=object)
+    rng = np.random.default_rng(4)
+    shuffled = rng.permutation(len(X))
+    splits = {"in order, batches of 1000": np.split(np.arange(len(X)), range(1000, len(X), 1000)),
+              "one batch": [np.arange(len(X))],
+              "shuffled, uneven batches": np.split(shuffled, np.sort(rng.choice(np.arange(1, len(X)), 11, False)))}
+    measured = {}
+    for name, parts in splits.items():
+        worker = FairnessMonitor(config, detect=False)  # the windows only (a detector of OTF solves it per chunk)
+        for rows in parts:
+            n = len(rows)
+            worker.observe_batch(RepairedBatch(X[rows], X[rows], s[rows], np.zeros(n, dtype=np.int64), None,
+                                               keys[rows], np.full(n, 1000.0)), tied_scorer)
+        assert worker.windows["count"].n_records == len(X)
+        # every statistic of decisions and MDP (E and W1 are binned over the first batch's range, OTF's solver starts
+        # warm: its sample is compared below)
+        rows_of = {row[:5]: row[5] for statistic in ("mdp", "dp_difference", "dp_ratio", "conditional_dp")
+                   for row in worker.rows(statistic=statistic)}
+        otf = worker.windows["count"].windows["otf", "after"].accumulator()
+        measured[name] = rows_of, np.sort(otf.priority_), np.sort(otf.scores_)
+    (reference, *sample), *others = measured.values()
+    assert {("mdp", "after"), ("dp_difference", "before"), ("dp_ratio", "before")} <= {key[:2] for key in reference}
+    for rows_of, *other_sample in others:
+        assert rows_of.keys() == reference.keys()
+        assert all(abs(rows_of[key] - reference[key]) <= 1e-12 for key in reference), rows_of
+        assert all(map(np.array_equal, other_sample, sample))  # OTF's bottom-k sample: the same records
+    # The data do tie: breaking the ties round-robin over each call's rows (no draws) gives the same records
+    # other counterparts in another batch, so the MDP above would depend on the batches.
+    scorer, some = tied_scorer.module, shuffled[:700]
+    whole, alone = scorer.matched_counterparts(X, s), scorer.matched_counterparts(X[some], s[some])
+
+    def partners(pairs, n):  # each row's counterparts' weighted mean
+        return np.column_stack([np.bincount(pairs.rows, pairs.weights * pairs.X[:, k], n) for k in range(2)])
+
+    assert not np.allclose(partners(whole, len(X))[some], partners(alone, len(some)))
+
+
+def test_otfs_sample_of_the_scores_records_carry_does_not_depend_on_how_they_are_batched():
+    # A monitor-only pipeline (no scorer: the records carry their own model's score and decision) measures OTF on the
+    # scores they carry: its bottom-k sample must be the records of the lowest key priorities too, whatever the
+    # batches and the worker (otherwise each worker's accumulator draws priorities from its own generator).
+    data = tomllib.loads(adult_config(records=AgentConfig(artifact=())).to_toml())
+    data["mapping"] = {"id": "id", "s": "s", "u": "u", "features": {"age": "age", "hours-per-week": "hours"},
+                       "score": "score", "decision": "decision"}
+    config = PipelineConfig.from_dict(data).with_monitor(statistic=("otf", "dp_difference"), window_records=5000,
+                                                         min_records=100, buckets=1)
+    rng = np.random.default_rng(0)
+    n = 3000
+    s, score = rng.integers(0, 2, n), rng.random(n)
+    X = np.column_stack([rng.uniform(17, 90, n), rng.uniform(1, 99, n)])
+    keys = np.array([f"r{i}" for i in range(n)])
+    samples = []
+    for parts in ([np.arange(n)], np.split(rng.permutation(n), [400, 1700, 2100])):
+        worker = FairnessMonitor(config, detect=False)
+        for rows in parts:
+            worker.observe_batch(RepairedBatch(X[rows], X[rows], s[rows], np.zeros(len(rows), dtype=np.int64), None,
+                                               keys[rows], np.full(len(rows), 1.7e9),
+                                               out_of_range=np.zeros(len(rows), dtype=bool),
+                                               decision=(score[rows] >= 0.5).astype(np.int64), score=score[rows]))
+        assert worker.chain_key == () and worker.windows["count"].n_records == n
+        otf = worker.windows["count"].windows["otf", "after"].accumulator()
+        samples.append((np.sort(otf.scores_), np.sort(otf.priority_)))
+    (kept, priorities), (other_kept, other_priorities) = samples
+    assert np.array_equal(kept, other_kept)  # the same records (their scores)
+    priority = key_draws(keys)[:, 1]
+    lowest = np.argsort(priority)[:len(kept)]  # the records of the lowest priorities by key
+    assert np.array_equal(priorities, np.sort(priority[lowest])) and np.array_equal(kept, np.sort(score[lowest]))
 
 
 # --------------------------------------------------------------------------- scores handed over, decisions sampled
@@ -254,9 +375,9 @@ class CountingScorer:
         self.calls.append(("predict", np.array(X)))
         return self.scorer.predict_proba(X)
 
-    def matched_counterparts(self, X, s, y=None):
+    def matched_counterparts(self, X, s, y=None, draws=None):
         self.calls.append(("match", np.array(X)))
-        return self.scorer.matched_counterparts(X, s, y)
+        return self.scorer.matched_counterparts(X, s, y, draws=draws)
 
     def count(self, kind):
         return sum(call == kind for call, _ in self.calls)
@@ -277,13 +398,14 @@ def test_the_chains_scores_are_used_once_and_give_the_statistics_a_reader_recomp
     for batch in handed:
         worker.observe_batch(batch, plan, Active("scorer", 1, "t" * 64, None, counting))
     rows = worker.rows()
-    # No second scoring of the chain's output; the classifier alone only on each batch's sample.
+    # No second scoring of the chain's output; the classifier alone only on the batch's records in the sample.
     scored = [X for call, X in counting.calls if call == "predict"]
     assert not any(X.shape == b.after.shape and np.array_equal(X, b.after) for X in scored for b in handed)
-    rng = np.random.default_rng(MDP_SEED)  # the monitor's draws, replayed
     for batch in handed:
-        sample = batch.before[mdp_rows(len(batch), rng)]
-        assert len(sample) == MDP_ROWS and sum(np.array_equal(X, sample) for X in scored) == 1
+        sampled, weight = sampled_rows(key_draws(batch.keys), config.monitor.sample_share)
+        sample = batch.before[sampled]
+        assert 0 < len(sample) < len(batch) / 4 and weight == 8.0
+        assert sum(np.array_equal(X, sample) for X in scored) == 1
     # and MDP's samples: matched, and their counterparts scored, in one call each when the gauges were read
     assert len(scored) == len(handed) + 1 and counting.count("match") == 1
     # A reader of the topic has no scores: it recomputes them, and measures the same.
@@ -295,43 +417,54 @@ def test_the_chains_scores_are_used_once_and_give_the_statistics_a_reader_recomp
     assert all(row[5] == pytest.approx(expected[row[:5]], rel=1e-9, abs=1e-12) for row in rows)
 
 
-def test_the_classifier_alones_rates_from_samples_of_the_batches_are_unbiased(monkeypatch, mapped_scorer):
-    # Batches of 100 (every record measured) and 900 (MDP_ROWS sampled, each standing for 900 / MDP_ROWS): the
-    # small ones are a drifted source whose decisions are more often positive, so counting every sampled decision
-    # once would overweight them. Over many seeds the window's rates must centre on the rates of all its records.
-    from fairstream.streams.worker import monitor as monitor_module
-
+def test_the_classifier_alones_rates_from_the_sample_are_unbiased_with_the_sampling_variance(monkeypatch,
+                                                                                              mapped_scorer):
+    # The totals of each group are exact, the positives estimated from the sampled records, each counting 1 / p
+    # (p = sample_share): the window's rate of group g is sum(x_i Z_i / p) / N_g, Z_i the record's membership and x_i
+    # its decision, whatever the batches (here of 100 and 900, the small ones a drifted source, more often positive).
     config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(window_records=4000, buckets=4,
                                                                                min_records=500)
+    p = config.monitor.sample_share
     rng = np.random.default_rng(3)
     sizes = [100, 900] * 2
     s = rng.integers(0, 2, sum(sizes))
     X = rng.normal(size=(len(s), 2))
+    keys = np.arange(len(s)).astype(str)
     bounds = np.cumsum([0] + sizes)
     for a in bounds[:-1:2]:
-        X[a:a + 100] += 1.5  # the small batches
+        X[a:a + 100] += 1.5
     plain = Active("scorer", 1, "u" * 64, None, without_map(mapped_scorer.module))
     decisions = plain.module.decision(X)
-    exact = np.array([decisions[s == g].mean() for g in (0, 1)])
-    estimates, naive = [], []
-    for seed in range(60):
-        monkeypatch.setattr(monitor_module, "MDP_SEED", seed)
-        monitor, draws = FairnessMonitor(config), np.random.default_rng(seed)
-        sampled = []
+    in_group = np.array([s == g for g in (0, 1)])
+    n_group = in_group.sum(axis=1)
+
+    def estimate(member):  # the rates of the records ``member`` selects, each decision counting 1 / p
+        return (in_group & member & (decisions == 1)).sum(axis=-1) / p / n_group
+
+    for seed in range(12):  # the monitor counts exactly that, under any hash seed
+        monkeypatch.setattr(monitor, "SAMPLE_SEED", seed)
+        worker = FairnessMonitor(config)
         for a, b in zip(bounds[:-1], bounds[1:]):
             n = b - a
-            monitor.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None,
-                                                np.arange(a, b).astype(str), np.full(n, 1000.0),
-                                                decision=decisions[a:b]), plain)
-            sampled.append(a + mdp_rows(n, draws))  # the monitor's draws, replayed
-        estimates.append(monitor.windows["count"].windows["dp", "before"].value().rates)
-        rows = np.concatenate(sampled)
-        naive.append([decisions[rows][s[rows] == g].mean() for g in (0, 1)])
-    estimates, naive = np.array(estimates), np.array(naive)
-    standard_error = estimates.std(axis=0, ddof=1) / np.sqrt(len(estimates))
-    assert (standard_error > 0).all()  # a sample, not every record
-    assert (np.abs(estimates.mean(axis=0) - exact) <= 4 * standard_error).all()
-    assert (np.abs(naive.mean(axis=0) - exact) > 8 * standard_error).all()
+            worker.observe_batch(RepairedBatch(X[a:b], X[a:b], s[a:b], np.zeros(n, dtype=np.int64), None, keys[a:b],
+                                               np.full(n, 1000.0), decision=decisions[a:b]), plain)
+        window = worker.windows["count"].windows["dp", "before"].accumulator()
+        assert np.array_equal(window.totals_[0], n_group)  # every record counted
+        member = np.zeros(len(s), dtype=bool)
+        member[sampled_rows(key_draws(keys), p)[0]] = True
+        np.testing.assert_allclose(window.value().rates, estimate(member), rtol=1e-12)
+    # Over many hash seeds, the estimates centre on the rates of all the records, with the variance of a
+    # Horvitz-Thompson sum under Bernoulli sampling: sum((1 - p) / p * x^2) over the group's records (the decisions
+    # are 0 or 1: (1 - p) / p times its positives), over N_g^2.
+    exact = np.array([decisions[group].mean() for group in in_group])
+    variance = (1 - p) / p * (in_group & (decisions == 1)).sum(axis=1) / n_group ** 2
+    hashed = keys_to_uint64(keys)  # key_draws' first column under each seed
+    members = np.array([uniforms(seed, hashed, 1)[:, 0] < p for seed in range(2000)])
+    assert np.array_equal(members[11], member)  # the last seed the monitor ran under
+    estimates = estimate(members[:, None, :])
+    assert (np.abs(estimates.mean(axis=0) - exact) <= 4 * np.sqrt(variance / len(estimates))).all()
+    # 1,999 degrees of freedom: the sample variance within 12% of the true one (4 standard errors)
+    assert (np.abs(estimates.var(axis=0, ddof=1) / variance - 1) <= 4 * np.sqrt(2 / 1999)).all()
 
 
 def without_map(scorer):
@@ -358,7 +491,7 @@ def test_mdp_samples_wait_and_are_matched_in_one_call_per_read(monkeypatch, mapp
         read_each.observe_batch(batch, mapped_scorer)
         mdp_each = read_each.rows(statistic="mdp")  # a gauge export after every batch: matched batch by batch
         read_once.observe_batch(batch, Active("scorer", 1, "m" * 64, None, counting))
-        waiting += min(n, MDP_ROWS)
+        waiting += len(sampled_rows(key_draws(batch.keys), config.monitor.sample_share)[0])
         if waiting >= 1000:
             waiting, forced = 0, forced + 1
     # Matched once MATCH_ROWS wait (no window read for that long), and the rest when the window is read.
@@ -366,7 +499,7 @@ def test_mdp_samples_wait_and_are_matched_in_one_call_per_read(monkeypatch, mapp
     mdp_once = read_once.rows(statistic="mdp")
     assert counting.count("match") == forced + 1
     assert [row[:5] for row in mdp_once] == [row[:5] for row in mdp_each]
-    assert all(a[5] == pytest.approx(b[5], rel=1e-9) for a, b in zip(mdp_once, mdp_each))  # no ties: the same pairs
+    assert all(a[5] == pytest.approx(b[5], rel=1e-9) for a, b in zip(mdp_once, mdp_each))  # the same pairs
 
 
 # --------------------------------------------------------------------------- chains with a scorer
@@ -419,7 +552,8 @@ def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adul
     # A flow that moves every group to the same place removes the decisions' dependence on s.
     flow = Active("flow", 1, "f" * 64, None, FlowPreprocessor.identity(list(config.features)))
     monitor = FairnessMonitor(config)
-    for batch in in_batches(chain_values(archive.subset(slice(0, 4000)), (flow, scorer), "f", config)):
+    values = chain_values(archive.subset(slice(0, 4000)), (flow, scorer), "f", config)
+    for batch in in_batches(values):
         assert monitor.observe(batch, flow, scorer) == []
     rows = {r[:5]: r[5] for r in monitor.rows()}
     data = archive.subset(slice(0, 4000))
@@ -430,12 +564,11 @@ def test_a_flow_then_scorer_chain_is_monitored_on_its_decisions_per_version(adul
     eopp = abs(decisions[positives & (data.s == 1)].mean() - decisions[positives & (data.s == 0)].mean())
     assert rows["eopp", "after", "all", "all", "all"] == pytest.approx(eopp)
     # The classifier alone (before; the identity flow changes nothing, so the same decisions) is measured on the
-    # monitor's sample of each batch: every record counted, positives estimated by the sampled decisions, each
-    # counting the n / m records it stands for.
-    rng, estimated = np.random.default_rng(MDP_SEED), np.zeros(4000)  # the monitor's draws, replayed
-    for start in range(0, 4000, 1000):
-        sample = start + mdp_rows(1000, rng)
-        estimated[sample] = decisions[sample] * 1000 / len(sample)
+    # records the keys put in the sample: every record counted, positives estimated by the sampled decisions, each
+    # counting the 1 / share records it stands for.
+    sample, weight = sampled_rows(key_draws(decode_repaired(values, config).keys), config.monitor.sample_share)
+    estimated = np.zeros(4000)
+    estimated[sample] = decisions[sample] * weight
 
     def gap(among):  # |rate of group 1 - rate of group 0| among the records ``among``, by the estimated positives
         women, men = (estimated[among & (data.s == g)].sum() / (among & (data.s == g)).sum() for g in (0, 1))
@@ -488,7 +621,7 @@ def test_a_batch_the_monitor_cannot_measure_ends_that_versions_statistics_not_th
 
 def test_mdp_samples_that_cannot_be_matched_at_a_read_end_that_versions_statistics(mapped_scorer, caplog):
     class Unmatchable(CountingScorer):
-        def matched_counterparts(self, X, s, y=None):
+        def matched_counterparts(self, X, s, y=None, draws=None):
             raise FloatingPointError("injected: the map cannot match")
 
     config = adult_config(records=AgentConfig(artifact="scorer")).with_monitor(min_records=500, statistic="mdp")
@@ -504,6 +637,7 @@ def test_mdp_samples_that_cannot_be_matched_at_a_read_end_that_versions_statisti
         assert monitor.observe_batch(batch, scorer) == []
     assert monitor.refused == (("scorer", 1),) and monitor.unmeasured == 1000
     assert [r.levelname for r in caplog.records if "cannot measure" in r.getMessage()] == ["ERROR"]
+    assert "injected: the map cannot match" in caplog.text
     # With MDP watched by a detector, the chunk that reads it matches it, within the batch: refused at once.
     watched = FairnessMonitor(config)
     assert watched.observe_batch(batch, scorer) == [] and watched.refused == (("scorer", 1),)
@@ -560,7 +694,11 @@ def test_one_count_of_a_batch_gives_each_accumulator_what_its_own_update_counts(
     worker = FairnessMonitor(config)
     worker.observe_batch(batch, plan, scorer)
     statistics, chain = worker.statistics, monitor.as_chain((plan, scorer))
-    view = monitor.monitored_batch(batch, chain, batch.out_of_range, np.random.default_rng(1))
+    view = monitor.monitored_batch(batch, chain, batch.out_of_range, config.monitor.sample_share)
+    draws = key_draws(batch.keys)  # the view's sample, OTF priorities and MDP tie-breaks: the records' keys'
+    rows, weight = sampled_rows(draws, config.monitor.sample_share)
+    assert np.array_equal(view.sampled_before.rows, rows) and view.sampled_before.weight == weight
+    assert np.array_equal(view.priority, draws[:, 1]) and np.array_equal(view.matched_after.draws, draws[rows, 2])
     counted = statistics.counted(view)
     for rows in (slice(0, len(view)), slice(100, 700)):
         made = statistics.of(counted) if rows.start == 0 else statistics.of(counted, statistics.factories, rows)
@@ -572,9 +710,9 @@ def test_one_count_of_a_batch_gives_each_accumulator_what_its_own_update_counts(
         expected["out_of_range_rate", "before"] = RateAccumulator(strata).update(part.out_of_range, part.u)
         sample = part.sampled_before
         for name, among in (("dp", None), ("eopp", part.y == 1)):
-            expected[name, "after"] = monitor.DecisionRateAccumulator(groups, strata).count(
+            expected[name, "after"] = DecisionRateAccumulator(groups, strata).count(
                 part.decision_after, part.s, part.u, among=among)
-            expected[name, "before"] = monitor.DecisionRateAccumulator(groups, strata).count(
+            expected[name, "before"] = DecisionRateAccumulator(groups, strata).count(
                 sample.decisions, part.s, part.u, among=among, rows=sample.rows, weight=sample.weight)
         for key, accumulator in expected.items():
             for name in accumulator._counts:

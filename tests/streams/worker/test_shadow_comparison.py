@@ -17,6 +17,7 @@ import pytest
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
 from fairstream.models.plan import DistributionalRepair
+from fairstream.repair.group_maps import GroupTransportMap
 from fairstream.repair.measure.accumulators import HistogramDependenceAccumulator, WassersteinAccumulator
 from fairstream.streams.codec.repaired import RepairedBatch
 from fairstream.streams.config import adult_config
@@ -33,9 +34,14 @@ def clock() -> float:
 
 
 @pytest.fixture(scope="module")
-def chains():
+def adult():
+    return datasets.load("adult").split(3000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def chains(adult):
     """An active chain (plan v1, scorer v1) and a candidate (plan v2, same scorer): what each decided is the batch's."""
-    research, archive = datasets.load("adult").split(3000, seed=0)
+    research, archive = adult
     scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y))
     plan = DistributionalRepair(n_q=50).fit(research.X, research.s, research.u)
     active = (Active("plan", 1, "a" * 64, None, plan), scorer)
@@ -181,3 +187,24 @@ def test_a_batch_it_cannot_measure_ends_the_comparison_without_raising(chains, c
     assert "decisions must be 0 or 1" in comparison.failed and "shadow comparison" in caplog.text
     comparison.observe(batch(data, good), active, batch(data, good), candidate)  # no longer measured
     assert comparison.figures() == {"records": 3000.0, "since": clock()}
+
+
+def test_both_sides_measure_mdp_on_the_same_records_chosen_by_key_whatever_the_batches(adult, chains):
+    # Each side samples the records its key puts in the pipeline's sample (not a draw per batch and side): the same
+    # records and decisions give both sides the same MDP, and so do the same records in other batches.
+    data, (plan, _), _ = chains
+    research, _ = adult
+    mapped = Active("scorer", 2, "m" * 64, None, LogisticScorer().fit(research.X, research.y).attach_group_map(
+        GroupTransportMap(n_points=300, seed=0).fit(research.X, research.s)))
+    active, candidate = (plan, mapped), (Active("plan", 2, "b" * 64, None, plan.module), mapped)
+    d = decided(data.s, [0.2, 0.5], seed=15)
+    figures = []
+    for pieces in (1, 4):
+        comparison = ShadowComparison(CONFIG, ("mdp", "dp_difference"), clock=clock)
+        for rows in np.array_split(np.random.default_rng(pieces).permutation(3000), pieces):
+            comparison.observe(batch(data, d).take(rows), active, batch(data, d).take(rows), candidate)
+        figures.append(comparison.figures())
+    whole, split = figures
+    assert whole["active.mdp"] > 0 and whole["active.mdp"] == whole["candidate.mdp"]
+    assert split["active.mdp"] == pytest.approx(whole["active.mdp"], rel=1e-12, abs=1e-15)
+    assert split["candidate.mdp"] == pytest.approx(whole["candidate.mdp"], rel=1e-12, abs=1e-15)

@@ -1,22 +1,31 @@
 """The shadow trial (:class:`~fairstream.streams.worker.shadow.ShadowTrial`): alone, then behind the worker's hooks.
 
-The hooks hand it each batch the candidate chain went through, export its gauges when due, and send the decisions it
-queues; these tests drive both with fakes of the registry and the notice producer (no broker).
+A worker decides nothing about a candidate: its trial measures the candidate beside the active chain and hands the
+candidate's counts (its slices) and the per-record paired figures of the two chains, with the records the candidate
+refused and why its chain failed, to the worker's partial aggregates, which go to the stats topic; the pipeline's
+monitoring agent decides on every worker's evidence pooled (tests/streams/agent/test_promotion.py). The hooks hand the
+trial each batch the candidate chain went through and export its gauges when due; these tests drive both with fakes of
+the registry and the notice producer (no broker), and read what the worker sends as the agent does
+(:func:`~fairstream.streams.codec.partials.decode_partial`).
 """
 
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
 from fairstream.models.plan import DistributionalRepair
+from fairstream.models.scorer import LogisticScorer
 from fairstream.repair import datasets
-from fairstream.streams.config import adult_config
-from fairstream.streams.control.records import read_message
+from fairstream.streams.codec.partials import PAIRED_FIELDS, decode_partial
+from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.registry import Active, Served
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.worker import app
 from fairstream.streams.worker.metrics import PipelineMetrics
+from fairstream.streams.worker.monitor import slice_of
+from fairstream.streams.worker.partials import PartialAggregates
 from fairstream.streams.worker.processing import BatchOutcome, RecordRepairer, SimpleMessage
-from fairstream.streams.worker.shadow import FAILED, REFUSED, ShadowTrial, decide
+from fairstream.streams.worker.shadow import FAILED, REFUSED, ShadowTrial
 
 # --------------------------------------------------------------------------- the trial on its own
 
@@ -28,8 +37,9 @@ def candidate_version(pipeline: str) -> float | None:
     return REGISTRY.get_sample_value("fairstream_candidate_version", {"pipeline": pipeline, "kind": "plan"})
 
 
-def trial(promotion: str, name: str) -> ShadowTrial:
-    shadow = ShadowTrial(adult_config(name=name, promotion=promotion), PipelineMetrics(name), f"shadow-policy@{name}")
+def trial(name: str) -> ShadowTrial:
+    config = adult_config(name=name)
+    shadow = ShadowTrial(config, PipelineMetrics(name), PartialAggregates(config, f"{name}-worker"))
     shadow.candidate_changed("plan", CANDIDATE[0])
     return shadow
 
@@ -39,8 +49,13 @@ def failed(refused: int = 200) -> BatchOutcome:
     return BatchOutcome(candidate_refused=refused, candidate_failed="TypeError: bug in the candidate")
 
 
+def sent(partials: PartialAggregates, config) -> list:
+    """What the worker would send now, read back as the agent reads it."""
+    return [decode_partial(value, config.groups, config.strata) for value in partials.take()]
+
+
 def test_a_trial_counts_what_the_candidate_refused_and_announces_it_only_once_exported():
-    shadow = trial("approve", "trialfigures")
+    shadow = trial("trialfigures")
     assert candidate_version("trialfigures") == 4
     shadow.export()
     assert shadow.announced is None  # nothing measured, nothing refused: nothing to announce
@@ -52,42 +67,38 @@ def test_a_trial_counts_what_the_candidate_refused_and_announces_it_only_once_ex
     assert shadow.announced == shadow.figures()
 
 
-def test_without_the_shadow_policy_a_trial_measures_and_never_decides():
-    shadow = trial("approve", "trialapprove")
+def test_the_refusals_and_the_failure_go_to_the_agent_in_the_candidates_partial_and_nothing_is_decided():
+    shadow = trial("trialpartial")
     shadow.observe(failed(), ACTIVE, CANDIDATE)
-    shadow.decide(ACTIVE, CANDIDATE)
-    assert shadow.policy is None and shadow.pending == [] and shadow.next_decision() is None
+    shadow.observe(failed(50), ACTIVE, CANDIDATE)
+    assert not hasattr(shadow, "decide") and not hasattr(shadow, "pending")  # the agent decides, not a worker
+    (partial,) = sent(shadow.partials, shadow.config)
+    assert (partial.role, partial.chain, partial.active) == ("candidate", (("plan", 4),), (("plan", 3),))
+    assert (partial.refused, partial.failed) == (250, "TypeError: bug in the candidate")
+    assert partial.worker == "trialpartial-worker" and partial.slices == {} and partial.paired == {}
+    assert sent(shadow.partials, shadow.config) == []  # taken once
 
 
-def test_a_trial_queues_one_decision_per_candidate_and_sends_each_once():
-    shadow = trial("shadow", "trialdecides")
-    shadow.observe(failed(), ACTIVE, CANDIDATE)
-    shadow.decide(ACTIVE, CANDIDATE)
-    shadow.decide(ACTIVE, CANDIDATE)  # decided once, however many batches follow
-    (queued,) = shadow.pending
-    first, again = shadow.next_decision(), shadow.next_decision()
-    assert (first.kind, first.version, first.action) == ("plan", 4, "retire")
-    assert first.actor == "shadow-policy@trialdecides"
-    assert first.reason == queued.reason and again.published_at >= first.published_at  # stamped afresh each time
-    shadow.sent()
-    assert shadow.pending == [] and shadow.next_decision() is None
-
-
-def test_a_candidate_leaving_starts_the_measurement_afresh_and_keeps_what_was_decided():
-    shadow = trial("shadow", "trialleaves")
+def test_a_candidate_change_restarts_the_trial_and_what_was_counted_before_still_goes():
+    shadow = trial("trialleaves")
     shadow.observe(failed(), ACTIVE, CANDIDATE)
     shadow.export()
-    shadow.decide(ACTIVE, CANDIDATE)
     measured = (shadow.monitor, shadow.comparison)
     shadow.candidate_changed("plan", None)
     assert shadow.announced is None and (shadow.refused, shadow.failure) == (0, None)
     assert shadow.monitor is not measured[0] and shadow.comparison is not measured[1]
-    assert len(shadow.pending) == 1  # a decision not sent yet still goes
+    # the new monitor counts for the agent as the old one did: a candidate's, no detectors, into the same partials
+    assert (shadow.monitor.role, shadow.monitor.detect, shadow.monitor.version) == ("candidate", False, None)
+    assert shadow.monitor.sink == shadow.partials.add
     assert candidate_version("trialleaves") is None
-    shadow.candidate_changed("plan", CANDIDATE[0])  # the same candidate again (a replay): never decided twice
-    shadow.observe(failed(), ACTIVE, CANDIDATE)
-    shadow.decide(ACTIVE, CANDIDATE)
-    assert len(shadow.pending) == 1
+    (partial,) = sent(shadow.partials, shadow.config)  # the records before the change were refused all the same
+    assert (partial.chain, partial.refused) == ((("plan", 4),), 200)
+    newer = (Active("plan", 5, "c" * 64, None, None),)
+    shadow.candidate_changed("plan", newer[0])
+    shadow.observe(failed(30), ACTIVE, newer)
+    assert candidate_version("trialleaves") == 5 and shadow.figures()[REFUSED] == 30
+    (partial,) = sent(shadow.partials, shadow.config)
+    assert (partial.chain, partial.refused) == ((("plan", 5),), 30)
 
 
 # --------------------------------------------------------------------------- behind the worker's hooks (with fakes)
@@ -107,6 +118,10 @@ class FakeRegistry:
 
 
 class FakeNotices:
+    """The notice producer: it takes every message (``producer`` set: the worker has started)."""
+
+    producer = "started"
+
     def __init__(self):
         self.sent = []
 
@@ -115,99 +130,163 @@ class FakeNotices:
 
 
 @pytest.fixture(scope="module")
-def plans():
-    research, archive = datasets.load("adult").split(6000, seed=0)
+def adult():
+    return datasets.load("adult").split(6000, seed=0)
+
+
+@pytest.fixture(scope="module")
+def chains(adult):
+    """Records, and a plan (v3, repairing 30%) and a candidate plan (v4, 100%) in front of the same scorer: the two
+    chains decide some records differently."""
+    research, archive = adult
     fit = (lambda amount: DistributionalRepair(n_q=60, repair_amount=amount, posterior=False).fit(
         research.X, research.s, research.u))
-    return archive.subset(slice(0, 1200)), Active("plan", 3, "a" * 64, None, fit(0.3)), \
-        Active("plan", 4, "b" * 64, None, fit(1.0))
+    positive = np.flatnonzero(research.y == 1)
+    rows = np.concatenate([positive, np.flatnonzero(research.y == 0)[:len(positive)]])  # as many of each label
+    scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X[rows], research.y[rows]))
+    return (archive.subset(slice(0, 1200)), Active("plan", 3, "a" * 64, None, fit(0.3)), scorer,
+            Active("plan", 4, "b" * 64, None, fit(1.0)))
 
 
-def shadow_hooks(plans, promotion: str, name: str):
-    data, active, candidate = plans
-    config = adult_config(name=name, promotion=promotion).with_monitor(
-        statistic="dependence_e", min_records=100, window_records=2000, buckets=1, metrics_port="off").with_shadow(
-        min_records=500)
-    hooks = app.WorkerHooks(config, "127.0.0.1:1", f"{name}-test", refit_source="test")
-    hooks.registry, hooks.notices = FakeRegistry({"plan": active}, {"plan": candidate}), FakeNotices()
+def shadow_hooks(chains, name: str, candidate=None):
+    """The hooks of a worker serving plan v3 -> scorer with a pending candidate plan; batches of 200 records whose
+    event times span six one-second slices."""
+    data, active, scorer, pending = chains
+    pending = pending if candidate is None else candidate
+    config = adult_config(name=name, records=AgentConfig(artifact=("plan", "scorer"))).with_monitor(
+        statistic="dependence_e", min_records=100, window_records=2000, buckets=1, metrics_port="off",
+        stats_seconds=60.0)
+    hooks = app.WorkerHooks(config, "127.0.0.1:1", f"{name}-test")
+    hooks.registry = FakeRegistry({"plan": active, "scorer": scorer}, {"plan": pending})
+    hooks.notices = FakeNotices()
     hooks.ready.set()
-    hooks.candidate_changed("plan", candidate)
-    messages = [SimpleMessage(v, k) for k, v in record_messages(data, config, id_prefix=name)]
+    hooks.candidate_changed("plan", pending)
+    messages = [SimpleMessage(v, k) for k, v in record_messages(data, config, id_prefix=name, spacing=0.005)]
     return hooks, RecordRepairer(config), [messages[i:i + 200] for i in range(0, len(messages), 200)]
+
+
+def deliver(hooks, repairer, batches) -> list[BatchOutcome]:
+    """Each batch through both chains and delivered (the hooks observe it); the outcomes."""
+    served, outcomes = hooks.active_chain(), []
+    for batch in batches:
+        outcome = repairer.process(batch, served)
+        assert len(outcome.repaired) == len(batch)  # delivered whatever the candidate does
+        hooks.records_delivered(outcome, served)
+        outcomes.append(outcome)
+    return outcomes
+
+
+def stats_sent(hooks) -> dict:
+    """Every partial the worker sent to the stats topic (after a last send of whatever is counted), read as the agent
+    reads them, by (role, chain); nothing goes to any other topic."""
+    hooks.send_partials(everything=True)
+    assert {topic for topic, _, _ in hooks.notices.sent} <= {hooks.topics.stats}  # no decision, no re-fit request
+    partials = [decode_partial(value, hooks.config.groups, hooks.config.strata) for _, _, value in hooks.notices.sent]
+    assert all(key == hooks.partials.worker.encode() for _, key, _ in hooks.notices.sent)
+    by_chain = {(p.role, p.chain): p for p in partials}
+    assert len(by_chain) == len(partials)  # one message per chain (stats_seconds is long)
+    return by_chain
 
 
 def gauge(pipeline: str, role: str) -> float | None:
     return REGISTRY.get_sample_value("fairstream_fairness_dependence", {
         "pipeline": pipeline, "role": role, "statistic": "dependence_e", "stage": "after", "stratum": "all",
-        "feature": "all", "group_pair": "all", "window": "count"})
+        "feature": "all", "group_pair": "all", "window": "count", "scope": "worker"})
 
 
-def test_the_shadow_policy_decides_a_candidate_once_after_min_records_and_writes_it_to_the_control_topic(plans):
-    hooks, repairer, batches = shadow_hooks(plans, "shadow", "shadowtest")
-    served = hooks.active_chain()
-    assert served.active == (plans[1],) and served.candidate == (plans[2],)
-    assert REGISTRY.get_sample_value("fairstream_candidate_version", {"pipeline": "shadowtest", "kind": "plan"}) == 4
-    for batch in batches[:2]:
-        hooks.records_delivered(repairer.process(batch, served), served)
-    assert hooks.notices.sent == [] and hooks.shadow.comparison.n_records == 400  # below shadow.min_records
-    for batch in batches[2:]:
-        hooks.records_delivered(repairer.process(batch, served), served)
-    ((topic, key, value),) = hooks.notices.sent  # one decision, however many batches follow
-    record = read_message(key, value).record
-    assert topic == hooks.topics.control and (record.kind, record.version, record.sha256) == ("plan", 4, "b" * 64)
-    assert record.actor.startswith("shadow-policy@shadowtest-test@")
-    assert record.statistics["records"] == 600 and "active.dependence_e" in record.statistics
-    assert (record.action, record.reason) == decide(record.statistics, hooks.config.shadow)
+def sums(x, d, among=None) -> dict:
+    among = np.ones(len(x), dtype=bool) if among is None else among
+    x, d = x[among].astype(float), d[among].astype(float)
+    return {"n": len(x), "active": x.sum(), "active_sq": (x * x).sum(), "change": d.sum(), "change_sq": (d * d).sum()}
+
+
+def test_the_trial_sends_the_candidates_slices_and_the_paired_figures_to_the_agent(chains):
+    hooks, repairer, batches = shadow_hooks(chains, "pairedtest")
+    outcomes = deliver(hooks, repairer, batches)
+    by_chain = stats_sent(hooks)
+    active_key, candidate_key = (("plan", 3), ("scorer", 1)), (("plan", 4), ("scorer", 1))
+    assert set(by_chain) == {("active", active_key), ("candidate", candidate_key)}
+    partial = by_chain["candidate", candidate_key]
+    assert (partial.active, partial.refused, partial.failed) == (active_key, 0, "")
+    # The candidate's counts, per event-time slice of its records: what its own records give.
+    a = [o.monitor_batch for o in outcomes]
+    c = [o.candidate_batch for o in outcomes]
+    ts, s, y = (np.concatenate([getattr(b, name) for b in c]) for name in ("ts", "s", "y"))
+    active, candidate = np.concatenate([b.decision for b in a]), np.concatenate([b.decision for b in c])
+    slices = slice_of(ts, hooks.config.monitor.slice_seconds)
+    assert len(np.unique(slices)) >= 6
+    assert {index: n for index, (n, _) in partial.slices.items()} == dict(zip(*np.unique(slices, return_counts=True)))
+    for index, (_, accumulators) in partial.slices.items():
+        dp = accumulators["dp", "after"]
+        here = slices == index
+        assert dp.totals_.sum(axis=0).tolist() == np.bincount(s[here], minlength=2).tolist()
+        assert dp.positives_.sum(axis=0).tolist() == np.bincount(s[here], candidate[here], minlength=2).tolist()
+    assert by_chain["active", active_key].records == partial.records == 1200
+    # The paired figures: per record, x the active chain's decision (or whether it is right), d the candidate's minus
+    # it; per group for the gaps, overall for the decision rate and accuracy.
+    assert np.array_equal(np.concatenate([b.keys for b in a]), np.concatenate([b.keys for b in c]))
+    change = candidate - active
+    assert 0 < np.abs(change).sum() < 1200  # the chains disagree on some records
+    right = (active == y).astype(int)
+    expected = {"dp_difference": {g: sums(active, change, s == g) for g in (0, 1)},
+                "eopp": {g: sums(active, change, (s == g) & (y == 1)) for g in (0, 1)},
+                "decision_rate": {"all": sums(active, change)},
+                "accuracy": {"all": sums(right, (candidate == y).astype(int) - right)}}
+    assert set(partial.paired) == set(expected)
+    for name, cells in expected.items():
+        assert partial.paired[name]["cells"] == tuple(map(str, cells))
+        for f in PAIRED_FIELDS:
+            assert partial.paired[name][f].tolist() == pytest.approx([cell[f] for cell in cells.values()]), (name, f)
+    # The worker's own view stays: both chains' gauges (this worker's figures) and its announced comparison.
     hooks.export_unexported()
-    assert gauge("shadowtest", "active") is not None and gauge("shadowtest", "candidate") is not None
-    assert gauge("shadowtest", "candidate") != gauge("shadowtest", "active")
+    assert gauge("pairedtest", "active") is not None and gauge("pairedtest", "candidate") is not None
+    assert gauge("pairedtest", "candidate") != gauge("pairedtest", "active")
     assert hooks.shadow_figures()["records"] == 1200
 
 
-def test_a_candidate_that_left_is_no_longer_measured_and_its_gauges_go(plans):
-    hooks, repairer, batches = shadow_hooks(plans, "approve", "approvetest")
-    served = hooks.active_chain()
-    for batch in batches:
-        hooks.records_delivered(repairer.process(batch, served), served)
+def test_a_candidate_that_left_is_no_longer_measured_or_sent_and_its_gauges_go(chains):
+    hooks, repairer, batches = shadow_hooks(chains, "leavestest")
+    deliver(hooks, repairer, batches[:3])
     hooks.export_unexported()
-    assert hooks.notices.sent == []  # under "approve" a person decides, never the worker
-    assert gauge("approvetest", "candidate") is not None and hooks.shadow_figures()["records"] == 1200
-    hooks.registry.state = Served({"plan": plans[1]}, {})  # rejected
+    assert gauge("leavestest", "candidate") is not None and hooks.shadow_figures()["records"] == 600
+    taken = repairer.process(batches[3], hooks.active_chain())  # taken before the candidate left
+    hooks.registry.state = Served({"plan": chains[1], "scorer": chains[2]}, {})  # rejected
     hooks.candidate_changed("plan", None)
-    assert gauge("approvetest", "candidate") is None and gauge("approvetest", "active") is not None
-    assert hooks.shadow_figures() is None and REGISTRY.get_sample_value(
-        "fairstream_candidate_version", {"pipeline": "approvetest", "kind": "plan"}) is None
-    hooks.records_delivered(repairer.process(batches[0], served), served)  # taken before the candidate left
+    assert gauge("leavestest", "candidate") is None and gauge("leavestest", "active") is not None
+    assert hooks.shadow_figures() is None and candidate_version("leavestest") is None
+    hooks.records_delivered(taken, hooks.active_chain())
     assert hooks.shadow.comparison.n_records == 0 and hooks.shadow.monitor.version is None
     now = hooks.active_chain()
-    assert now.candidate is None and repairer.process(batches[0], now).candidate_batch is None
+    assert now.candidate is None and repairer.process(batches[4], now).candidate_batch is None
+    by_chain = stats_sent(hooks)
+    candidate = by_chain["candidate", (("plan", 4), ("scorer", 1))]
+    assert candidate.records == 600 and candidate.paired["decision_rate"]["n"].tolist() == [600]  # not the 4th batch
+    assert by_chain["active", (("plan", 3), ("scorer", 1))].records == 800
 
 
-def test_a_candidate_that_refuses_records_is_decided_on_them_too_and_retired(plans):
-    data, active, _ = plans
-    research, _ = datasets.load("adult").split(6000, seed=0)
+def test_the_records_a_candidate_refuses_are_counted_on_neither_side_and_sent_as_refused(adult, chains):
+    research, _ = adult
     young = research.subset(research.X[:, 0] < 25)  # refuses (out of its range) everyone older
     refusing = Active("plan", 5, "c" * 64, None, DistributionalRepair(
         n_q=30, out_of_range="reject", posterior=False).fit(young.X, young.s, young.u))
-    hooks, repairer, batches = shadow_hooks((data, active, refusing), "shadow", "refusingtest")
-    served = hooks.active_chain()
-    for batch in batches:
-        hooks.records_delivered(repairer.process(batch, served), served)
-    ((_, key, value),) = hooks.notices.sent
-    record = read_message(key, value).record
-    refused = record.statistics["candidate.refused"]
-    assert record.statistics["records"] < 500 <= record.statistics["records"] + refused  # due on both together
-    assert (record.version, record.action) == (5, "retire")
-    assert f"failed refusals: the candidate refused {refused:.0f} records the active chain repaired" in record.reason
+    hooks, repairer, batches = shadow_hooks(chains, "refusingtest", candidate=refusing)
+    outcomes = deliver(hooks, repairer, batches)
+    refused = sum(o.candidate_refused for o in outcomes)
+    accepted = sum(len(o.candidate_batch) for o in outcomes)
+    assert 0 < refused and accepted + refused == 1200
+    partial = stats_sent(hooks)["candidate", (("plan", 5), ("scorer", 1))]
+    assert (partial.refused, partial.failed) == (refused, "")
+    assert partial.records == accepted and partial.paired["decision_rate"]["n"].tolist() == [accepted]
+    assert partial.paired["dp_difference"]["n"].sum() == accepted
+    assert hooks.shadow.figures()[REFUSED] == refused and hooks.shadow.comparison.n_records == accepted
 
 
 def errors(pipeline: str, monitor: str) -> float | None:
     return REGISTRY.get_sample_value("fairstream_monitor_errors_total", {"pipeline": pipeline, "monitor": monitor})
 
 
-def test_a_candidate_that_raises_in_shadow_is_retired_at_once_and_the_active_chain_is_unaffected(plans):
-    """At once, not when the window fills: another worker whose records never made it fail could promote it first."""
-    data, active, candidate = plans
+def test_a_candidate_that_raises_in_shadow_is_sent_as_failed_and_the_active_chain_is_unaffected(chains):
+    candidate = chains[3]
 
     class Raising:
         def __getattr__(self, name):
@@ -217,68 +296,37 @@ def test_a_candidate_that_raises_in_shadow_is_retired_at_once_and_the_active_cha
             raise TypeError("bug in the candidate")
 
     broken = Active("plan", 4, "b" * 64, None, Raising())
-    hooks, repairer, batches = shadow_hooks((data, active, broken), "shadow", "raisingtest")
-    served = hooks.active_chain()
-    for batch in batches:
-        outcome = repairer.process(batch, served)
-        assert len(outcome.repaired) == len(batch)  # delivered whatever the candidate does
-        hooks.records_delivered(outcome, served)
-    ((_, key, value),) = hooks.notices.sent  # after the first batch it failed on, and once
-    record = read_message(key, value).record
-    assert (record.version, record.action) == (4, "retire") and record.statistics["candidate.refused"] == 200
-    assert record.statistics["candidate.failed"] == 1.0
-    assert record.reason == ("retired: its chain failed in shadow (TypeError: bug in the candidate): it refused 200 "
-                             "records the active chain repaired")
+    hooks, repairer, batches = shadow_hooks(chains, "raisingtest", candidate=broken)
+    deliver(hooks, repairer, batches)
+    by_chain = stats_sent(hooks)
+    partial = by_chain["candidate", (("plan", 4), ("scorer", 1))]
+    assert (partial.refused, partial.failed) == (1200, "TypeError: bug in the candidate")
+    assert partial.slices == {} and partial.paired == {}  # nothing of it measured
+    assert by_chain["active", (("plan", 3), ("scorer", 1))].records == 1200
+    hooks.export_unexported()
     assert hooks.shadow_figures()["candidate.failed"] == 1.0  # what a person reading the workers' figures sees
     assert errors("raisingtest", "fairness") == 0 and gauge("raisingtest", "active") is not None
 
 
-def test_a_candidate_whose_statistics_cannot_be_measured_is_retired_at_once(plans):
-    hooks, repairer, batches = shadow_hooks(plans, "shadow", "unmeasuredtest")
+def test_a_comparison_that_cannot_measure_still_leaves_the_agent_the_candidates_counts(chains, caplog):
+    hooks, repairer, batches = shadow_hooks(chains, "unmeasuredtest")
 
     def fails(*args):
         raise ValueError("no statistic")
 
     hooks.shadow.comparison._observe = fails
-    served = hooks.active_chain()
-    hooks.records_delivered(repairer.process(batches[0], served), served)  # 200 records, below shadow.min_records
-    for batch in batches[1:]:
-        hooks.records_delivered(repairer.process(batch, served), served)
-    ((_, key, value),) = hooks.notices.sent
-    record = read_message(key, value).record
-    assert (record.version, record.action) == (4, "retire")
-    assert record.reason == "retired: its statistics cannot be measured: ValueError: no statistic"
+    deliver(hooks, repairer, batches)
+    assert hooks.shadow.comparison.failed == "ValueError: no statistic"  # this worker's own figures stop
+    partial = stats_sent(hooks)["candidate", (("plan", 4), ("scorer", 1))]
+    assert partial.records == 1200 and partial.paired["decision_rate"]["n"].tolist() == [1200]
 
 
-def test_a_failing_candidate_monitor_counts_under_its_own_label_not_the_serving_chains(plans):
-    hooks, repairer, batches = shadow_hooks(plans, "approve", "candidateerrortest")
+def test_a_failing_candidate_monitor_counts_under_its_own_label_not_the_serving_chains(chains):
+    hooks, repairer, batches = shadow_hooks(chains, "candidateerrortest")
 
     def fails(*args):
         raise ValueError("cannot observe")
 
     hooks.shadow.monitor.observe_batch = fails
-    served = hooks.active_chain()
-    for batch in batches[:2]:
-        hooks.records_delivered(repairer.process(batch, served), served)
+    deliver(hooks, repairer, batches[:2])
     assert errors("candidateerrortest", "candidate") == 2 and errors("candidateerrortest", "fairness") == 0
-
-
-def test_a_decision_sent_again_after_a_timeout_is_stamped_afresh_and_keyed_apart(plans):
-    hooks, repairer, batches = shadow_hooks(plans, "shadow", "resendtest")
-    attempts = []
-
-    class Flaky(FakeNotices):
-        def send(self, topic, key, value, timeout=None):
-            attempts.append((key, read_message(key, value).record))
-            if len(attempts) == 1:
-                raise app.NoticeNotSent("no acknowledgement")  # it may still arrive: the copy must differ
-            super().send(topic, key, value)
-
-    hooks.notices = Flaky()
-    served = hooks.active_chain()
-    for batch in batches:
-        hooks.records_delivered(repairer.process(batch, served), served)
-    (first_key, first), (second_key, second) = attempts
-    assert first_key != second_key and second.published_at > first.published_at
-    assert (first.action, first.version, first.reason) == (second.action, second.version, second.reason)
-    assert len(hooks.notices.sent) == 1 and hooks.shadow.pending == []
