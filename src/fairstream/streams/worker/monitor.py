@@ -420,12 +420,12 @@ def monitored_batch(batch: RepairedBatch, chain: Chain, out_of_range: np.ndarray
     counts the ``n / m`` records it stands for, so both stay unbiased in every window.
     """
     view = MonitoredBatch(batch.before, batch.after, batch.s, batch.u, batch.y, out_of_range)
+    draws = key_draws(batch.keys)
+    view.priority = draws[:, 1]  # OTF's sample, of the chain's scores or of the records' own: by key either way
     scorer = chain.scorer
     if scorer is None:
         return carried_view(view, batch, chain)
     view.score_after = batch.score if batch.score is not None else scorer.predict_proba(batch.after)
-    draws = key_draws(batch.keys)
-    view.priority = draws[:, 1]
     rows, weight = sampled_rows(draws, share)
     if chain.decider is not None:
         view.decision_after = batch.decision if batch.decision is not None else \
