@@ -106,6 +106,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/repair_speed.py
 	$(PY) benchmarks/batch_logic.py
 	$(PY) benchmarks/monitor_cost.py
+	$(PY) benchmarks/monitor_agent.py
+	$(PY) benchmarks/pipeline_statistics.py
+	$(PY) benchmarks/promotion_power.py
 
 # `make bench-stream BROKER=kafka` runs both on a local Apache Kafka node instead of the embedded broker.
 BROKER ?= embedded
