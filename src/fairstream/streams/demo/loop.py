@@ -28,12 +28,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from fairstream.models.kinds import DEFAULT_KIND, capabilities
 from fairstream.models.scorer import LogisticScorer
 from fairstream.repair.datasets import Dataset
+from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError, parse_request
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import ControlError
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.ops.processes import LOOPBACK, free_port
 from fairstream.streams.ops.prometheus import (
+    AGENT_JOB,
     ALERTS_YML,
     PrometheusServer,
     rules_with_short_for,
@@ -43,8 +45,10 @@ from fairstream.streams.refit.job import RefitJob
 from fairstream.streams.refit.service import RefitService
 from fairstream.streams.refit.sources import TopicSource
 from fairstream.streams.topics import ensure_topics
+from fairstream.streams.worker.drift import Chunker
 from fairstream.streams.worker.metrics import fairness_family
 
+from .collect import TopicReader
 from .replay import interleave, record_messages, replay
 
 
@@ -117,9 +121,14 @@ class DemoPipeline:
         return [f"http://{LOOPBACK}:{port}/metrics" for port in self.worker_ports]
 
     @property
-    def targets(self) -> list[str]:
-        """What Prometheus scrapes: every worker and the agent (``host:port``)."""
-        return [f"{LOOPBACK}:{port}" for port in (*self.worker_ports, self.agent_port)]
+    def worker_targets(self) -> list[str]:
+        """Every worker's /metrics as Prometheus scrapes it (``host:port``)."""
+        return [f"{LOOPBACK}:{port}" for port in self.worker_ports]
+
+    @property
+    def agent_target(self) -> str:
+        """The agent's /metrics as Prometheus scrapes it (``host:port``)."""
+        return f"{LOOPBACK}:{self.agent_port}"
 
     def failure(self) -> str | None:
         """Why the pipeline cannot go on (a process exited, with its log's last lines), or None."""
@@ -149,6 +158,21 @@ class DemoPipeline:
         for thread in stopping:
             thread.join()
         self.agent.stop()
+
+
+def demo_slices(config: PipelineConfig, rate: float) -> PipelineConfig:
+    """The config with slices short enough that one holds at most a detector chunk of records at ``rate``.
+
+    The monitoring agent feeds each closed slice to the drift detectors whole, so a slice holding more records than
+    a chunk (``window_records / 16``: 500 of the demo's 8,000) makes fewer, larger chunks than the window was sized
+    for: at the demo's 2,000 records/s and 1 s slices the detector sees 5 chunks before the drift instead of 20,
+    and took a minute instead of seconds to confirm it. A deployment's record rate per slice is far lower; the
+    demo replays a day's traffic in seconds, so its slices are shortened to match (0.25 s at 2,000 records/s).
+    """
+    chunk = Chunker(config.monitor.window_records).size
+    if config.monitor.slice_seconds * rate <= chunk:
+        return config
+    return config.with_monitor(slice_seconds=round(chunk / rate, 3))
 
 
 def distinct_free_ports(count: int) -> list[int]:
@@ -185,6 +209,8 @@ class MetricsPoller(threading.Thread):
         self.versions: list[float | None] = [None] * len(self.worker_urls)  # what each worker serves
         self.candidate, self.candidate_value = None, None  # the shadow candidate's version and statistic, if any
         self.agent_samples: dict | None = None  # the last successful scrape of the agent
+        self.slice_end: float | None = None  # the event time up to which the agent's windows hold every record
+        self.swapped_at: float | None = None  # when every worker was last seen serving a new version (wall clock)
         self.worker_samples: list[dict | None] = [None] * len(self.worker_urls)  # ... and of each worker
 
     def run(self) -> None:
@@ -214,11 +240,14 @@ class MetricsPoller(threading.Thread):
                          for samples in self.worker_samples]
         version = min(self.versions) if self.versions and None not in self.versions else None
         value = self._statistic("active")
+        self.slice_end = self._metric(self.agent_samples, "fairstream_agent_slice_end_timestamp_seconds")
         self._observe_candidate(t)
         drifts = self._metric(self.agent_samples, "fairstream_drift_events_total", statistic=self.statistic,
                               detector=self.monitor.detector) or 0.0
         if version is not None and version != self.version:
             self.report.events.append((t, f"{self.kind} version in use", f"version {int(version)}"))
+            if self.version is not None:  # the agent's figures until it has counted past now are the old chain's
+                self.swapped_at = time.time()
             self.version = version
         if drifts > self.drifts:
             shown = "not measured" if value is None else f"{value:.3f}"
@@ -227,11 +256,22 @@ class MetricsPoller(threading.Thread):
             self.drifts = drifts
         if self.say is not None and t - self.last_line >= 2.0:
             self._live_line(t, version, value)
-        if value is not None and version is not None:
+        if value is not None and version is not None and self._counted_since_swap():
             self.report.series.append((t, value, int(version)))
             if version > 1 and value < self.threshold and self.recovered_version != version:
                 self.report.events.append((t, "statistic back below threshold", f"{value:.3f} < {self.threshold}"))
                 self.recovered_version = version
+
+    def _counted_since_swap(self) -> bool:
+        """Whether the agent's figures are the serving version's: after a swap, once its windows hold records sent
+        after every worker served the new version.
+
+        The agent exports the serving chain's statistics only once a slice of its records has closed; until then
+        its gauges keep the replaced chain's last values. A record's event time is when the demo sent it, and every
+        record of the old chain was sent before the last worker swapped, so a slice closed past that time is the
+        new chain's.
+        """
+        return self.swapped_at is None or (self.slice_end is not None and self.slice_end > self.swapped_at)
 
     def _statistic(self, role: str) -> float | None:
         """The pipeline's monitored statistic after the chain over the count window (the agent's), of the serving
@@ -322,6 +362,7 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
     run_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(config.topics.partitions, int) and config.topics.partitions < workers:
         config = config.with_topics(partitions=workers)  # every worker gets partitions of records.in
+    config = demo_slices(config, rate)
     ensure_topics(bootstrap, config.topics)
     statistic = config.monitor.statistics[0]
     report = LoopReport(threshold=config.monitor.thresholds[statistic], statistic=statistic, kind=config.refit_kind,
@@ -331,8 +372,9 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
                                      say(f"[{time.monotonic() - start:6.1f}s] {event} {detail}".rstrip()))
     job = RefitJob(config, bootstrap, ArtifactStore(config.artifact_dir), kind=config.refit_kind, **(refit_params or {}))
     pipeline = DemoPipeline(config, bootstrap, run_dir, workers)
-    spacing = 1.0 / rate  # event times as the records are sent: the agent's slices hold the records of each second
-    with pipeline, OptionalPrometheus(prometheus, run_dir, pipeline.targets, short_for) as prom:
+    spacing = 1.0 / rate  # event times as the records are sent: a slice of the agent holds what was sent in it
+    with pipeline, OptionalPrometheus(prometheus, run_dir, pipeline.worker_targets, pipeline.agent_target,
+                                      short_for) as prom:
         publish_initial(config, bootstrap, research, job)
         note(f"initial {job.kind} and scorer published", f"research rows {len(research)}")
         poller = MetricsPoller(pipeline.agent_url, pipeline.worker_urls, report, start, config,
@@ -342,16 +384,24 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         if poller.version is None:
             raise RuntimeError(f"not every worker serves a {job.kind} after 120 s (each serves: {poller.versions}); "
                                f"last lines of the first worker's log:\n{pipeline.workers[0].log_tail()}")
-        note("pipeline running", f"{_workers(workers)} and the monitoring agent")
+        note("pipeline running", f"{_workers(workers)} and the monitoring agent (slices of "
+                                 f"{config.monitor.slice_seconds:g} s)")
         stop_refits = threading.Event()
         service = RefitService(job, TopicSource(bootstrap, config, last_n=len(drifted_research)), min_interval_seconds=30.0)
         refits = threading.Thread(target=service.serve, args=(stop_refits,), daemon=True)
         refits.start()
         try:
-            first = record_messages(stable, config, "stable", spacing=spacing)
+            began = time.time()
+            first = record_messages(stable, config, "stable", start_ts=began, spacing=spacing)
             if extra:
                 first = interleave(first, list(extra))
             report.sent += replay(bootstrap, config.topics.records_in, first, rate=rate, progress=False)
+            # The agent closes a slice once its partials stop coming (a few seconds): the drift follows once the
+            # pipeline's statistic covers the stable records, so the timeline shows it before the drift.
+            counted = lambda: (poller.slice_end or 0.0) >= began + (len(stable) - 1) * spacing  # noqa: E731
+            _wait(counted, 30.0, pipeline)
+            if not counted():
+                say("the monitoring agent has not counted every stable record after 30 s; the drift follows anyway")
             note("drift injected", f"{len(drifted)} records from a shifted distribution follow")
             replay(bootstrap, config.topics.research, record_messages(drifted_research, config, "research-drifted"),
                    progress=False)
@@ -381,14 +431,51 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
         if record.kind == job.kind and record.version > 1 and record.published_at and record.action == "publish":
             report.events.append((record.published_at - epoch, "re-fit published",
                                   f"{job.kind} version {record.version}{' (a candidate)' if record.candidate else ''}"))
-    for decision in service.decisions:
-        if decision.request_id is not None:  # a request read (a re-fit's own line has none)
-            report.events.append((decision.at - epoch, "re-fit request received",
-                                  f"{decision.action}: {decision.reason}"))
-            report.refit_requests.append(f"{decision.request_id} {decision.action}: {decision.reason}")
+    _add_requests(report, read_requests(bootstrap, config), service.decisions, epoch)
     report.events.sort()
     report.refit_outcomes = [o.reason for o in service.outcomes]
     return report
+
+
+def read_requests(bootstrap: str, config: PipelineConfig, timeout: float = 10.0) -> list[RefitRequest]:
+    """Every re-fit request on ``refit.requests`` (the monitoring agent's: one per statistic whose drift it
+    confirmed), oldest first."""
+    messages = []
+    with TopicReader(bootstrap, config.topics.refit_requests) as reader:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            messages += reader.poll()
+            if reader.at_end():
+                break
+    requests = []
+    for message in messages:
+        try:
+            requests.append(parse_request(message.value))
+        except RefitRequestError:
+            continue
+    return sorted(requests, key=lambda request: request.ts)
+
+
+def _add_requests(report: LoopReport, requests: list[RefitRequest], decisions, epoch: float) -> None:
+    """The re-fit requests on the timeline, at the time the agent made them (when it confirmed the drift), with what
+    the re-fit service did with each; the poller's drift event moves to the agent's own time (it saw the drift
+    counter one scrape later)."""
+    decided = {d.request_id: d for d in decisions if d.request_id is not None}
+    for request in requests:
+        t = request.ts - epoch
+        decision = decided.get(request.request_id)
+        answer = f"{decision.action}: {decision.reason}" if decision is not None else "not read by the re-fit service"
+        report.refit_requests.append(f"{request.request_id} from {request.source or 'someone'}: {answer}")
+        seen = [i for i, (when, event, _) in enumerate(report.events)
+                if event == "drift detected by the monitor" and t <= when <= t + 10.0]
+        value = "" if request.value is None else f" = {request.value:.3f}"
+        if request.statistic == report.statistic and seen:
+            report.events[seen[0]] = (t, "drift detected by the monitor",
+                                      f"{request.statistic}{value} (the pipeline's, {_workers(report.workers)}), "
+                                      f"under {request.kind} version {request.version}")
+        report.events.append((t, "re-fit requested", f"{request.statistic}{value}, about {request.kind} version "
+                                                     f"{request.version}; the re-fit service: "
+                                                     f"{decision.action if decision is not None else 'not read'}"))
 
 
 def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, poller: MetricsPoller, note: Callable,
@@ -447,19 +534,21 @@ def _wait(condition: Callable[[], bool], timeout: float, pipeline: DemoPipeline)
 
 
 class OptionalPrometheus:
-    """A Prometheus server scraping every worker and the monitoring agent with the production rules (or nothing, if
-    disabled). All are targets of the one job the rules select; the pipeline's figures are the agent's
-    (``scope="pipeline"``)."""
+    """A Prometheus server with the production rules (or nothing, if disabled), scraping as production does: every
+    worker as job ``fairstream-worker`` and the monitoring agent as job ``fairstream-monitor``
+    (:data:`~fairstream.streams.ops.prometheus.AGENT_JOB`), whose figures (``scope="pipeline"``) the rules read."""
 
-    def __init__(self, enabled: bool, run_dir: Path, targets: list[str], short_for: bool):
-        self.enabled, self.run_dir, self.targets, self.short_for = enabled, run_dir, list(targets), short_for
+    def __init__(self, enabled: bool, run_dir: Path, workers: list[str], agent: str, short_for: bool):
+        self.enabled, self.run_dir, self.short_for = enabled, run_dir, short_for
+        self.workers, self.agent = list(workers), agent
         self.server = None
 
     def __enter__(self):
         if not self.enabled:
             return None
         rules = rules_with_short_for(ALERTS_YML, self.run_dir) if self.short_for else ALERTS_YML
-        self.server = PrometheusServer(self.run_dir / "prometheus", self.targets, [rules]).start()
+        self.server = PrometheusServer(self.run_dir / "prometheus", self.workers, [rules],
+                                       jobs={AGENT_JOB: [self.agent]}).start()
         return self.server
 
     def __exit__(self, *exc) -> None:

@@ -63,7 +63,8 @@ def plot_timeline(path: Path, series: list[tuple[float, float, int]], events: li
         ax.plot(*zip(*points), linestyle="--", linewidth=1.2, label=f"{kind} version {version} (candidate, shadow)")
     ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold}")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    marked = [(t, e) for t, e, _ in events if e != f"{kind} version in use"]
+    unmarked = (f"{kind} version in use", "pipeline running", "re-fit requested")  # in the report's timeline only
+    marked = [(t, e) for t, e, _ in events if e not in unmarked]
     for i, (t, event) in enumerate(marked):
         ax.axvline(t, color=colours[(i + 2) % len(colours)], linewidth=1, alpha=0.8)
         ax.annotate(event, (t, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,

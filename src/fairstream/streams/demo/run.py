@@ -104,9 +104,17 @@ def run_demo(config: PipelineConfig, bootstrap: str, options: DemoOptions, say=p
 def _collect(bootstrap: str, config: PipelineConfig, expected: int, timeout: float) -> dict[str, list]:
     readers = {"repaired": TopicReader(bootstrap, config.topics.records_repaired),
                "dlq": TopicReader(bootstrap, config.topics.dlq)}
+    ids: set[str] = set()  # the repaired ids read so far (at least once: a record may come out twice)
+    read = 0
+
+    def done(collected: dict[str, list]) -> bool:
+        nonlocal read
+        ids.update(json.loads(m.value)["id"] for m in collected["repaired"][read:])
+        read = len(collected["repaired"])
+        return len(ids) + len(collected["dlq"]) >= expected
+
     try:
-        collected = collect_until(readers, lambda c: len({json.loads(m.value)["id"] for m in c["repaired"]})
-                                  + len(c["dlq"]) >= expected, timeout)
+        collected = collect_until(readers, done, timeout)
     finally:
         for reader in readers.values():
             reader.close()
@@ -128,7 +136,7 @@ def _report(config: PipelineConfig, archive, loop: LoopReport, outputs: dict, ru
     plot = plot_group_distributions(run_dir / "stream_distributions.png", X, Xr, s, u, list(config.features),
                                     archive.s_labels, archive.u_labels, title="records.repaired before the drift: before/after")
     timeline = plot_timeline(run_dir / "timeline.png", loop.series, loop.events, loop.threshold,
-                             statistic=f"{loop.statistic} after the chain", kind=loop.kind,
+                             statistic=f"{loop.statistic} after the chain (pipeline)", kind=loop.kind,
                              candidate_series=loop.candidate_series)
     return {
         "sent": loop.sent, "repaired_unique": len(repaired), "repaired_messages": len(outputs["repaired"]),
