@@ -218,3 +218,44 @@ def test_the_shadow_policy_decides_once_on_every_workers_pooled_records(improvem
     assert (record.kind, record.version, record.action) == ("plan", 2, decided)
     assert record.actor.startswith("shadow-policy@") and "dp_difference" in record.reason
     assert record.statistics["bound.dp_difference.lower"] > 0
+
+
+def test_two_statistics_drifting_at_one_shift_ask_one_refit(drifting):
+    config, _, _, _ = drifting
+    agent = MonitoringAgent(config, metrics=PipelineMetrics("two-statistics", process="agent"))
+    agent.statistics.latest = (("plan", 1),)
+    agent.statistics.chains["active", (("plan", 1),)] = type("Chain", (), {"key": (("plan", 1),)})()
+    for statistic in ("dependence_e", "w1"):
+        agent._drifted(type("Event", (), {"statistic": statistic, "detector": "adwin", "value": 0.3, "version": 1})())
+    (request,) = [parse_request(value) for _, _, value, _ in agent.outbox]
+    assert request.statistic == "dependence_e" and request.version == 1
+
+
+def test_workers_that_bin_otherwise_do_not_stop_the_agent_and_their_e_is_not_reported():
+    """A chain without a fitted range, on features without a finite valid range: each worker bins E and W1 over its
+    first batch. The agent adds every other statistic and says why E and W1 are not reported."""
+    from prometheus_client import REGISTRY
+
+    research, archive = datasets.load("adult").split(3000, seed=0)
+    config = replace(adult_config(records=AgentConfig(artifact="scorer"), valid_ranges={}), name="bins-differ") \
+        .with_monitor(statistic="dp_difference", min_records=100, lateness_seconds=0.0, metrics_port="off")
+    scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y))
+    young, old = archive.subset(np.flatnonzero(archive.X[:, 0] < 40)[:800]), \
+        archive.subset(np.flatnonzero(archive.X[:, 0] >= 40)[:800])
+    agent = MonitoringAgent(config, metrics=PipelineMetrics("bins-differ", process="agent"))
+    for name, part in (("young", young), ("old", old)):  # first batches of other ranges: other bins
+        partials = PartialAggregates(config, name)
+        FairnessMonitor(config, detect=False, sink=partials.add).observe_batch(
+            repaired(config, part, scorer, name, 1.7e9), scorer)
+        for message in partials.take():
+            assert agent.take(message)
+    agent.tick(everything=True)
+    labels = {"pipeline": "bins-differ", "role": "active", "scope": "pipeline", "window": "count"}
+    assert REGISTRY.get_sample_value("fairstream_fairness_unmeasurable", {**labels, "group": "all",
+                                                                            "reason": "bins_differ"}) == 1.0
+    row = {"stage": "after", "stratum": "all", "feature": "all", "group_pair": "all"}
+    assert REGISTRY.get_sample_value("fairstream_fairness_dependence", {**labels, **row,
+                                                                         "statistic": "dependence_e"}) is None
+    assert REGISTRY.get_sample_value("fairstream_fairness_rate_gap", {**labels, **row,
+                                                                       "statistic": "dp_difference"}) is not None
+    assert agent.statistics.active.records == 1600  # every record of both workers, in the other statistics

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from fairstream.repair.validation import RepairInputError
 from fairstream.streams.codec.partials import PAIRED_FIELDS, Partial, PartialError, layout_digest
 from fairstream.streams.config import PipelineConfig
 from fairstream.streams.worker.drift import DETECTED, Chunker, DriftEvent
@@ -50,6 +51,7 @@ class ChainStatistics:
         self.monitor = FairnessMonitor(config, clock=clock, role=role, detect=role == "active")
         self.seconds = config.monitor.slice_seconds
         self.prototypes: dict = {}
+        self.mixed: dict[tuple, str] = {}  # (statistic, stage) -> a worker that binned it otherwise (left out)
         self.late = 0  # records of partials that came after their slice closed
         self.records = 0  # records of closed slices
         self.seen = monotonic()
@@ -63,14 +65,33 @@ class ChainStatistics:
         """Add a partial's slices; returns the late ones (already added to the windows, not to the detectors)."""
         self.seen = self.monotonic()
         for _, accumulators in partial.slices.values():
-            for key, accumulator in accumulators.items():
-                self.prototypes.setdefault(key, accumulator)
+            for key in list(accumulators):
+                if not self._fits(key, accumulators[key]):
+                    del accumulators[key]  # its other statistics still count
+                    if key not in self.mixed:
+                        log.error("worker %s counts %s (%s) in other bins than the pipeline's first partial: its counts "
+                                  "of it are left out and the pipeline's %s is not reported (the chain's repair "
+                                  "module has no fitted range: give every feature a finite [pipeline.valid_ranges] "
+                                  "entry)", partial.worker, key[0], key[1], key[0])
+                    self.mixed[key] = partial.worker
         late = self.slices.add(partial.slices)
         for index, records, accumulators in late:
             self.late += records
             self.monitor.observe_counts(self.key, self.version, self._statistics(), accumulators, records,
                                         ts=(index + 1) * self.seconds, detect=False)
         return late
+
+    def _fits(self, key: tuple, accumulator) -> bool:
+        """Whether ``accumulator`` adds up with the chain's first of ``key`` (same bins, labels, settings)."""
+        prototype = self.prototypes.setdefault(key, accumulator)
+        check = getattr(prototype, "_check_mergeable", None)
+        if check is None or prototype is accumulator:
+            return True
+        try:
+            check(accumulator)
+        except RepairInputError:
+            return False
+        return True
 
     def close(self, everything: bool = False) -> tuple[list[tuple[int, int, dict]], list[DriftEvent]]:
         """Close the slices due (in order) into the windows and detectors: (closed slices, drift events)."""

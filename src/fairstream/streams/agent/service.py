@@ -100,6 +100,7 @@ class MonitoringAgent:
         self.registry: ArtifactRegistry | None = None
         self.outbox: list[tuple[str, bytes, bytes, str]] = []
         self.decided: set[tuple[str, int, str]] = set()
+        self.requested: dict[tuple[str, int | None], float] = {}  # (kind, version) -> when its re-fit was asked
         self.figures: dict | None = None
         self.verdict: Verdict | None = None
         self.prototypes: dict = {}  # the decoder's accumulators per settings: later ones share them
@@ -170,8 +171,12 @@ class MonitoringAgent:
 
     def _export(self) -> None:
         active = self.statistics.active
-        if active is not None and active.monitor.refused is None and active.monitor.version is not None:
-            export_fairness(active.monitor, self.metrics, role="active", scope="pipeline")
+        if active is None or active.monitor.refused is not None or active.monitor.version is None:
+            # Nothing measured of the serving chain yet (just swapped, or not started): no old version's figures
+            self.metrics.clear_fairness("active")
+        else:
+            export_fairness(active.monitor, self.metrics, role="active", scope="pipeline",
+                            left_out=tuple(key[0] for key in active.mixed))
             if active.slices.closed_through is not None:
                 self.metrics.agent_slice_end.set((active.slices.closed_through + 1) * self.config.monitor.slice_seconds)
             self.metrics.agent_late_records.set(active.late)
@@ -189,6 +194,13 @@ class MonitoringAgent:
                         "no re-fit is requested", event.statistic, event.value)
             return
         version = self._serving_version(kind)
+        asked = self.requested.get((kind, version))
+        if asked is not None and self.clock() - asked < self.config.monitor.cooldown_seconds:
+            log.warning("fairness drift confirmed: %s (after the chain) to %.4f; a re-fit of %s version %s was asked "
+                        "%.0f s ago for this drift: no second request", event.statistic, event.value, kind, version,
+                        self.clock() - asked)
+            return
+        self.requested[kind, version] = self.clock()
         reason = (f"drift of {event.statistic} (after the chain) to {event.value:.4f} over the pipeline's records "
                   f"under {kind} version {version}")
         request = RefitRequest.new(reason, kind=kind, statistic=event.statistic, value=event.value, source=self.name,

@@ -203,18 +203,27 @@ def plan_edges(plan, bins: int) -> list[np.ndarray]:
     return [finite_edges(a, b, bins) for a, b in zip(lowest.min(axis=0), highest.max(axis=0))]
 
 
-def stage_edges(module, X: np.ndarray, bins: int) -> list[np.ndarray]:
-    """Bins for one stage: the range the repair module was fitted on (a plan's grids), else the range of the first
-    batch a version sees, widened by 10%.
+def stage_edges(module, X: np.ndarray, bins: int, ranges: tuple | None = None) -> list[np.ndarray]:
+    """Bins for one stage: the range the repair module was fitted on (a plan's grids), else per feature its configured
+    valid range where finite (``ranges``: lows and highs), else the range of the first batch a version sees, widened
+    by 10%.
 
-    Values outside fall in the end bins, so a later batch with a wider range is still counted.
+    Values outside fall in the end bins, so a later batch with a wider range is still counted. Only the first two
+    are the same in every worker: the pipeline's monitoring agent adds no counts binned otherwise (a chain without
+    a fitted range, on features without a finite valid range, has its E and W1 measured per worker only).
     """
     if fitted_range(module) is not None:
         return plan_edges(module, bins)
     lo, hi = X.min(axis=0), X.max(axis=0)
     pad = np.maximum(0.1 * hi - 0.1 * lo, 1e-9)  # not 0.1 * (hi - lo), which overflows for -1e308 and 1e308
     with np.errstate(over="ignore"):
-        return [finite_edges(a, b, bins) for a, b in zip(lo - pad, hi + pad)]
+        lo, hi = lo - pad, hi + pad
+    if ranges is not None:
+        lows, highs = (np.asarray(bound, dtype=np.float64) for bound in ranges)
+        fixed = np.isfinite(lows) & np.isfinite(highs)
+        lo, hi = np.where(fixed, lows, lo), np.where(fixed, highs, hi)
+    with np.errstate(over="ignore"):
+        return [finite_edges(a, b, bins) for a, b in zip(lo, hi)]
 
 
 _BOUND = float(np.finfo(np.float64).max) / 2  # edges within it: bin centres (a + b) / 2 and widths never overflow
@@ -509,9 +518,12 @@ class BatchStatistics:
         self.group_classes, self.stratum_classes = configured_labels(groups, "s"), configured_labels(strata, "u")
         self.n_features, self.label = len(config.features), bool(config.label)
         stages = ("before", "after")
-        edges = {(stage, bins): stage_edges(chain.repair, X, bins) for stage, X in (("before", first.before),
-                                                                                    ("after", first.after))
-                 for bins in (E_BINS, W1_BINS)}
+        # The configured valid ranges bound the records' own values: those before the repair, and after it when no
+        # module writes the features (a repair module maps them elsewhere).
+        ranges = config.range_bounds()
+        edges = {(stage, bins): stage_edges(chain.repair, X, bins, ranges if stage == "before" or chain.repair is None
+                                            else None)
+                 for stage, X in (("before", first.before), ("after", first.after)) for bins in (E_BINS, W1_BINS)}
         decided = chain.scorer is not None and chain.decider is not None  # the classifier alone, and the decisions
         # Without a scorer, the decisions after the chain are those the records carry (their own model's, or group
         # thresholds' on their own score): measured after the chain only, as there is no classifier to run before.
@@ -922,15 +934,19 @@ class FairnessMonitor:
 
 
 def export_fairness(monitor: FairnessMonitor, metrics: PipelineMetrics, role: str = "active",
-                    scope: str = "worker") -> None:
+                    scope: str = "worker", left_out: tuple = ()) -> None:
     """Set the fairness gauges of the ``role`` chain from both windows, as the pipeline's figures or one worker's
     (``scope``). A window below min_records exports nothing; one that lacks a group's records exports its
-    unmeasurable statistics as such (:func:`~.gauge_rows.measurable`); the window sizes are the active chain's."""
+    unmeasurable statistics as such (:func:`~.gauge_rows.measurable`); statistics named in ``left_out`` (the agent's:
+    some worker's counts of them could not be added) are not exported, and say so (group ``all``, reason
+    ``bins_differ``); the window sizes are the active chain's."""
     for window in ("count", "time"):
         windows = monitor.windows[window] if monitor.version is not None else None
         if role == "active":
             metrics.window_records.labels(window, scope).set(windows.n_records if windows is not None else 0)
-        rows = monitor.rows(window)
+        rows = [row for row in monitor.rows(window) if row[0] not in left_out]
         records = windows.group_records() if windows is not None and windows.n_records else None
         kept, short = measurable(rows, records if rows else None, monitor.monitor.min_group_records)
+        if left_out and rows:
+            short = {**short, "all": "bins_differ"}
         metrics.replace_fairness(role, scope, window, kept, short, records)
