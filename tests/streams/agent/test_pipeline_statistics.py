@@ -25,11 +25,11 @@ from fairstream.streams.worker.monitor import FairnessMonitor, in_slices, slice_
 from fairstream.streams.worker.partials import PartialAggregates, matched
 from fairstream.streams.worker.processing import RecordRepairer, SimpleMessage
 
-MONITOR = MonitorConfig(window_records=4000, buckets=4, min_records=500, window_seconds=60.0, max_event_time_skew=60.0,
+MONITOR = MonitorConfig(window_records=2000, buckets=4, min_records=500, window_seconds=60.0, max_event_time_skew=60.0,
                         statistic=("dependence_e", "dp_difference", "mdp"), threshold=0.1, lateness_seconds=0.0,
                         cooldown_seconds=3600.0)
 CONFIG = adult_config(records=AgentConfig(artifact=("plan", "scorer")), monitor=MONITOR)
-RATE = 100.0  # records per second of event time: 12,000 records span 120 slices
+RATE = 100.0  # records per second of event time: 6,000 records span 60 slices
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def stream():
     plan = Active("plan", 1, "p" * 64, None, DistributionalRepair(n_q=250).fit(research.X, research.s, research.u))
     scorer = Active("scorer", 1, "s" * 64, None, LogisticScorer().fit(research.X, research.y).attach_group_map(
         GroupTransportMap(seed=0).fit(research.X, research.s)))
-    data = archive.subset(slice(0, 12_000))
+    data = archive.subset(slice(0, 6000))
     messages = [SimpleMessage(v, k) for k, v in record_messages(data, CONFIG, id_prefix="r")]
     values = [v for _, v in RecordRepairer(CONFIG).process(messages, plan).repaired]
     batch = decode_repaired(values, CONFIG)
@@ -87,7 +87,7 @@ def assert_same(found: dict, expected: dict) -> None:
 
 
 def random_keys(n_workers):
-    return lambda first: np.random.default_rng(int(first) + 7).integers(0, n_workers, 12_000)
+    return lambda first: np.random.default_rng(int(first) + 7).integers(0, n_workers, 6000)
 
 
 def by_group(n_workers, stream_batch):
@@ -110,14 +110,14 @@ def test_every_partitioning_gives_the_pipeline_the_same_statistics(stream):
 
 def test_a_group_that_stops_arriving_makes_the_statistics_unmeasurable_not_fair(stream):
     batch, plan, scorer = stream
-    women = batch.take(np.flatnonzero(batch.s == 0))  # about 4,000: twice over fills the count window with them
+    women = batch.take(np.flatnonzero(batch.s == 0))  # about 2,000: twice over fills the count window with them
     late = [replace(women, ts=women.ts + shift, keys=np.char.add(f"late-{shift}-", women.keys.astype(str)))
             for shift in (200.0, 330.0)]
     metrics = PipelineMetrics("unmeasurable", process="agent")
     agent = MonitoringAgent(CONFIG, metrics=metrics)
     partials = PartialAggregates(CONFIG, "w")
     monitor = FairnessMonitor(CONFIG, detect=False, sink=partials.add)
-    for part in (batch.take(np.arange(6000)), *late):
+    for part in (batch.take(np.arange(3000)), *late):
         for start in range(0, len(part), 1000):
             monitor.observe_batch(part.take(np.arange(start, min(start + 1000, len(part)))), plan, scorer)
     for message in partials.take():
