@@ -93,7 +93,7 @@ def test_tail_of_an_unknown_topic_is_one_line_and_creates_nothing(broker, tmp_pa
     assert (code, out) == (1, "")
     assert err == (f"fairstream tail: error: no topic 'records.repiared' on {broker.url}; the pipeline's topics "
                    "(under the prefix 'tail-unknown'): control, dlq, embeddings.in, embeddings.repaired, records.in, "
-                   "records.repaired, refit.requests, research\n")
+                   "records.repaired, refit.requests, research, stats\n")
     consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, api_version=KAFKA_API_VERSION)
     try:
         assert "records.repiared" not in consumer.topics()  # asking did not auto-create it
