@@ -188,3 +188,64 @@ def test_slices_are_cut_from_event_time_whatever_the_batch_order(stream):
     shuffled = batch.take(np.random.default_rng(0).permutation(2000))
     ordered, slices = in_slices(shuffled, 1.0)
     assert (np.diff(slices) >= 0).all() and sorted(ordered.keys.tolist()) == sorted(shuffled.keys.tolist())
+
+
+def honest_message(stream) -> bytes:
+    batch, plan, scorer = stream
+    partials = PartialAggregates(CONFIG, "w")
+    FairnessMonitor(CONFIG, detect=False, sink=partials.add).observe_batch(batch.take(np.arange(400)), plan, scorer)
+    (message,) = partials.take()
+    return message
+
+
+def mutated(message: bytes, change) -> bytes:
+    from fairstream.streams.codec.partials import pack, unpack
+
+    header, arrays = unpack(message)
+    change(header, arrays)
+    return pack(header, dict(arrays))
+
+
+@pytest.mark.parametrize("change", [
+    lambda h, a: h["slices"][0].__setitem__("records", float("inf")),
+    lambda h, a: h["slices"][0].__setitem__("index", 10**30),
+    lambda h, a: h.__setitem__("sent", 10**400),
+    lambda h, a: h.__setitem__("settings", []),
+    lambda h, a: h.__setitem__("refused", -1000),
+    lambda h, a: h.__setitem__("chain", [["plan", float("inf")]]),
+    lambda h, a: h.__setitem__("slices", h["slices"] * 601),
+    lambda h, a: h["slices"][0]["keys"].__setitem__(0, [h["slices"][0]["keys"][0][0], "after", "f" * 12]),
+    lambda h, a: h["slices"][0]["keys"].__setitem__(0, ["dp", "label", next(iter(h["settings"]))]),  # type confusion
+    lambda h, a: a.__setitem__(next(k for k in a if k.endswith("/v")), -a[next(k for k in a if k.endswith("/v"))]),
+    lambda h, a: [h["settings"][s].__setitem__("alpha", 0.25) for s in h["settings"]
+                  if h["settings"][s]["type"] == "dependence"],  # settings that are not their id's
+], ids=["records inf", "index huge", "sent 10**400", "settings list", "refused negative", "version inf",
+        "601 slices", "unknown settings", "wrong type", "negative counts", "forged settings id"])
+def test_a_malformed_or_forged_stats_message_is_refused_and_stops_nothing(stream, change):
+    agent = MonitoringAgent(CONFIG, metrics=PipelineMetrics("forged", process="agent"))
+    honest = honest_message(stream)
+    assert agent.take(mutated(honest, change)) is False  # refused, logged, counted: never raised
+    assert agent.prototypes == {} or all(not k.startswith("f" * 12) for k in agent.prototypes)
+    assert agent.take(honest) is True  # the next honest message is read as if nothing happened
+    agent.tick(everything=True)
+    assert agent.statistics.active.records == 400
+
+
+def test_a_slice_far_ahead_of_the_agents_clock_is_left_out_and_later_slices_still_reach_the_detectors(stream):
+    import time as clock
+
+    batch, plan, scorer = stream
+    now = replace(batch, ts=clock.time() - 30.0 + np.arange(len(batch)) / RATE * 0.005)
+    agent = MonitoringAgent(CONFIG, metrics=PipelineMetrics("ahead", process="agent"))
+    ahead = PartialAggregates(CONFIG, "clock-ahead")
+    FairnessMonitor(CONFIG, detect=False, sink=ahead.add).observe_batch(
+        replace(now.take(np.arange(300)), ts=now.ts[:300] + 3600.0), plan, scorer)
+    for message in ahead.take():
+        assert agent.take(message)
+    assert agent.statistics.future == 300
+    honest = PartialAggregates(CONFIG, "honest")
+    FairnessMonitor(CONFIG, detect=False, sink=honest.add).observe_batch(now.take(np.arange(300, 3000)), plan, scorer)
+    for message in honest.take():
+        agent.take(message)
+    agent.tick(everything=True)
+    assert agent.statistics.active.late == 0 and agent.statistics.active.records == 2700

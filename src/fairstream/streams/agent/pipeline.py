@@ -82,13 +82,18 @@ class ChainStatistics:
         return late
 
     def _fits(self, key: tuple, accumulator) -> bool:
-        """Whether ``accumulator`` adds up with the chain's first of ``key`` (same bins, labels, settings)."""
+        """Whether ``accumulator`` adds up with the chain's first of ``key`` (same type, bins, labels, settings)."""
         prototype = self.prototypes.setdefault(key, accumulator)
-        check = getattr(prototype, "_check_mergeable", None)
-        if check is None or prototype is accumulator:
+        if prototype is accumulator:
             return True
+        if type(prototype) is not type(accumulator):
+            return False
         try:
-            check(accumulator)
+            check = getattr(prototype, "_check_mergeable", None)
+            if check is not None:
+                check(accumulator)
+            else:  # OTF's sample: its settings are compared by merging nothing
+                prototype.fresh().merge(accumulator.fresh())
         except RepairInputError:
             return False
         return True
@@ -221,7 +226,21 @@ class PipelineStatistics:
         self.serving: tuple | None = None  # the serving chain's versions (the registry's; else the latest seen)
         self.latest: tuple | None = None  # the versions of the latest partial of a serving chain
         self.refused = 0  # partials refused
+        self.future = 0  # records of slices too far ahead of the agent's clock, left out
         self.workers: dict[str, float] = {}  # worker -> when its last partial arrived (monotonic)
+
+    def _in_time(self, partial: Partial) -> None:
+        """Leave out the slices further ahead than the agent's clock allows (a worker's clock, or a forged message):
+        one such slice would close every slice before it and make every later record late."""
+        monitor = self.config.monitor
+        ahead = np.floor((self.clock() + monitor.max_event_time_skew + monitor.lateness_seconds) / monitor.slice_seconds)
+        future = [index for index in partial.slices if index > ahead]
+        if future:
+            dropped = sum(partial.slices.pop(index)[0] for index in future)
+            self.future += dropped
+            log.error("%d records from %s are in slices up to %.0f s ahead of this agent's clock (more than "
+                      "monitor.max_event_time_skew): left out", dropped, partial.worker,
+                      (max(future) + 1) * monitor.slice_seconds - self.clock())
 
     def add(self, partial: Partial) -> None:
         """Add one worker's partial.
@@ -237,6 +256,7 @@ class PipelineStatistics:
             For a partial of another pipeline, layout, slice length or role.
         """
         self._check(partial)
+        self._in_time(partial)
         self.workers[partial.worker] = self.monotonic()
         chain = self._chain(partial.role, partial.chain)
         for index, records, accumulators in chain.add(partial):

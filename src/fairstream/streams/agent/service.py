@@ -132,6 +132,11 @@ class MonitoringAgent:
                 log.error("stats message refused: %s", exc)
                 self.metrics.agent_partials.labels("refused").inc()
                 return False
+            except Exception as exc:  # noqa: BLE001 - no single message may stop the agent's reader
+                log.error("stats message refused: adding it raised %s: %s", type(exc).__name__, str(exc)[:300],
+                          exc_info=exc)
+                self.metrics.agent_partials.labels("refused").inc()
+                return False
             self.metrics.agent_partials.labels("merged").inc()
             self.metrics.agent_last_partial.set(self.clock())
             return True
@@ -152,12 +157,15 @@ class MonitoringAgent:
             The drift events of the serving chain this tick confirmed.
         """
         with self.lock:
-            self._follow_registry()
-            events = self.statistics.tick(everything)
-            self._export()
-            for event in events:
-                self._drifted(event)
-            self._judge()
+            events = []
+            for step in (self._follow_registry, lambda: events.extend(self.statistics.tick(everything)), self._export,
+                         lambda: [self._drifted(event) for event in events], self._judge):
+                try:
+                    step()
+                except Exception as exc:  # noqa: BLE001 - the agent only watches: one step failing stops nothing
+                    self.metrics.monitor_errors.labels("agent").inc()
+                    log.error("the monitoring agent's tick failed (%s: %s); it goes on", type(exc).__name__,
+                              str(exc)[:300], exc_info=exc)
             return events
 
     def _follow_registry(self) -> None:

@@ -60,6 +60,13 @@ stats topic, and its name when it announces the pipeline's shadow figures on the
 MAX_PARTIAL_BYTES = 8 * 1024 * 1024
 """A message larger than this is refused unread (a worker's second of counts is a few tens of kB)."""
 
+MAX_SLICES = 600
+"""Slices one message may carry (a worker sends a few a second)."""
+MAX_PROTOTYPES = 1000
+"""Settings the decoder's cache keeps (a chain version has a dozen; past this it starts afresh)."""
+MAX_INDEX = 2**40
+"""A slice index beyond this (in slices of event time) is not a time."""
+
 PAIRED_FIELDS = ("n", "active", "active_sq", "change", "change_sq")
 """Per cell of a paired figure: records, sums of the active chain's value x and x^2, of the change d (candidate
 minus active) and d^2."""
@@ -69,6 +76,9 @@ _TYPES = {"dependence": HistogramDependenceAccumulator, "wasserstein": Wasserste
           "rate": RateAccumulator, "matched_dp": MatchedDPAccumulator, "otf": OTF0Accumulator}
 _NAMES = {kind: name for name, kind in _TYPES.items()}
 _OTF_ARRAYS = ("priority_", "scores_", "X_", "s_", "y_")
+_EXPECTED = {"dependence_e": ("dependence",), "w1": ("wasserstein",), "dp": ("positive_rate", "decision_rate"),
+             "eopp": ("decision_rate",), "mdp": ("matched_dp",), "otf": ("otf",), "out_of_range_rate": ("rate",)}
+"""Each statistic's accumulator type: a message that files counts under another is refused."""
 
 
 class PartialError(ValueError):
@@ -200,44 +210,91 @@ def decode_partial(value: bytes, groups, strata, prototypes: dict | None = None)
         raise PartialError(f"not a stats message (a value of {len(value or b'')} bytes)")
     try:
         header, arrays = unpack(bytes(value))
-    except (ValueError, TypeError, KeyError, struct.error, zlib.error, UnicodeDecodeError) as exc:
+    except Exception as exc:  # any way the bytes are not a stats message: refused in one line
         raise PartialError(f"not a readable stats message ({type(exc).__name__}: {str(exc)[:120]})") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise PartialError(f"not a {FORMAT} message")
+    cache = {} if prototypes is None else prototypes
+    if len(cache) > MAX_PROTOTYPES:
+        cache.clear()
     try:
         return _partial(header, arrays, configured_labels(list(groups), "groups"),
-                        configured_labels(list(strata), "strata"), {} if prototypes is None else prototypes)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
+                        configured_labels(list(strata), "strata"), cache)
+    except Exception as exc:  # whatever a malformed message makes a check raise: the message is refused, not the reader
         raise PartialError(f"a malformed stats message from {str(header.get('worker'))[:100]!r} "
                            f"({type(exc).__name__}: {str(exc)[:160]})") from None
 
 
 def _partial(header: dict, arrays: dict, groups: np.ndarray, strata: np.ndarray, prototypes: dict) -> Partial:
-    for setting, spec in header["settings"].items():
+    fresh = {}
+    for setting, spec in _mapping(header["settings"], "settings").items():
         if setting not in prototypes:
-            prototypes[setting] = _prototype(spec, setting, arrays, groups, strata)
+            # the id is the digest of the settings: one a sender names falsely would poison every later message
+            built = _prototype(spec, setting, arrays, groups, strata)
+            if _settings_digest(built) != setting:
+                raise ValueError(f"settings {str(setting)[:20]!r} do not match their digest")
+            fresh[setting] = built
+    known = {**prototypes, **fresh}
+    entries = header["slices"]
+    if not isinstance(entries, list) or len(entries) > MAX_SLICES:
+        raise ValueError(f"slices must be a list of at most {MAX_SLICES}")
     slices = {}
-    for i, entry in enumerate(header["slices"]):
-        accumulators = {(statistic, stage): _with_counts(prototypes[setting], arrays, f"s{i}/{statistic}/{stage}")
-                        for statistic, stage, setting in entry["keys"]}
-        slices[int(entry["index"])] = (int(entry["records"]), accumulators)
-    paired = {name: {"cells": tuple(cells), **{f: arrays[f"p/{name}/{f}"] for f in PAIRED_FIELDS}}
-              for name, cells in header["paired"].items()}
-    for name, cells in paired.items():
-        if any(cells[f].shape != (len(cells["cells"]),) for f in PAIRED_FIELDS):
-            raise ValueError(f"paired figure {name!r} has arrays of the wrong length")
+    for i, entry in enumerate(entries):
+        index, records = _whole(entry["index"], -MAX_INDEX, MAX_INDEX), _whole(entry["records"], 1, 2**53)
+        accumulators = {}
+        for statistic, stage, setting in entry["keys"]:
+            prototype = known[setting]
+            if _NAMES[type(prototype)] not in _EXPECTED[statistic]:
+                raise ValueError(f"{statistic} counted in a {_NAMES[type(prototype)]} accumulator")
+            accumulators[str(statistic), str(stage)] = _with_counts(prototype, arrays, f"s{i}/{statistic}/{stage}")
+        slices[index] = (records, accumulators)
+    paired = {str(name): _paired(name, cells, arrays) for name, cells in _mapping(header["paired"], "paired").items()}
+    prototypes.update(fresh)  # cached once the whole message read
     return Partial(str(header["pipeline"]), str(header["worker"]), str(header["role"]),
-                   tuple((str(k), int(v)) for k, v in header["chain"]), float(header["sent"]),
-                   float(header["slice_seconds"]), str(header["layout"]), slices, paired,
-                   tuple((str(k), int(v)) for k, v in header["active"]), int(header["refused"]),
-                   str(header["failed"]))
+                   tuple((str(k), _whole(v, 0, 2**63 - 1)) for k, v in header["chain"]),
+                   _finite(header["sent"]), _finite(header["slice_seconds"]), str(header["layout"]), slices, paired,
+                   tuple((str(k), _whole(v, 0, 2**63 - 1)) for k, v in header["active"]),
+                   _whole(header["refused"], 0, 2**53), str(header["failed"]))
+
+
+def _mapping(value, name: str) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be an object")
+    return value
+
+
+def _whole(value, lowest: int, highest: int) -> int:
+    """An integer of the header within [lowest, highest] (bool, float and text refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lowest <= value <= highest:
+        raise ValueError(f"expected an integer in [{lowest}, {highest}], got {str(value)[:30]}")
+    return value
+
+
+def _finite(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(float(value)):
+        raise ValueError(f"expected a finite number, got {str(value)[:30]}")
+    return float(value)
+
+
+def _paired(name, cells, arrays: dict) -> dict:
+    """One paired figure's sums, checked: one finite entry per cell, counts and squares never negative."""
+    if not isinstance(cells, list) or not 0 < len(cells) <= 1000:
+        raise ValueError(f"paired figure {str(name)[:40]!r} needs a list of cells")
+    sums = {"cells": tuple(map(str, cells)), **{f: arrays[f"p/{name}/{f}"] for f in PAIRED_FIELDS}}
+    for field_name in PAIRED_FIELDS:
+        value = sums[field_name]
+        if value.shape != (len(cells),) or not np.isfinite(value).all():
+            raise ValueError(f"paired figure {str(name)[:40]!r}: {field_name} is not one finite number per cell")
+        if field_name in ("n", "active_sq", "change_sq") and (value < 0).any():
+            raise ValueError(f"paired figure {str(name)[:40]!r}: {field_name} is negative")
+    return sums
 
 
 # --------------------------------------------------------------------------- accumulators to arrays and back
 
 
-def _settings_id(accumulator, settings: dict, arrays: dict) -> str:
-    """The id of the accumulator's settings in the message (added once; histograms carry their edges)."""
+def _spec(accumulator) -> tuple[dict, list | None]:
+    """What an accumulator's counts are indexed by, beyond the groups and strata: (spec, edges or None)."""
     kind = _NAMES[type(accumulator)]
     spec: dict = {"type": kind}
     edges = getattr(accumulator, "edges", None) if kind in ("dependence", "wasserstein") else None
@@ -245,10 +302,22 @@ def _settings_id(accumulator, settings: dict, arrays: dict) -> str:
         spec["alpha"] = accumulator.alpha
     if kind == "otf":
         spec.update(notion=accumulator.notion, eps=accumulator.eps, max_rows=accumulator.max_rows)
+    return spec, edges
+
+
+def _settings_digest(accumulator) -> str:
+    """The settings id: a digest of the spec and the edges, so an id always means the same bins."""
+    spec, edges = _spec(accumulator)
     digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
     for e in edges or ():
         digest.update(np.ascontiguousarray(e, dtype=np.float64).tobytes())
-    setting = digest.hexdigest()[:12]
+    return digest.hexdigest()[:12]
+
+
+def _settings_id(accumulator, settings: dict, arrays: dict) -> str:
+    """The id of the accumulator's settings in the message (added once; histograms carry their edges)."""
+    spec, edges = _spec(accumulator)
+    setting = _settings_digest(accumulator)
     if setting not in settings:
         if edges is not None:
             spec["features"] = len(edges)
@@ -310,11 +379,16 @@ def _get_array(arrays: dict, name: str, like: np.ndarray) -> np.ndarray:
         if shape != like.shape:
             raise ValueError(f"{name} has shape {shape}, expected {like.shape}")
         flat = np.zeros(like.size, dtype=like.dtype)
-        flat[arrays[f"{name}/i"].astype(np.intp)] = arrays[f"{name}/v"]
+        values = arrays[f"{name}/v"]
+        if (values < 0).any():
+            raise ValueError(f"{name} holds a negative count")
+        flat[arrays[f"{name}/i"].astype(np.intp)] = values
         return flat.reshape(shape)
     value = arrays[name]
     if value.shape != like.shape:
         raise ValueError(f"{name} has shape {value.shape}, expected {like.shape}")
+    if not np.isfinite(value).all() or (value < 0).any():
+        raise ValueError(f"{name} holds a count that is negative or not finite")
     return np.array(value, dtype=like.dtype)  # a copy: the message's buffer is read-only
 
 
@@ -324,7 +398,13 @@ def _with_counts(prototype, arrays: dict, prefix: str):
         made = prototype.fresh()
         for name in _OTF_ARRAYS:
             if f"{prefix}/{name}" in arrays:
-                setattr(made, name, arrays[f"{prefix}/{name}"])
+                setattr(made, name, np.array(arrays[f"{prefix}/{name}"]))
+        n = made.scores_.shape[0]
+        if made.X_ is not None and (made.X_.ndim != 2 or len(made.X_) != n) or any(
+                getattr(made, name).shape != (n,) for name in ("priority_", "s_", "y_")) or n > made.max_rows \
+                or not (np.isfinite(made.scores_).all() and (made.X_ is None or np.isfinite(made.X_).all())) \
+                or ((made.s_ < 0) | (made.s_ >= len(made.groups))).any():
+            raise ValueError(f"{prefix}: OTF's sample is not one finite row per score of a configured group")
         return made
     counts = {}
     for name in prototype._counts:
