@@ -271,8 +271,9 @@ class MonitorConfig(_Section):
         (fairstream_records_event_time_skewed_total); at most window_seconds. Valid: a number > 0 and <= 604800.
     slice_seconds : float, default=1.0
         The pipeline's statistics are counted in slices of this much event time: the unit of the workers' partial
-        aggregates, of the monitoring agent's windows and of its detectors' chunks. Valid: a number > 0 and <=
-        3600.
+        aggregates, of the monitoring agent's windows and of its detectors' chunks (a slice reaches the detectors
+        whole: for drift seen within seconds, a slice should hold at most window_records / 16 records). Valid: a
+        number > 0 and <= 3600.
     lateness_seconds : float, default=2.0
         The agent closes a slice (it joins the windows and the detectors) once no partial for it arrived for this
         long and every slice before it has closed; a later partial is counted as late. Valid: a number >= 0 and <=
@@ -323,7 +324,8 @@ class MonitorConfig(_Section):
         "(fairstream_records_event_time_skewed_total); at most window_seconds"))
     slice_seconds: Annotated[float, Meta(gt=0, le=3600)] = field(default=1.0, metadata=_doc(
         "the pipeline's statistics are counted in slices of this much event time: the unit of the workers' partial "
-        "aggregates, of the monitoring agent's windows and of its detectors' chunks"))
+        "aggregates, of the monitoring agent's windows and of its detectors' chunks (a slice reaches the detectors "
+        "whole: for drift seen within seconds, a slice should hold at most window_records / 16 records)"))
     lateness_seconds: Annotated[float, Meta(ge=0, le=3600)] = field(default=2.0, metadata=_doc(
         "the agent closes a slice (it joins the windows and the detectors) once no partial for it arrived for this "
         "long and every slice before it has closed; a later partial is counted as late"))
