@@ -34,7 +34,7 @@ from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.polling import wait_for
 
-COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "monitor", "replay", "tail", "init", "artifacts", "refit",
+COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "monitor", "replay", "tail", "init", "artifacts", "keys", "refit",
             "demo", "alerts"]
 
 

@@ -574,6 +574,18 @@ def _ago(seconds: float, suffix: str = " ago") -> str:
     return f"{seconds:.0f}s{suffix}"
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    from fairstream.streams.control.signing import write_key_pair
+
+    try:
+        private, public = write_key_pair(args.name, args.dir)
+    except (FileExistsError, ValueError) as exc:
+        print(f"fairstream keys: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"{private} (private: keep it to its owner)\n{public} (public: list it in the pipeline's trust file)")
+    return 0
+
+
 def _cmd_alerts(args: argparse.Namespace) -> int:
     from fairstream.streams.ops.alert_rules import render_threshold_rules, write_threshold_rules
 
@@ -718,6 +730,16 @@ def build_parser() -> argparse.ArgumentParser:
     wrk.add_argument("--max-restarts", type=int, default=10, metavar="N",
                      help="with --supervise: give up after N restarts within 10 minutes (default: 10)")
     wrk.set_defaults(func=_cmd_worker)
+
+    keys = sub.add_parser("keys", help="generate the named Ed25519 key pairs that sign control records",
+                          description="Generate an Ed25519 key pair for one signer (a person, the re-fit service, the "
+                                      "shadow policy): NAME.key, its private key (readable by its owner only), and "
+                                      "NAME.pub, the public key a pipeline's trust file lists.")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    generate = keys_sub.add_parser("generate", help="write NAME.key and NAME.pub (never over an existing key)")
+    generate.add_argument("name", help="the signer's name (letters, digits, '.', '_', '@', '-')")
+    generate.add_argument("--dir", default="keys", help="where to write them (default: keys)")
+    generate.set_defaults(func=_cmd_keys)
 
     mon = sub.add_parser("monitor", help="run the pipeline's monitoring agent (its fairness numbers, drift, promotions)",
                          description="Merge every worker's partial aggregates from the stats topic into the "
