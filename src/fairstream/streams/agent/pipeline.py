@@ -225,9 +225,7 @@ class PipelineStatistics:
         self.comparisons: dict[tuple[tuple, tuple], PairedComparison] = {}
         self.serving: tuple | None = None  # the serving chain's versions (the registry's; else the latest seen)
         self.latest: tuple | None = None  # the versions of the latest partial of a serving chain
-        self.refused = 0  # partials refused
         self.future = 0  # records of slices too far ahead of the agent's clock, left out
-        self.workers: dict[str, float] = {}  # worker -> when its last partial arrived (monotonic)
 
     def _in_time(self, partial: Partial) -> None:
         """Leave out the slices further ahead than the agent's clock allows (a worker's clock, or a forged message):
@@ -257,7 +255,6 @@ class PipelineStatistics:
         """
         self._check(partial)
         self._in_time(partial)
-        self.workers[partial.worker] = self.monotonic()
         chain = self._chain(partial.role, partial.chain)
         for index, records, accumulators in chain.add(partial):
             log.info("late partial from %s: %d records of slice %d, which had closed (counted, not detected)",

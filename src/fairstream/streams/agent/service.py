@@ -296,12 +296,8 @@ def pipeline_figures(result: Verdict, evidence: ShadowEvidence, comparison: Pair
     for name in compared:
         if name in evidence.rates:
             sums = evidence.rates[name]
-            rates = sums.active / np.where(sums.n > 0, sums.n, np.nan)
-            changed = (sums.active + sums.change) / np.where(sums.n > 0, sums.n, np.nan)
-            figures[f"active.{name}"] = float(np.nanmax(rates) - np.nanmin(rates)) if np.isfinite(rates).any() \
-                else math.nan
-            figures[f"candidate.{name}"] = float(np.nanmax(changed) - np.nanmin(changed)) \
-                if np.isfinite(changed).any() else math.nan
+            figures[f"active.{name}"] = _gap(sums.active, sums.n)
+            figures[f"candidate.{name}"] = _gap(sums.active + sums.change, sums.n)
         elif name in evidence.chunks:
             figures[f"active.{name}"] = evidence.chunks[name].active
             figures[f"candidate.{name}"] = evidence.chunks[name].candidate
@@ -310,6 +306,12 @@ def pipeline_figures(result: Verdict, evidence: ShadowEvidence, comparison: Pair
         for cell, n, changed in zip(groups.cells, groups.n, groups.change_sq):
             figures[f"records.{cell}"], figures[f"changed.{cell}"] = float(n), float(changed)
     return {name: value for name, value in figures.items() if math.isfinite(value)}
+
+
+def _gap(positives: np.ndarray, totals: np.ndarray) -> float:
+    """Highest minus lowest rate over the cells with records (NaN with none)."""
+    rates = positives[totals > 0] / totals[totals > 0]
+    return float(rates.max() - rates.min()) if len(rates) else math.nan
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -342,7 +344,6 @@ class StatsReader:
         self.consumer = Consumer({"bootstrap.servers": bootstrap, **librdkafka_options(), "group.id": agent.app_id,
                                   "enable.auto.commit": False, "auto.offset.reset": "latest",
                                   "session.timeout.ms": 10_000, "client.id": agent.app_id})
-        self.holding = False
 
     def run(self, stop: threading.Event) -> None:
         """Read until ``stop`` is set (the consumer is closed on the way out)."""
@@ -370,13 +371,11 @@ class StatsReader:
             found = [TopicPartition(p.topic, p.partition, OFFSET_END) for p in partitions]
         consumer.assign([TopicPartition(p.topic, p.partition, p.offset if p.offset >= 0 else OFFSET_END)
                          for p in found])
-        self.holding = bool(partitions)
-        self.agent.metrics.agent_state.set(1.0 if self.holding else 0.0)
+        self.agent.metrics.agent_state.set(1.0 if partitions else 0.0)
         log.info("monitoring agent %s: reading %s (the last %.0f s read back to rebuild the windows)",
                  self.agent.name, self.topic, self.rewind)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self.holding = False
         self.agent.metrics.agent_state.set(0.0)
         with self.agent.lock:  # another agent reads now: this one's windows and gauges would go stale
             self.agent.statistics = PipelineStatistics(self.config, self.agent.clock, self.agent.statistics.monotonic)

@@ -66,8 +66,3 @@ class OpenSlices:
             self.closed_through = index
             closed.append((index, records, accumulators))
         return closed
-
-    @property
-    def waiting(self) -> int:
-        """Records in the open slices."""
-        return sum(held[0] for held in self.open.values())
