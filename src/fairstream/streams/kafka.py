@@ -183,3 +183,46 @@ def aiokafka_options() -> dict:
 def librdkafka_options() -> dict:
     """The active settings as librdkafka configuration properties."""
     return active().librdkafka_options()
+
+
+def authorization_refusal(operation: str, resource: str, name: str, purpose: str = "", config: str | None = None,
+                          security: ClientSecurity | None = None) -> str:
+    """The one line the product says when the broker refuses it: who may not do what to which resource.
+
+    The CLI's dispatcher and the worker's consumers both say it this way, so an operator reads the
+    same sentence wherever Kafka's authorisation stopped the product, and learns where the ACLs are.
+
+    Parameters
+    ----------
+    operation : str
+        What was refused, as a verb: ``"read"``, ``"write"``, ``"describe"``, ``"create"``.
+    resource : str
+        ``"topic"``, ``"group"``, ``"transactional-id"`` or ``"cluster"``.
+    name : str
+        The resource's name.
+    purpose : str, default=""
+        What the refused operation was for, when that is another resource (a group read to read a topic).
+    config : str or None, default=None
+        The pipeline config the ACLs come from (None: ``PIPELINE``, a placeholder).
+    security : ClientSecurity or None, default=None
+        The settings the refused client used; None is the process's (:func:`active`).
+
+    Returns
+    -------
+    str
+        ``not authorised: User:NAME may not OPERATION RESOURCE NAME (...; see 'fairstream acls --config ...')``.
+
+    >>> authorization_refusal("write", "topic", "fs.control", config="p.toml",
+    ...                       security=ClientSecurity("SASL_SSL", "SCRAM-SHA-512", "x", "pw"))
+    "not authorised: User:x may not write topic fs.control (Kafka refused it; see 'fairstream acls --config p.toml')"
+    """
+    security = active() if security is None else security
+    if security.sasl:
+        principal = f"User:{security.username}"
+    elif security.certfile:
+        principal = f"the principal of the client certificate {security.certfile}"
+    else:
+        principal = "User:ANONYMOUS"  # what Kafka calls a client that does not authenticate
+    why = f"to {purpose}; " if purpose else ""
+    return (f"not authorised: {principal} may not {operation} {resource} {name} ({why}Kafka refused it; see "
+            f"'fairstream acls --config {config or 'PIPELINE'}')")

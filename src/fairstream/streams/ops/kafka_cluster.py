@@ -14,6 +14,13 @@ at 1; three-node clusters are what production runs: replication factor 3,
 ...     print(cluster.bootstrap)
 127.0.0.1:40123,127.0.0.1:40125,127.0.0.1:40127
 
+``KafkaCluster(..., secure=True)`` runs the cluster as production should: clients connect over SASL_SSL
+(SCRAM-SHA-512, TLS from a throwaway CA made at start under ``run_dir/tls``) and the StandardAuthorizer
+refuses whatever no ACL allows; the super user ``admin`` exists from the format on, and
+:meth:`KafkaCluster.add_user` adds further SCRAM users. :meth:`KafkaCluster.security` gives the
+:class:`~fairstream.streams.kafka.ClientSecurity` of a user (:func:`secure_broker_properties` lists the
+properties; the ACLs are :mod:`fairstream.streams.ops.acls`'s).
+
 The failure tests use the per-node controls: :meth:`KafkaNode.kill` (kill -9),
 :meth:`KafkaNode.pause` and :meth:`KafkaNode.resume` (SIGSTOP, SIGCONT), :meth:`KafkaNode.restart`,
 and :meth:`KafkaCluster.leader_of` and :meth:`KafkaCluster.active_controller` to choose the victim.
@@ -24,8 +31,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -34,6 +43,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 from .broker import KAFKA, BrokerError, EmbeddedBroker, BrokerState, Reachable, is_kafka_ready, kafka_metadata, remove_state, write_state
 from .processes import LOOPBACK, ManagedProcess, dies_with_owner, free_port, port_is_free
@@ -167,6 +177,130 @@ def _quorum_state(node: "KafkaNode") -> tuple[int, int]:
         return -1, -1
 
 
+# --------------------------------------------------------------------------- security (secure=True)
+
+ADMIN_USER = "admin"
+"""The secure cluster's super user (``super.users``), whose SCRAM credential the storage format adds."""
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+SCRAM_ITERATIONS = 8192
+CONTROLLER_USER = "controller"  # the nodes' own principal on the controller listener (SASL/PLAIN, static)
+SECURE_LISTENER = "SASL_SSL"
+TLS_DIR = "tls"
+AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+
+
+def make_loopback_tls(directory: str | os.PathLike, host: str = LOOPBACK) -> tuple[Path, Path]:
+    """A throwaway CA and a server certificate it signs for ``host`` and ``localhost``, in PEM files.
+
+    Parameters
+    ----------
+    directory : path
+        Where to write ``ca.pem`` (the CA's certificate: the clients' trust) and ``server.pem`` (the
+        server's private key, unencrypted PKCS#8, then its certificate and the CA's: a PEM keystore).
+        The CA's private key is not kept: nothing else is ever signed with it.
+    host : str, default=LOOPBACK
+        The address clients connect to (an IP address SAN, or a DNS name).
+
+    Returns
+    -------
+    tuple of Path
+        ``(ca.pem, server.pem)``.
+    """
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=30)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fairstream local Kafka CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    try:
+        names = [x509.IPAddress(ipaddress.ip_address(host)), x509.DNSName("localhost")]
+    except ValueError:
+        names = [x509.DNSName(host), x509.DNSName("localhost")]
+    server = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+              .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(start).not_valid_after(end)
+              .add_extension(x509.SubjectAlternativeName(names), critical=False)
+              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                             critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    ca_path, server_path = folder / "ca.pem", folder / "server.pem"
+    ca_path.write_bytes(ca.public_bytes(pem))
+    server_path.touch(mode=0o600)
+    server_path.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+                            + server.public_bytes(pem) + ca.public_bytes(pem))
+    return ca_path, server_path
+
+
+def secure_broker_properties(node_listener: str, controller_listener: str, ca: Path, keystore: Path,
+                             admin_password: str, controller_password: str) -> dict:
+    """The broker properties of a secure node (``KafkaCluster(secure=True)``), beside the common ones.
+
+    Clients and the other brokers use the ``SASL_SSL`` listener (SCRAM-SHA-512 over TLS, the
+    server's certificate from ``keystore``, a PEM file); the brokers authenticate to each other as
+    :data:`ADMIN_USER`. The controller listener stays on loopback and speaks SASL_PLAINTEXT with the
+    static PLAIN user :data:`CONTROLLER_USER` (SCRAM credentials live in the metadata the controller
+    serves, so they cannot authenticate it; no TLS there: loopback only, and it carries no client's
+    records). Both principals are super users; everyone else gets only what an ACL allows
+    (``allow.everyone.if.no.acl.found=false``).
+
+    Parameters
+    ----------
+    node_listener, controller_listener : str
+        ``host:port`` of the client listener and of the controller listener.
+    ca, keystore : Path
+        The CA certificate (the truststore) and the server's key and certificate chain (PEM).
+    admin_password, controller_password : str
+        The credentials of the two super users.
+
+    Returns
+    -------
+    dict
+        Property name to value.
+    """
+    def jaas(module: str, user: str, password: str, *extra: str) -> str:
+        return (f'org.apache.kafka.common.security.{module} required username="{user}" password="{password}"'
+                + "".join(f" {item}" for item in extra) + ";")
+
+    return {
+        "listeners": f"{SECURE_LISTENER}://{node_listener},CONTROLLER://{controller_listener}",
+        "advertised.listeners": f"{SECURE_LISTENER}://{node_listener}",
+        "listener.security.protocol.map": f"{SECURE_LISTENER}:SASL_SSL,CONTROLLER:SASL_PLAINTEXT",
+        "inter.broker.listener.name": SECURE_LISTENER,
+        "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+        "listener.name.sasl_ssl.sasl.enabled.mechanisms": SCRAM_MECHANISM,
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config":
+            jaas("scram.ScramLoginModule", ADMIN_USER, admin_password),
+        "sasl.mechanism.controller.protocol": "PLAIN",
+        "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
+        "listener.name.controller.plain.sasl.jaas.config":
+            jaas("plain.PlainLoginModule", CONTROLLER_USER, controller_password,
+                 f'user_{CONTROLLER_USER}="{controller_password}"'),
+        "ssl.keystore.type": "PEM", "ssl.keystore.location": str(keystore),
+        "ssl.truststore.type": "PEM", "ssl.truststore.location": str(ca),
+        "ssl.client.auth": "none",
+        "authorizer.class.name": AUTHORIZER,
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": f"User:{ADMIN_USER};User:{CONTROLLER_USER}",
+    }
+
+
 # --------------------------------------------------------------------------- one node
 
 
@@ -183,6 +317,7 @@ class KafkaNode(ManagedProcess):
         self.port, self.controller_port, self.heap = port, controller_port, heap
         super().__init__(run_dir / NODE_LOG)
         self.paused = False
+        self.ready_check: Callable[[], bool] | None = None  # a secure node's (a plaintext metadata request otherwise)
 
     @property
     def properties(self) -> Path:
@@ -207,7 +342,8 @@ class KafkaNode(ManagedProcess):
 
     def wait_ready(self) -> "KafkaNode":
         """Return once the node's broker answers Kafka metadata requests."""
-        self._wait_until(lambda: is_kafka_ready(self.host, self.port, timeout=1.0), f"Kafka node {self.node_id}")
+        check = self.ready_check or (lambda: is_kafka_ready(self.host, self.port, timeout=1.0))
+        self._wait_until(check, f"Kafka node {self.node_id}")
         return self
 
     def restart(self) -> "KafkaNode":
@@ -267,16 +403,21 @@ class KafkaCluster(Reachable):
         Each JVM's heap (``-Xmx``).
     settings : dict
         Extra broker properties for every node (e.g. ``{"log.cleaner.backoff.ms": 500}``).
+    secure : bool
+        SASL_SSL clients (SCRAM-SHA-512, a throwaway CA's certificate), the StandardAuthorizer and a super
+        user :data:`ADMIN_USER` (:func:`secure_broker_properties`); False: PLAINTEXT, no authorisation.
     """
 
     def __init__(self, run_dir: str | os.PathLike, nodes: int = 1, version: str = KAFKA_VERSION, host: str = LOOPBACK,
-                 heap: str = "512m", settings: dict | None = None, announce: bool = False):
+                 heap: str = "512m", settings: dict | None = None, announce: bool = False, secure: bool = False):
         if nodes not in (1, 3):
             raise KafkaError(f"a local Kafka cluster has 1 or 3 nodes, not {nodes}")
         self.run_dir, self.size, self.version, self.host = Path(run_dir), nodes, version, host
         self.heap, self.settings = heap, dict(settings or {})
         self.announce = announce  # in broker.json while it runs: every command without --broker then uses it
         self.nodes: list[KafkaNode] = []
+        self.secure = secure
+        self._secrets: dict[str, str] = {}  # secure: the admin's and the controller listener's passwords
 
     # --- addresses
 
@@ -309,10 +450,16 @@ class KafkaCluster(Reachable):
         self.nodes = [KafkaNode(i + 1, self.run_dir / f"node-{i + 1}", libs, self.host, ports[2 * i], ports[2 * i + 1],
                                 self.heap) for i in range(self.size)]
         cluster_id = self._stored_cluster_id() or _cluster_id()
+        scram: list[str] = []
+        if self.secure:
+            self._prepare_security()
+            scram = ["--add-scram", f"{SCRAM_MECHANISM}=[name={ADMIN_USER},password={self.admin_password}]"]
+            for node in self.nodes:
+                node.ready_check = functools.partial(self._answers_admin, node)
         for node in self.nodes:
             self._write_properties(node)
         _each(self.nodes, lambda node: _run_java(libs, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
-                                                 str(node.properties), "--ignore-formatted"))
+                                                 str(node.properties), "--ignore-formatted", *scram))
         try:
             for node in self.nodes:
                 node.start()
@@ -374,7 +521,12 @@ class KafkaCluster(Reachable):
             "num.partitions": 1, "auto.create.topics.enable": "false",
             **self.settings,
         }
+        if self.secure:
+            props.update(secure_broker_properties(f"{node.host}:{node.port}", f"{node.host}:{node.controller_port}",
+                                                  self.ca_file, self.run_dir / TLS_DIR / "server.pem",
+                                                  self.admin_password, self._secrets["controller"]))
         node.run_dir.mkdir(parents=True, exist_ok=True)
+        node.properties.touch(mode=0o600)  # a secure node's holds the super users' passwords
         node.properties.write_text("".join(f"{key}={value}\n" for key, value in props.items()))
 
     def wait_for_brokers(self, timeout: float = 60.0) -> None:
@@ -385,11 +537,133 @@ class KafkaCluster(Reachable):
             for node in self.nodes:
                 if (node.host, node.port) in live:
                     with contextlib.suppress(OSError, ValueError):
-                        if live <= set(kafka_metadata(node.host, node.port)):
+                        if live <= set(self._metadata(node)):
                             return
             time.sleep(0.2)
         raise KafkaError(f"the Kafka cluster did not list all {len(live)} live nodes within {timeout:g} s; "
                          f"logs under {self.run_dir}")
+
+    def _metadata(self, node: KafkaNode) -> list[tuple[str, int]]:
+        """The brokers ``node`` lists (``OSError`` if it does not answer); a secure node is asked as the admin."""
+        if not self.secure:
+            return kafka_metadata(node.host, node.port)
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            brokers = AdminClient({**self._admin_options(), "bootstrap.servers": f"{node.host}:{node.port}"}) \
+                .list_topics(timeout=2).brokers
+        except KafkaException as exc:
+            raise OSError(f"node {node.node_id}: {exc}") from None
+        return [(broker.host, broker.port) for broker in brokers.values()]
+
+    def _answers_admin(self, node: KafkaNode) -> bool:
+        if not port_is_free(node.host, node.port):  # listening: worth a TLS handshake and a SCRAM exchange
+            with contextlib.suppress(OSError):
+                return bool(self._metadata(node))
+        return False
+
+    # --- security (secure=True)
+
+    def _prepare_security(self) -> None:
+        """The CA, the server certificate and the super users' passwords, under ``run_dir`` (kept for a restart)."""
+        make_loopback_tls(self.run_dir / TLS_DIR, self.host)
+        for name in (ADMIN_USER, CONTROLLER_USER):
+            path = self.run_dir / TLS_DIR / f"{name}.password"
+            if not path.is_file():
+                path.touch(mode=0o600)
+                path.write_text(secrets.token_hex(16))
+            self._secrets[name] = path.read_text().strip()
+
+    def _require_secure(self) -> None:
+        if not self.secure:
+            raise KafkaError("this Kafka cluster runs without security (KafkaCluster(..., secure=True) has it)")
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate clients trust (PEM)."""
+        self._require_secure()
+        return self.run_dir / TLS_DIR / "ca.pem"
+
+    @property
+    def admin_password(self) -> str:
+        """The super user :data:`ADMIN_USER`'s password (also in ``run_dir/tls/admin.password``, owner-only)."""
+        self._require_secure()
+        if ADMIN_USER not in self._secrets:
+            raise KafkaError("the secure Kafka cluster is not started")
+        return self._secrets[ADMIN_USER]
+
+    def security(self, user: str = ADMIN_USER, password: str | None = None):
+        """The :class:`~fairstream.streams.kafka.ClientSecurity` of ``user`` (the admin's password by default).
+
+        Parameters
+        ----------
+        user : str, default=ADMIN_USER
+            A SCRAM user of the cluster (:meth:`add_user`).
+        password : str or None, default=None
+            Its password; None is the admin's.
+
+        Returns
+        -------
+        ClientSecurity
+            SASL_SSL with SCRAM-SHA-512, trusting :attr:`ca_file`.
+        """
+        from fairstream.streams.kafka import ClientSecurity
+
+        return ClientSecurity(protocol="SASL_SSL", mechanism=SCRAM_MECHANISM, username=user,
+                              password=self.admin_password if password is None else password, cafile=str(self.ca_file))
+
+    def client_env(self, user: str, password: str) -> dict[str, str]:
+        """The ``FAIRSTREAM_KAFKA_*`` environment that makes a ``fairstream`` process connect as ``user``."""
+        return {"FAIRSTREAM_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "FAIRSTREAM_KAFKA_SASL_MECHANISM": SCRAM_MECHANISM,
+                "FAIRSTREAM_KAFKA_SASL_USERNAME": user, "FAIRSTREAM_KAFKA_SASL_PASSWORD": password,
+                "FAIRSTREAM_KAFKA_SSL_CAFILE": str(self.ca_file)}
+
+    def _admin_options(self) -> dict:
+        return {"bootstrap.servers": self.bootstrap, **self.security().librdkafka_options()}
+
+    def admin_client(self):
+        """A confluent-kafka ``AdminClient`` connected as the super user."""
+        from confluent_kafka.admin import AdminClient
+
+        self._require_secure()
+        return AdminClient(self._admin_options())
+
+    def add_user(self, user: str, password: str | None = None, timeout: float = 30.0) -> str:
+        """Create (or re-key) the SCRAM-SHA-512 user ``user``; returns its password once the broker knows it.
+
+        Parameters
+        ----------
+        user : str
+            The user name (its principal is ``User:<user>``).
+        password : str or None, default=None
+            None: a random one.
+        timeout : float, default=30.0
+            Seconds to wait for the broker to accept the credential.
+
+        Returns
+        -------
+        str
+            The password.
+        """
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+
+        password = password or secrets.token_hex(16)
+        admin = self.admin_client()
+        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS)
+        futures = admin.alter_user_scram_credentials([UserScramCredentialUpsertion(user, info, password.encode())])
+        futures[user].result(timeout)
+        deadline = time.monotonic() + timeout
+        while True:  # the broker serves the credential once its metadata has it
+            try:  # one future per user named
+                if admin.describe_user_scram_credentials([user])[user].result(timeout).scram_credential_infos:
+                    return password
+            except KafkaException:  # not known yet (RESOURCE_NOT_FOUND)
+                pass
+            if time.monotonic() > deadline:
+                raise KafkaError(f"the SCRAM user {user!r} was not known to the broker within {timeout:g} s")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         """Stop every node at once (one by one, the last would wait out its controlled shutdown with no quorum)."""
