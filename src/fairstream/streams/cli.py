@@ -66,6 +66,8 @@ def _user_errors() -> tuple[type[BaseException], ...]:
                           ("fairstream.streams.refit.trainers", ["TrainerError"]),
                           ("fairstream.streams.refit.sources", ["ResearchFileError"]),
                           ("fairstream.streams.control.records", ["ControlError"]),
+                          ("fairstream.streams.control.signing", ["SignatureError"]),
+                          ("fairstream.streams.control.trust", ["TrustError"]),
                           ("fairstream.streams.ops.broker", ["BrokerError"]),
                           ("fairstream.streams.worker.metrics", ["MetricsPortError"]),
                           ("aiokafka.errors", ["KafkaError"]), ("kafka.errors", ["KafkaError"])):
@@ -427,12 +429,19 @@ def _topic_samples(args: argparse.Namespace) -> tuple[list[dict], list]:
     return records, [m.key for m in messages]
 
 
-def _control(config, bootstrap: str):
+def _control(config, bootstrap: str, args: argparse.Namespace | None = None):
+    """The pipeline's control client: its schema (list and rollback check artifacts as its workers do), its trust and
+    promotion policy (it reads the trail through the workers' gate), signing with ``--key`` or ``$FAIRSTREAM_KEY``."""
     from fairstream.streams.control.client import ControlClient
-    from fairstream.streams.control.store import ArtifactStore
+    from fairstream.streams.control.signing import Signer
 
-    # With the pipeline's schema, list and rollback check artifacts as this pipeline's workers do.
-    return ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir), schema=config.schema())
+    return ControlClient.of(config, bootstrap, signer=Signer.from_option(getattr(args, "key", None)))
+
+
+def _add_key(parser: argparse.ArgumentParser) -> None:
+    """``--key FILE``: the private key that signs what the command writes on the control topic."""
+    parser.add_argument("--key", metavar="FILE", help="the private key (NAME.key, from `fairstream keys generate`) "
+                                                      "that signs the record; default: the file $FAIRSTREAM_KEY names")
 
 
 _DONE = {"approve": "approved", "reject": "rejected"}
@@ -450,7 +459,7 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
         check_fits(artifact, config.schema(), f"{config.name!r} ({args.config or 'the built-in Adult pipeline'})")
     promotion = config.promotion
     with _broker(args) as broker:
-        control = _control(config, broker.bootstrap)
+        control = _control(config, broker.bootstrap, args)
         if args.action == "publish":
             published = control.publish_under_sync(artifact, promotion, actor=actor, reason=reason)
             print(_published_line(published.record, control.topic, promotion, published.mode.why))
@@ -468,7 +477,7 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
             record = control.rollback_sync(args.kind, args.to, actor=actor, reason=reason)
             print(f"rolled {record.kind} back to version {record.version} (sha256 {record.sha256[:12]})")
         elif args.action == "history":
-            _print_history(control, args.kind, args.json)
+            return _print_history(control, args.kind, args.json, args.verify)
         else:
             _print_listing(control)
     return 0
@@ -497,18 +506,44 @@ def _audit_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return actor, reason
 
 
-def _print_history(control, kind: str | None, as_json: bool) -> None:
-    """The audit trail: every record that takes effect, in log order, one line each (or one JSON object)."""
+def _print_history(control, kind: str | None, as_json: bool, verify: bool = False) -> int:
+    """The audit trail: every record in log order, one line each (or one JSON object), refused ones marked with why
+    and the signer they claim; with ``verify``, the trail's signatures, roles and chain checked (exit status 1 when
+    it was rewritten)."""
     import json
 
-    records = [record for record in control.history_sync() if kind is None or record.kind == kind]
-    for record in records:
-        entry = {"at": record.published_at, "kind": record.kind, "version": record.version, "action": record.action,
-                 "actor": record.actor, "reason": record.reason, "statistics": record.statistics or {},
-                 "sha256": record.sha256, "candidate": bool(record.candidate)}
-        print(json.dumps(entry, sort_keys=True) if as_json else _history_line(entry))
-    if not records and not as_json:
+    trail = control.read_sync()
+    entries = [entry for entry in trail.trail() if kind is None or entry.record.kind == kind]
+    for entry in entries:
+        record = entry.record
+        row = {"offset": entry.offset, "at": record.published_at, "kind": record.kind, "version": record.version,
+               "action": record.action, "actor": record.actor, "reason": record.reason,
+               "statistics": record.statistics or {}, "sha256": record.sha256, "candidate": bool(record.candidate),
+               "signer": entry.signer, "refused": entry.refusal, "remark": entry.remark,
+               "breaks_trail": entry.breaks_trail}
+        print(json.dumps(row, sort_keys=True) if as_json else _history_line(row))
+    if not entries and not as_json:
         print(f"(no {kind or 'artifact'} records on {control.topic})")
+    return _verify_trail(control, trail.trail()) if verify else 0
+
+
+def _verify_trail(control, entries) -> int:
+    """Print what ``--verify`` concludes of the whole trail; 1 when a record shows it was rewritten."""
+    broken = [entry for entry in entries if entry.breaks_trail]
+    refused = [entry for entry in entries if entry.refusal is not None and not entry.breaks_trail]
+    signed = control.authority.trust.signed
+    checked = ("signatures, roles and the hash chain" if signed else
+               "the hash chain only: this pipeline is unsigned (trust = \"none\"), so nothing proves who wrote a record")
+    print(f"\nverify: {len(entries)} records on {control.topic}, {len(entries) - len(broken) - len(refused)} take "
+          f"effect; checked {checked}")
+    for entry in broken:
+        why = entry.remark if entry.refusal is None else entry.refusal
+        print(f"  BROKEN at offset {entry.offset}: {entry.record.action} of {entry.record.kind} version "
+              f"{entry.record.version} (signer {entry.signer or 'none'}): {_collapsed(why)}")
+    if refused:
+        print(f"  {len(refused)} refused record(s) changed nothing (shown above as REFUSED)")
+    print("verify: the trail was rewritten" if broken else "verify: the trail is intact")
+    return 1 if broken else 0
 
 
 def _history_line(entry: dict) -> str:
@@ -518,8 +553,10 @@ def _history_line(entry: dict) -> str:
     figures = ", ".join(f"{_collapsed(name)}={value:.4g}" for name, value in entry["statistics"].items())
     reason, actor = _collapsed(entry["reason"] or "-"), _collapsed(entry["actor"] or "-")
     action = "candidate" if entry["candidate"] else entry["action"]  # a publish that does not serve (yet)
-    return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}",
-                                       f"{action:<9}", actor, reason, figures) if part).rstrip()
+    signed = f"[signed {_collapsed(entry['signer'])}]" if entry["signer"] else ""
+    refused = f"REFUSED: {_collapsed(entry['refused'])}" if entry["refused"] else ""
+    return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}", f"{action:<9}",
+                                       actor, reason, figures, signed, refused) if part).rstrip()
 
 
 def _collapsed(text: str) -> str:
@@ -547,7 +584,7 @@ def _print_listing(control) -> None:
         if row["refused"]:  # announcements stay beside a refused load: they are the ground truth
             why = "ignored by every worker" if row["refused_at"] == "log" else "refused at load"
             beside = f"{why}: {row['refused']}" + (f"; yet announced as served by {served}" if served else "")
-        actor = "".join((row["actor"] or "-").split())  # one column: a name with spaces stays one word
+        actor = _collapsed(row["actor"] or "-")  # kept as given, on one line
         print(f"{row['kind']:<12}{row['version']:>8}  {row['sha256']:<14}{row['action']:<10}{row['via']:<8}"
               f"{when:<22}{mark:<8}{row['state'] or '-':<12}{actor:<23} {beside}".rstrip())
     if not rows:
@@ -596,6 +633,113 @@ def _cmd_alerts(args: argparse.Namespace) -> int:
         changed = write_threshold_rules(args.write, config)
         print(f"{args.write}: {'updated' if changed else 'already up to date'} from {args.config}")
     return 0
+
+
+def _cmd_acls(args: argparse.Namespace) -> int:
+    from fairstream.streams.ops.acls import ROLES, AclError, apply_acls, parse_principals, pipeline_acls, render_acls
+    from fairstream.streams.ops.broker import parse_broker_url
+
+    config = _config(args)
+    try:
+        acls = pipeline_acls(config, app_id=args.app_id, principals=parse_principals(args.principal or ()),
+                             roles=args.role or ROLES)
+    except AclError as exc:
+        raise CliError(str(exc)) from None
+    if not args.apply:
+        url, origin = (args.broker, "--broker") if args.broker else (os.environ.get("FAIRSTREAM_BROKER"),
+                                                                     "FAIRSTREAM_BROKER")
+        try:
+            bootstrap = parse_broker_url(url).bootstrap if url else "BOOTSTRAP"
+        except ValueError as exc:
+            raise CliError(f"{origin}: {exc}") from None
+        print(render_acls(acls, bootstrap, args.command_config or None, args.config or "the built-in Adult pipeline"),
+              end="")
+        return 0
+    from confluent_kafka.admin import AdminClient
+
+    from .kafka import librdkafka_options
+    from .topics import ensure_topics
+
+    with _broker(args) as broker:
+        ensure_topics(broker.bootstrap, config.topics)  # the principals have no Create right: the admin's job
+        apply_acls(AdminClient({"bootstrap.servers": broker.bootstrap, **librdkafka_options()}), acls)
+        print(f"topics of {config.name!r} checked (created where missing) on {broker.url}")
+    for acl in acls:
+        pattern = " (prefix)" if acl.prefixed else ""
+        print(f"created: allow {acl.principal} {', '.join(acl.operations)} on {acl.resource} {acl.name}{pattern}")
+    return 0
+
+
+_WRITES_CONTROL = ("publish", "approve", "reject", "rollback")
+
+
+def _refusal(exc: BaseException, args: argparse.Namespace) -> str | None:
+    """The one line for a broker's refusal of this command's principal (an ACL missing), else None.
+
+    The refused resource is the one the error names when it names the one the command needs first (or
+    none); what the command needed it for (read, write) is the command's: ``artifacts approve`` writes
+    the control topic, ``worker`` reads the input, and so on.
+    """
+    from .kafka import authorization_refusal
+
+    seen, refused = set(), None
+    while exc is not None and id(exc) not in seen:  # the error and what it was raised from
+        seen.add(id(exc))
+        if _names_refusal(exc):
+            refused = exc
+            break
+        exc = exc.__cause__ or exc.__context__
+    if refused is None:
+        return None
+    text = " ".join(str(refused).split())
+    if text.startswith("not authorised:"):  # said already (a worker's consumer)
+        return text
+    operation, resource, name = _needs(args)
+    named = [arg for arg in getattr(refused, "args", ()) if isinstance(arg, str) and arg.count(" ") == 0]
+    if "Group" in type(refused).__name__ or "GROUP_" in text:
+        operation, resource, name = "read", "group", named[0] if named else "its consumer group"
+    elif "Cluster" in type(refused).__name__ or "CLUSTER_" in text:
+        operation, resource, name = "alter", "cluster", "kafka-cluster"
+    elif resource == "topic" and named and name not in named:
+        operation, name = "use", named[0]
+    return authorization_refusal(operation, resource, name, config=getattr(args, "config", None))
+
+
+def _names_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is Kafka's authorisation refusal (any client's), or a topic check that met one."""
+    if "AuthorizationFailed" in type(exc).__name__:  # aiokafka's and kafka-python's error classes
+        return True
+    if type(exc).__name__ == "KafkaException" and exc.args and hasattr(exc.args[0], "name"):  # confluent-kafka
+        return exc.args[0].name().endswith("_AUTHORIZATION_FAILED")
+    # The topic check reports a refused creation by the error's class name (a topic the principal may not even
+    # describe looks missing, so the check tries to create it).
+    return type(exc).__name__ == "TopicConfigError" and "AuthorizationFailed" in str(exc)
+
+
+def _needs(args: argparse.Namespace) -> tuple[str, str, str]:
+    """(operation, resource type, name) the command needs first of the broker."""
+    try:
+        config = _config(args) if hasattr(args, "config") else None
+    except Exception:  # the config was read once already; a second read that fails leaves the line general
+        config = None
+    topics = config.topics if config is not None else None
+    action = getattr(args, "action", None)
+    if topics is None:
+        return "use", "topic", "its topics"
+    if args.command == "artifacts":
+        return ("write" if action in _WRITES_CONTROL else "read"), "topic", topics.control
+    if args.command == "acls":
+        return "alter", "cluster", "kafka-cluster"
+    if args.command == "replay":
+        return "write", "topic", topics.research if args.research else topics.records_in
+    if args.command == "tail":
+        named = topics.name(args.topic)
+        return "read", "topic", named if named in {spec.name for spec in topics.specs()} else args.topic
+    if args.command == "monitor":
+        return "read", "topic", topics.stats
+    if args.command == "refit":
+        return "read", "topic", topics.refit_requests
+    return "read", "topic", topics.records_in
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -849,6 +993,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--by", metavar="NAME", help="who does it, recorded in the audit trail (default: user@host)")
         p.add_argument("--reason", metavar="TEXT", required=p in decisions,
                        help="why, recorded in the audit trail" + (" (required)" if p in decisions else ""))
+        _add_key(p)
     report = art_sub.add_parser("report", help="write an HTML report comparing candidate VERSION of KIND with the "
                                                "active chain, and print its path")
     report.add_argument("kind", help="artifact kind, e.g. plan")
@@ -861,6 +1006,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "at that moment")
     history.add_argument("--kind", metavar="KIND", help="only this artifact kind")
     history.add_argument("--json", action="store_true", help="one JSON object per line")
+    history.add_argument("--verify", action="store_true",
+                         help="check every record's signature and role and the hash chain; exit status 1 when a "
+                              "record was altered, dropped, replayed or moved")
     for p in (publish, art_sub.choices["list"], rollback, *decisions, report, history):
         _add_common(p)
         p.set_defaults(func=_cmd_artifacts)
@@ -897,6 +1045,29 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "(e.g. deploy/prometheus/alerts.yml)")
     alerts.set_defaults(func=_cmd_alerts)
 
+    acl = sub.add_parser("acls", help="the Kafka ACLs of the pipeline's principals: kafka-acls.sh lines, or --apply",
+                         description="Print, for an operator to run as a super user, one kafka-acls.sh line per "
+                                     "principal and resource: what the workers, the monitoring agent, the re-fit "
+                                     "service, the approvers (people deciding on artifacts) and a separate webhook "
+                                     "need of the pipeline's topics, groups and transactional ids, and nothing more "
+                                     "(no All, no wildcard, no Create, no cluster right). Principals default to "
+                                     "User:<app id>-<role>. With --apply, create the pipeline's topics and the ACLs "
+                                     "through the admin API instead, as the config's [kafka] user (a super user).")
+    _add_common(acl)
+    acl.add_argument("--app-id", help="the workers' app id (default: <prefix>-<pipeline name>): their groups, the "
+                                      "monitor's and the default principals derive from it")
+    acl.add_argument("--principal", action="append", metavar="ROLE=User:NAME",
+                     help="the principal of a role (worker, monitor, refit, approver, webhook), instead of "
+                          "User:<app id>-<role>; repeat for several")
+    acl.add_argument("--role", action="append", choices=("worker", "monitor", "refit", "approver", "webhook"),
+                     help="only this role's ACLs; repeat for several (default: every role)")
+    acl.add_argument("--command-config", default="admin.properties", metavar="FILE",
+                     help="the admin client properties file the printed lines pass to kafka-acls.sh (default: "
+                          "admin.properties; '' leaves it out)")
+    acl.add_argument("--apply", action="store_true",
+                     help="create the topics and the ACLs on the broker (--broker) instead of printing the lines")
+    acl.set_defaults(func=_cmd_acls)
+
     from fairstream.streams.refit.command import add_refit_parser
 
     add_refit_parser(sub, broker_context=_broker, add_common=_add_common, load_config=_config)
@@ -929,6 +1100,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes at exit
         return 141
     except Exception as exc:
+        refusal = None if debug else _refusal(exc, args)
+        if refusal is not None:  # Kafka's authorisation said no: who may not do what, and where the ACLs are
+            print(f"fairstream {args.command}: {refusal}", file=sys.stderr)
+            return 1
         if debug or not isinstance(exc, _user_errors()):
             raise  # a bug, or asked for: the whole traceback
         print(f"fairstream {args.command}: error: {_one_line(exc)}", file=sys.stderr)

@@ -596,6 +596,10 @@ class PipelineConfig(_Section):
         published as a candidate that every worker applies beside the active chain, promoted or retired by the
         [shadow] policy; "approve" = a candidate in shadow until a person runs `fairstream artifacts approve`
         (or `reject`). Valid: 'auto', 'shadow' or 'approve'.
+    trust : str, default='none'
+        The trust file naming the public keys that may sign control records and their roles (publisher,
+        approver, operator, policy, requester); "none" = unsigned: anyone who can write the control topic can
+        change what serves (the embedded default; a warning at start). Valid: a non-empty string.
     topics : TopicConfig, default=TopicConfig()
         ``[topics]``: topic prefix, partitions and replication.
     records : AgentConfig, default=AgentConfig(artifact="plan")
@@ -643,6 +647,10 @@ class PipelineConfig(_Section):
         "\"shadow\" = published as a candidate that every worker applies beside the active chain, promoted or "
         "retired by the [shadow] policy; \"approve\" = a candidate in shadow until a person runs "
         "`fairstream artifacts approve` (or `reject`)"))
+    trust: Annotated[str, Meta(min_length=1)] = field(default="none", metadata=_doc(
+        "the trust file naming the public keys that may sign control records and their roles (publisher, "
+        "approver, operator, policy, requester); \"none\" = unsigned: anyone who can write the control topic can "
+        "change what serves (the embedded default; a warning at start)"))
     topics: TopicConfig = field(default_factory=TopicConfig)
     records: AgentConfig = field(default_factory=lambda: AgentConfig(artifact=DEFAULT_KIND))
     embeddings: EmbeddingConfig = field(default_factory=EmbeddingConfig)

@@ -108,6 +108,11 @@ class ControlRecord(_Schema):
     name, e.g. ``refit@host``), ``reason`` why, and ``statistics`` the figures that decided it (names to
     finite numbers). All three are optional: records written before them still parse.
 
+    Who wrote it, checked: ``signer`` names the key whose Ed25519 ``signature`` covers the record, ``previous``
+    is the sha256 of the value of the record before it in the pipeline's trail and ``pipeline`` the control
+    topic it was written for (see :mod:`fairstream.streams.control.gate`). All four are optional on the wire:
+    a pipeline whose trust is ``"none"`` reads records without them.
+
     ``candidate`` (a publish only, encoded only when true): the version is claimed but does not serve;
     it is the kind's pending candidate until a decision names it (``promote`` or ``approve``: it
     serves; ``reject`` or ``retire``: it never does). The four decisions carry no artifact (neither
@@ -117,7 +122,7 @@ class ControlRecord(_Schema):
     kind: str
     version: int
     sha256: str
-    action: str = "publish"  # "publish", "rollback", or a decision: "promote", "approve", "reject", "retire"
+    action: str = "publish"  # "publish", "rollback", "configure", or a decision (promote, approve, reject, retire)
     blob_b64: Optional[str] = None
     path: Optional[str] = None
     published_at: Optional[float] = None
@@ -125,3 +130,7 @@ class ControlRecord(_Schema):
     reason: Optional[str] = None
     statistics: Optional[dict] = None  # flat: str -> finite float
     candidate: Optional[bool] = None  # only True (a candidate publish) or None (left out of the message)
+    pipeline: Optional[str] = None  # the control topic the record was written for: a copy elsewhere is refused
+    previous: Optional[str] = None  # sha256 of the value of the record before it in the trail (the hash chain)
+    signer: Optional[str] = None  # the name of the key that signed it, as the pipeline's trust file lists it
+    signature: Optional[str] = None  # Ed25519 over the record's canonical bytes (control/signing.py)

@@ -93,7 +93,7 @@ def test_a_record_without_the_candidate_field_keeps_its_exact_bytes_and_key():
     ({"action": "reject"}, "a reject decision decides a candidate already published"),
     ({"action": "retire", "path": None, "blob_b64": "AAAA"}, "carries no artifact, got ['blob_b64']"),
     ({"action": "publish", "path": None}, "exactly one of blob_b64 or path, got neither"),
-    ({"action": "demote"}, "action must be one of ('publish', 'rollback', 'promote', 'approve', 'reject', 'retire')"),
+    ({"action": "demote"}, "action must be one of ('publish', 'rollback', 'configure', 'promote', 'approve', 'reject', 'retire')"),
 ])
 def test_malformed_candidates_and_decisions_are_refused_with_the_reason(fields, refusal):
     data = {"kind": "plan", "version": 2, "sha256": SHA, "path": "p", **fields}
@@ -466,13 +466,12 @@ def test_the_client_supersedes_decides_and_refuses_what_the_ledger_would(broker,
     assert client.publish_sync(b, actor="refit@host", reason="drift", candidate=True).version == 2
     third = client.publish_sync(c, actor="carol", candidate=True)
     assert (third.version, third.candidate) == (3, True)
-    retire = client.history_sync()[2]
-    assert (retire.action, retire.version, retire.actor, retire.reason) == ("retire", 2, "carol",
-                                                                           "superseded by candidate version 3")
+    # The newer candidate supersedes the pending one: no retire record (retiring is the shadow policy's role).
+    assert [record.action for record in client.history_sync()] == ["publish"] * 3
     with pytest.raises(ControlError) as refused:
         client.decide_sync("plan", 2, "approve", actor="alice", reason="looks good")
-    assert str(refused.value) == ("refusing to approve: plan version 2 was already retired by carol at offset 2 "
-                                  "(pending: version 3)")
+    assert str(refused.value) == ("refusing to approve: plan version 2 was already superseded by the publish of "
+                                  "candidate version 3 at offset 2 (pending: version 3)")
     with pytest.raises(ControlError, match="^a decision is one of promote, approve, reject, retire, got 'rollback'$"):
         client.decide_sync("plan", 3, "rollback", actor="alice")
     with pytest.raises(ControlError, match=r"^refusing to roll back: rollback to plan version 3, which never served "
@@ -482,12 +481,12 @@ def test_the_client_supersedes_decides_and_refuses_what_the_ledger_would(broker,
     assert (approved.action, approved.sha256, approved.actor) == ("approve", c.sha256, "alice")
     rows = client.listing_sync()
     assert [(r["version"], r["action"], r["candidate"], r["state"], r["active"], r["actor"]) for r in rows] == [
-        (1, "publish", False, "published", False, "refit@host"), (2, "publish", True, "retired", False, "refit@host"),
-        (2, "retire", False, "retired", False, "carol"), (3, "publish", True, "active", False, "carol"),
+        (1, "publish", False, "published", False, "refit@host"),
+        (2, "publish", True, "superseded", False, "refit@host"), (3, "publish", True, "active", False, "carol"),
         (3, "approve", False, "active", True, "alice")]
-    assert rows[4]["reason"] == "closes the gap" and rows[4]["via"] == "-" and rows[4]["refused"] is None
+    assert rows[3]["reason"] == "closes the gap" and rows[3]["via"] == "-" and rows[3]["refused"] is None
     assert client.rollback_sync("plan", actor="bob").version == 1  # back to the version before the approval
-    assert len(client.history_sync()) == 6  # the refused decisions and rollback were never written
+    assert len(client.history_sync()) == 5  # the refused decisions and rollback were never written
 
 
 @pytest.mark.integration

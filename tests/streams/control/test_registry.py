@@ -273,7 +273,7 @@ def test_registry_refuses_bad_records_and_keeps_serving(plans, tamper, reason, c
 
 def test_unparsable_and_unknown_kinds_share_one_label(plans):
     refusals = []
-    registry = ArtifactRegistry(LOADERS, on_refuse=lambda kind, reason: refusals.append(kind))
+    registry = ArtifactRegistry(LOADERS, on_refuse=lambda kind, reason, category: refusals.append(kind))
     assert not registry.apply(b"garbage")
     assert not registry.apply(message(plans[0].to_artifact(), version=1, kind="scorer"))
     assert registry.refused_total == {UNKNOWN_KIND: 2} and refusals == [UNKNOWN_KIND, UNKNOWN_KIND]

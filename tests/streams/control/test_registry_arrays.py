@@ -31,7 +31,7 @@ def test_a_plan_with_a_truncated_pmf_is_refused_and_the_previous_version_keeps_s
     corrupt = artifacts.pack("plan", {**arrays, "source_pmf": arrays["source_pmf"][..., :-1]}, dict(good.parameters))
     refusals = []
     registry = ArtifactRegistry(module_loaders(PipelineSchema(groups=(0, 1), strata=(0, 1))),
-                                on_refuse=lambda kind, reason: refusals.append((kind, reason)))
+                                on_refuse=lambda kind, reason, category: refusals.append((kind, reason)))
     assert registry.apply(publish(good, 1))
     assert not registry.apply(publish(corrupt, 2))
     assert registry.current("plan").version == 1 and registry.refused_total["plan"] == 1

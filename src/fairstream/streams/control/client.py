@@ -36,17 +36,18 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from fairstream.models.kinds import MODULE_KINDS, load_module
+from fairstream.models.kinds import load_module
 from fairstream.repair import artifacts
 from fairstream.repair.artifacts import Artifact
 from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
-from fairstream.streams.config import PROMOTIONS
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 from fairstream.streams.topics import TopicConfig, ensure_topics_async
 
 from .records import (
     ACTIVATING,
+    CONFIG_KIND,
+    CONFIGURE,
     ANNOUNCED,
     CANDIDATE_FAILED,
     CANDIDATE_REFUSED,
@@ -66,6 +67,7 @@ from .records import (
     read_message,
     shown,
 )
+from .gate import Authority, ControlGate, PublishMode, Verdict, publish_mode, seal
 from .registry import build_active, control_consumer, load_refusal, message_limit, module_loaders, open_at_beginning
 from .store import ArtifactStore
 
@@ -98,48 +100,6 @@ def check_audit(actor: str | None, reason: str | None, names: tuple[str, str] = 
             raise ControlError(f"{name} {refusal}")
 
 
-# --------------------------------------------------------------------------- candidate or not
-
-
-@dataclass(frozen=True)
-class PublishMode:
-    """Whether a publish is a candidate (it serves once promoted or approved) or serves at once, and why."""
-
-    candidate: bool
-    why: str
-
-
-def publish_mode(promotion: str, ledger: VersionLedger, kind: str) -> PublishMode:
-    """Whether a publish of ``kind`` under the pipeline's ``promotion`` is a candidate, from the log's ``ledger``.
-
-    The one place this is decided (the CLI and the re-fit job publish through
-    :meth:`ControlClient.publish_under`). ``"auto"``: never; ``"approve"``: always, the first version
-    too (a person approves it; until then the workers hold input); ``"shadow"``: only when a version of
-    ``kind`` served before (the shadow policy compares the candidate with the active chain) and ``kind``
-    is applied by the record chain (the only one measured in shadow); otherwise it serves at once, as
-    under ``"auto"`` (its validation decided).
-
-    >>> publish_mode("shadow", VersionLedger(), "plan").why
-    "promotion is 'shadow', but no plan version served yet (there is no active chain to compare it with): it serves at
-    once, as under 'auto'"
-    """
-    if promotion not in PROMOTIONS:
-        raise ControlError(f"promotion must be one of {', '.join(PROMOTIONS)}, got {shown(promotion)}")
-    if promotion == "auto":
-        return PublishMode(False, "promotion is 'auto': it serves at once")
-    if promotion == "approve":
-        return PublishMode(True, "promotion is 'approve': it serves once a person approves it")
-    module = MODULE_KINDS.get(kind)
-    if module is None or module.capabilities.agent != "records":
-        return PublishMode(False, f"promotion is 'shadow', but the shadow policy measures only the record chain, not "
-                                  f"the {kind}: it serves at once, as under 'auto'")
-    if not ledger.ever_served(kind):
-        return PublishMode(False, f"promotion is 'shadow', but no {kind} version served yet (there is no active chain "
-                                  "to compare it with): it serves at once, as under 'auto'")
-    return PublishMode(True, "promotion is 'shadow': the workers shadow it until the shadow policy promotes or "
-                             "retires it")
-
-
 @dataclass(frozen=True)
 class Published:
     """What a publish under the pipeline's promotion delivered (:meth:`ControlClient.publish_under`).
@@ -163,12 +123,24 @@ class Published:
 class Entry:
     """One artifact record of the control topic, and why every reader ignores it (None: it takes effect).
 
-    A record is ignored when the version rule refuses it, or when it came under a key that is not its own.
+    A record is ignored when the pipeline's gate refuses it (its signer, role, promotion policy or place in the
+    trail: :mod:`~fairstream.streams.control.gate`), when the version rule refuses it, or when it came under a key
+    that is not its own. ``signer`` is the verified signer (or, when refused, the one it claims), ``category`` the
+    refusal's kind (:data:`~fairstream.streams.control.gate.CATEGORIES`), ``remark`` a break in the trail before an
+    admitted record.
     """
 
     offset: int
     record: ControlRecord
     refusal: str | None
+    signer: str | None = None
+    category: str | None = None
+    remark: str | None = None
+
+    @property
+    def breaks_trail(self) -> bool:
+        """Whether this record shows the trail was rewritten (:attr:`~.gate.Verdict.breaks_trail`)."""
+        return Verdict(self.refusal, self.signer, self.category, self.remark).breaks_trail
 
 
 @dataclass
@@ -183,6 +155,7 @@ class ControlLog:
     """
 
     ledger: VersionLedger = field(default_factory=VersionLedger)
+    gate: ControlGate = field(default_factory=lambda: Authority().gate())
     entries: list[Entry] = field(default_factory=list)
     workers: dict[str, WorkerStatus] = field(default_factory=dict)
     events: dict[bytes, dict] = field(default_factory=dict)
@@ -205,9 +178,12 @@ class ControlLog:
         elif read.what == EVENT:
             self.events.setdefault(message.key, read.event)
         elif read.what == RECORD:
-            self.entries.append(Entry(message.offset, read.record, self.ledger.admit(read.record, message.offset)))
+            verdict = self.gate.admit(read.record, message.value, message.offset, self.ledger)
+            self.entries.append(Entry(message.offset, read.record, verdict.refusal, verdict.signer, verdict.category,
+                                      verdict.remark))
         elif read.record is not None:  # refused: a record under another key (never a claim)
-            self.entries.append(Entry(message.offset, read.record, read.refusal))
+            self.entries.append(Entry(message.offset, read.record, read.refusal, read.record.signer,
+                                      "unreadable"))
         elif read.refusal is not None:
             self.skipped.append((message.offset, read.refusal))
 
@@ -218,6 +194,10 @@ class ControlLog:
                                                                                   else "")
             log.warning("skipped %d control message(s) that no reader takes (at offsets %s); the first: %s",
                         len(self.skipped), offsets, self.skipped[0][1])
+
+    def trail(self) -> list[Entry]:
+        """Every record of the audit trail in log order, refused ones included (with why and who they claim)."""
+        return list(self.entries)
 
     def history(self) -> list[ControlRecord]:
         """The records that take effect, in log order."""
@@ -266,7 +246,9 @@ class ControlClient:
     Each ``async`` method has a ``*_sync`` twin for the CLI. The control topic is created (with the
     rest of the pipeline's topics) when it does not exist yet. ``schema`` is the pipeline's: with
     it, the listing and rollback check artifacts as the pipeline's workers do (they load and fit);
-    without, only that they load.
+    without, only that they load. ``authority`` is the pipeline's (:class:`~.gate.Authority`: its trust
+    and promotion policy): the client reads the log through the same gate as the workers, and refuses
+    before writing what they would refuse. ``signer`` signs every record written (None: unsigned).
     """
 
     def __init__(
@@ -277,6 +259,8 @@ class ControlClient:
         inline_limit: int = DEFAULT_INLINE_LIMIT,
         timeout: float = 30.0,
         schema: PipelineSchema | None = None,
+        authority: Authority | None = None,
+        signer=None,
     ):
         if inline_limit < 0:
             raise ValueError(f"inline_limit must be >= 0 bytes, got {inline_limit}")
@@ -286,7 +270,35 @@ class ControlClient:
         self.loaders = module_loaders(schema or PipelineSchema())  # the workers' loaders, checks included
         self.inline_limit = inline_limit
         self.timeout = timeout
+        self.authority = authority or Authority(pipeline=topics.control)
+        self.signer = signer
         self._topic_checked = False
+
+    @classmethod
+    def of(cls, config, bootstrap: str, signer=None, **options) -> "ControlClient":
+        """The client of ``config``'s pipeline: its topics, store, schema and authority (trust file read now).
+
+        Parameters
+        ----------
+        config : PipelineConfig
+            The pipeline.
+        bootstrap : str
+            Kafka bootstrap servers.
+        signer : Signer or None, default=None
+            Who signs what this client writes.
+        **options
+            ``inline_limit``, ``timeout``.
+
+        Returns
+        -------
+        ControlClient
+            The pipeline's client.
+        """
+        return cls(bootstrap, config.topics, ArtifactStore(config.artifact_dir), schema=config.schema(),
+                   authority=Authority.of(config), signer=signer, **options)
+
+    def _log(self) -> "ControlLog":
+        return ControlLog(gate=self.authority.gate())
 
     @property
     def topic(self) -> str:
@@ -296,8 +308,8 @@ class ControlClient:
     # ------------------------------------------------------------------ async API
 
     async def read(self) -> ControlLog:
-        """The control topic from its beginning to its current end, resolved by the version rule."""
-        control = ControlLog()
+        """The control topic from its beginning to its current end, resolved by the pipeline's gate and version rule."""
+        control = self._log()
         async with self._reader() as reader:
             await reader.read_to_end(control)
         control.warn_skipped()
@@ -326,9 +338,8 @@ class ControlClient:
         key, so compaction removes it) and try the next one.
 
         With ``candidate``, the version does not serve: it waits, shadowed by the workers, for a
-        decision (see :meth:`decide`). A candidate of the kind still pending is retired first, under
-        the same actor, with the reason "superseded by candidate version N". :meth:`publish_under`
-        lets the pipeline's ``promotion`` decide instead.
+        decision (see :meth:`decide`); it supersedes a candidate of the kind still pending.
+        :meth:`publish_under` lets the pipeline's ``promotion`` decide instead.
         """
         record, _ = await self._publish(artifact, _audit(actor, reason, statistics), candidate)
         return record
@@ -344,49 +355,65 @@ class ControlClient:
                        promotion: str | None = None) -> tuple[ControlRecord, PublishMode | None]:
         """:meth:`publish`'s compare-and-set loop: the delivered record, and the mode ``promotion`` decided (None
         without one)."""
-        mode = None
+        modes = []
+
+        def proposal(control: ControlLog) -> ControlRecord:
+            wanted = candidate
+            if promotion is not None:  # decided again on each attempt: another publisher may have changed the log
+                modes.append(publish_mode(promotion, control.ledger, artifact.kind))
+                wanted = modes[-1].candidate
+            return self._publish_record(artifact, control.ledger.next_version(artifact.kind), audit, wanted)
+
+        def twin(control: ControlLog, record: ControlRecord) -> ControlRecord | None:
+            same = control.published(record.kind, record.version)  # a twin publish of this very artifact won
+            return same if same is not None and same.sha256 == record.sha256 else None
+
+        record = await self._write(proposal, f"refusing to publish {artifact.kind}", retry=("stale", "version"),
+                                   twin=twin)
+        log.info("published %s%s version %d (sha256 %s, %s)", "candidate " if record.candidate else "", record.kind,
+                 record.version, record.sha256[:12], "inline" if record.blob_b64 else f"by path {record.path}")
+        return record, (modes[-1] if modes else None)
+
+    async def _write(self, proposal, refusing: str, retry: tuple[str, ...] = ("stale",), twin=None) -> ControlRecord:
+        """Write ``proposal(log)`` after the trail's last record, signed, and read it back; the record that took effect.
+
+        Compare-and-set through the log order: what every reader would refuse is refused here before it is written
+        (:class:`ControlError` with the reason); a record every reader refuses once written, for a reason in ``retry``
+        (another record came first: ``stale`` in the trail, a ``version`` taken), is withdrawn (a tombstone under its
+        key) and proposed again on the log as it is now, at most :data:`PUBLISH_ATTEMPTS` times. ``twin(log,
+        record)`` may name an identical record that won instead.
+        """
         async with self._reader() as reader, self._producer() as producer:
-            control = ControlLog()
+            control = self._log()
             await reader.read_to_end(control)
+            control.warn_skipped()
             for _ in range(PUBLISH_ATTEMPTS):
-                if promotion is not None:  # decided again on each attempt: another publisher may have changed the log
-                    mode = publish_mode(promotion, control.ledger, artifact.kind)
-                    candidate = mode.candidate
-                version = control.ledger.next_version(artifact.kind)
-                if candidate:
-                    await self._retire_pending(control, reader, producer, artifact.kind, version, audit["actor"])
-                    version = control.ledger.next_version(artifact.kind)
-                record = self._publish_record(artifact, version, audit, candidate)
-                key, value = self._encoded(record)
+                record, key, value = seal(proposal(control), control.gate.head, self.authority.pipeline, self.signer)
+                refusal = control.gate.copy().admit(record, value, control.next_offset, copy.deepcopy(control.ledger))
+                if refusal.refusal is not None:
+                    raise ControlError(f"{refusing}: {refusal.refusal}")
                 offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
-                await reader.read_through(control, offset)
+                try:
+                    await reader.read_through(control, offset)
+                except TimeoutError:
+                    raise ControlError(f"the {record.action} of {record.kind} version {record.version} was written at "
+                                       f"offset {offset} of {self.topic}, but it could not be read back to confirm it "
+                                       "took effect: see `fairstream artifacts history`") from None
                 mine = control.at(offset)
                 if mine is not None and mine.refusal is None:
-                    log.info("published %s%s version %d (sha256 %s, %s)", "candidate " if candidate else "",
-                             record.kind, record.version, record.sha256[:12],
-                             "inline" if record.blob_b64 else f"by path {record.path}")
-                    return record, mode
+                    return record
                 await producer.send_and_wait(self.topic, None, key=key, partition=0)  # withdraw the loser
-                same = control.published(record.kind, record.version)
-                if same is not None and same.sha256 == record.sha256:  # a twin publish of this very artifact won
-                    return same, mode
-                log.warning("%s version %d was taken by another publish at the same moment; trying the next version",
-                            record.kind, record.version)
-        raise ControlError(f"could not publish {artifact.kind}: {PUBLISH_ATTEMPTS} versions in a row were taken by "
-                           f"other publishers on {self.topic}")
-
-    async def _retire_pending(self, control: ControlLog, reader: "_Reader", producer, kind: str, version: int,
-                              actor: str) -> None:
-        """Retire the pending candidate of ``kind`` (if any): a new candidate, ``version``, supersedes it."""
-        pending = control.ledger.pending(kind)
-        if pending is None:
-            return
-        retire = decision_record(kind, pending[0], pending[1], "retire", actor,
-                                 reason=f"superseded by candidate version {version}")
-        key, value = self._encoded(retire)
-        offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
-        await reader.read_through(control, offset)  # refused only if another decision came first: pending either way
-        log.info("retired candidate %s version %d: superseded by candidate version %d", kind, pending[0], version)
+                won = twin(control, record) if twin is not None else None
+                if won is not None:
+                    return won
+                why = "it was not read back" if mine is None else mine.refusal
+                if mine is None or mine.category not in retry:
+                    raise ControlError(f"the {record.action} of {record.kind} version {record.version} did not take "
+                                       f"effect (every reader ignores it): {why}")
+                log.warning("the %s of %s version %d lost a race to another record (%s); writing it again",
+                            record.action, record.kind, record.version, why)
+        raise ControlError(f"could not write to {self.topic}: {PUBLISH_ATTEMPTS} attempts in a row lost the race to "
+                           "other writers")
 
     async def decide(self, kind: str, version: int, action: str, actor: str | None = None, reason: str | None = None,
                      statistics: dict[str, float] | None = None, force: bool = False) -> ControlRecord:
@@ -407,40 +434,23 @@ class ControlClient:
         """
         if action not in DECISIONS:
             raise ControlError(f"a decision is one of {', '.join(DECISIONS)}, got {action!r}")
-        async with self._reader() as reader, self._producer() as producer:
-            control = ControlLog()
-            await reader.read_to_end(control)
-            control.warn_skipped()
+
+        def proposal(control: ControlLog) -> ControlRecord:
             live = live_figures(control, kind, version)
             if action in ACTIVATING and not force and live and live.get(CANDIDATE_FAILED):
                 raise ControlError(f"refusing to {action} {kind} version {version}: its chain failed in shadow on the "
                                    f"workers' live records (it refused {live.get(CANDIDATE_REFUSED, 0):.0f} of them); "
                                    "--force does it anyway")
             audit = _audit(actor, reason, statistics if statistics is not None else live)
-            sha256 = control.ledger.claimed(kind, version) or "0" * 64
-            record = decision_record(kind, version, sha256, action, **audit)
-            # The workers' rule, applied before writing (on a copy: the log read back applies it for real).
-            refusal = copy.deepcopy(control.ledger).admit(record, control.next_offset)
-            if refusal is not None:
-                raise ControlError(f"refusing to {action}: {refusal}")
+            record = decision_record(kind, version, control.ledger.claimed(kind, version) or "0" * 64, action, **audit)
             cannot = self._load_refusal(control.published(kind, version)) if action in ACTIVATING else None
-            if cannot is not None:
+            if cannot is not None and control.ledger.pending(kind) == (version, record.sha256):
                 raise ControlError(f"cannot {action} {kind} version {version}: every worker refuses its artifact: "
                                    f"{cannot}")
-            key, value = self._encoded(record)
-            offset = (await producer.send_and_wait(self.topic, value, key=key, partition=0)).offset
-            try:
-                await reader.read_through(control, offset)
-            except TimeoutError:
-                raise ControlError(f"the {action} of {kind} version {version} was written at offset {offset} of "
-                                   f"{self.topic}, but it could not be read back to confirm it took effect: see "
-                                   "`fairstream artifacts history`") from None
-        mine = control.at(offset)
-        refusal = "it was not read back" if mine is None else mine.refusal
-        if refusal is not None:  # written, but every reader ignores it: another decision came first
-            raise ControlError(f"the {action} of {kind} version {version} did not take effect (every reader ignores "
-                               f"it): {refusal}")
-        log.info("%s: %s version %d (sha256 %s)", action, kind, version, sha256[:12])
+            return record
+
+        record = await self._write(proposal, f"refusing to {action}")
+        log.info("%s: %s version %d (sha256 %s)", action, kind, version, record.sha256[:12])
         return record
 
     async def rollback(self, kind: str, version: int | None = None, actor: str | None = None,
@@ -453,27 +463,58 @@ class ControlClient:
         refuse is refused here, before anything is written.
         """
         audit = _audit(actor, reason, None)
-        control = await self.read()
-        stacks = _activation_stacks(control.history())
-        if kind not in stacks:
-            if control.ledger.next_version(kind) > 1:
-                raise ControlError(f"no {kind} version ever served on {self.topic} (only candidates that were never "
-                                   "promoted or approved): nothing to roll back to")
-            known = ", ".join(sorted(stacks)) or "none"
-            raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
-        stack = stacks[kind]
-        target = self._rollback_target(control, stack, kind, version)
-        cannot = self._load_refusal(target)  # refuse to send a rollback every worker would refuse
-        if cannot is not None:
-            raise ControlError(f"cannot roll back to {kind} version {target.version}: {cannot}")
-        record = ControlRecord(kind=kind, version=target.version, sha256=target.sha256, action="rollback",
-                               blob_b64=target.blob_b64, path=target.path, published_at=time.time(), **audit)
-        refusal = control.ledger.admit(record, control.next_offset)  # the workers' rule, applied before writing
-        if refusal is not None:
-            raise ControlError(f"refusing to roll back: {refusal}")
-        await self._send(record)
-        log.info("rolled %s back from version %d to %d", kind, stack[-1].version, target.version)
-        return record
+        chosen: list[int] = []  # the target, chosen on the first reading: a retry after a lost race keeps it
+
+        def proposal(control: ControlLog) -> ControlRecord:
+            stacks = _activation_stacks(control.history())
+            if kind not in stacks:
+                if control.ledger.next_version(kind) > 1:
+                    raise ControlError(f"no {kind} version ever served on {self.topic} (only candidates that were "
+                                       "never promoted or approved): nothing to roll back to")
+                known = ", ".join(sorted(stacks)) or "none"
+                raise ControlError(f"no artifact of kind {kind!r} was ever published (kinds on {self.topic}: {known})")
+            target = self._rollback_target(control, stacks[kind], kind, chosen[0] if chosen else version)
+            chosen[:] = [target.version]
+            cannot = self._load_refusal(target)  # refuse to send a rollback every worker would refuse
+            if cannot is not None:
+                raise ControlError(f"cannot roll back to {kind} version {target.version}: {cannot}")
+            log.info("rolling %s back from version %d to %d", kind, stacks[kind][-1].version, target.version)
+            return ControlRecord(kind=kind, version=target.version, sha256=target.sha256, action="rollback",
+                                 blob_b64=target.blob_b64, path=target.path, published_at=time.time(), **audit)
+
+        return await self._write(proposal, "refusing to roll back")
+
+    async def configure(self, settings: bytes, fingerprint: str, actor: str | None = None,
+                        reason: str | None = None) -> ControlRecord:
+        """Publish the pipeline's config (``settings``, its ``fingerprint``) as its next version; returns the record.
+
+        Parameters
+        ----------
+        settings : bytes
+            The config's settings as its workers compare them (:mod:`~.pipeline_config`).
+        fingerprint : str
+            Their sha256 (64 hex digits).
+        actor, reason : str or None
+            Who and why, for the audit trail.
+
+        Returns
+        -------
+        ControlRecord
+            The delivered ``configure`` record.
+        """
+        audit = _audit(actor, reason, None)
+
+        def proposal(control: ControlLog) -> ControlRecord:
+            return ControlRecord(kind=CONFIG_KIND, version=control.ledger.next_version(CONFIG_KIND), sha256=fingerprint,
+                                 action=CONFIGURE, blob_b64=base64.b64encode(settings).decode("ascii"),
+                                 published_at=time.time(), **audit)
+
+        return await self._write(proposal, "refusing to publish the pipeline's config", retry=("stale", "version"))
+
+    def configure_sync(self, settings: bytes, fingerprint: str, actor: str | None = None,
+                       reason: str | None = None) -> ControlRecord:
+        """Blocking :meth:`configure`."""
+        return asyncio.run(self.configure(settings, fingerprint, actor, reason))
 
     async def listing(self) -> list[dict]:
         """One row per artifact record (log order) with its verdict, for ``fairstream artifacts list``.
@@ -506,6 +547,8 @@ class ControlClient:
         rows = []
         for entry in control.entries:
             record = entry.record
+            if record.action == CONFIGURE:  # the pipeline's config, not an artifact: `fairstream config` lists it
+                continue
             shows_workers = entry.refusal is None and last_of_version[(record.kind, record.version)] == entry.offset
             workers = [w for w in control.workers.values() if shows_workers
                        and w.serves(record.kind, record.version, record.sha256)]
@@ -606,16 +649,6 @@ class ControlClient:
         finally:
             await producer.stop()
 
-    @staticmethod
-    def _encoded(record: ControlRecord) -> tuple[bytes, bytes]:
-        value = encode_control(record)
-        return control_key(record, value), value
-
-    async def _send(self, record: ControlRecord) -> None:
-        key, value = self._encoded(record)
-        async with self._producer() as producer:
-            await producer.send_and_wait(self.topic, value, key=key, partition=0)
-
     def _publish_record(self, artifact: Artifact, version: int, audit: dict, candidate: bool = False) -> ControlRecord:
         artifact = artifacts.with_version(artifact, version)
         path = self.store.put(artifact)
@@ -661,7 +694,7 @@ class ControlClient:
         """offset -> why the workers refuse the artifact, for each record the version rule admits."""
         reasons, seen, publishes = {}, {}, {}
         for entry in control.entries:
-            if entry.refusal is None:
+            if entry.refusal is None and entry.record.action != CONFIGURE:
                 record = entry.record
                 if record.action in DECISIONS:  # no artifact: a promotion loads as its candidate's publish did
                     publish = publishes.get((record.kind, record.version))
@@ -766,7 +799,7 @@ def _activated(record: ControlRecord, candidates: dict[tuple[str, int], ControlR
         return None
     if record.action in ACTIVATING:
         return candidates.get((record.kind, record.version))
-    return None if record.action in DECISIONS else record
+    return None if record.action in DECISIONS or record.action == CONFIGURE else record
 
 
 def _activates(record: ControlRecord) -> bool:

@@ -58,7 +58,11 @@ from dataclasses import dataclass, field
 
 from fairstream.streams.schemas import ControlRecord
 
-ACTIONS = ("publish", "rollback", "promote", "approve", "reject", "retire")
+ACTIONS = ("publish", "rollback", "configure", "promote", "approve", "reject", "retire")
+CONFIGURE, CONFIG_KIND = "configure", "config"
+"""A ``configure`` record publishes a version of the pipeline's config (kind ``config``; its ``sha256`` is the
+config's fingerprint, its ``blob_b64`` the settings): versioned by the same rule as an artifact (see
+:mod:`fairstream.streams.control.pipeline_config`)."""
 DECISIONS = ("promote", "approve", "reject", "retire")
 """The actions that decide a pending candidate; they carry no artifact."""
 ACTIVATING = ("promote", "approve")
@@ -79,6 +83,8 @@ MAX_ACTOR, MAX_REASON = 200, 1000
 """The most characters of an actor and of a reason."""
 MAX_STATISTICS, MAX_STATISTIC_NAME = 64, 100
 """The most statistics one record carries, and the most characters of a statistic's name."""
+MAX_SIGNATURE = 200
+"""The most characters of a signature (an Ed25519 signature is 88 in base64)."""
 MAX_VERSION = 2**53 - 1
 """The highest version: every JSON reader (JavaScript's numbers included) reads versions up to it exactly."""
 _LATEST_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: any later "published_at" is not a time
@@ -104,7 +110,9 @@ def shown(value) -> str:
 # --------------------------------------------------------------------------- control messages
 
 
-_OMITTED_WHEN_NONE = (*AUDIT_FIELDS, "candidate")
+TRUST_FIELDS = ("pipeline", "previous", "signer", "signature")
+"""Who wrote a record and where it sits in the trail (checked by :mod:`~fairstream.streams.control.gate`)."""
+_OMITTED_WHEN_NONE = (*AUDIT_FIELDS, "candidate", *TRUST_FIELDS)
 
 
 def encode_control(record: ControlRecord) -> bytes:
@@ -598,8 +606,14 @@ def parse_control(value: bytes | None) -> ControlRecord:
 def _record(data: dict) -> ControlRecord:
     action = _action(data.get("action", "publish"))
     _check_transport(data, action)
+    kind = _kind(data.get("kind"))
+    if (action == CONFIGURE) != (kind == CONFIG_KIND):  # a config is not an artifact, nor an artifact a config
+        raise ControlError(f"a {CONFIGURE} record is of kind {CONFIG_KIND!r} and only it is: got a {action} of kind "
+                           f"{kind!r}")
+    if action == CONFIGURE and data.get("blob_b64") is None:
+        raise ControlError("a configure record carries the pipeline's settings inline (blob_b64), not by path")
     return ControlRecord(
-        kind=_kind(data.get("kind")),
+        kind=kind,
         version=_version(data.get("version")),
         sha256=_sha256_field(data.get("sha256")),
         action=action,
@@ -610,6 +624,10 @@ def _record(data: dict) -> ControlRecord:
         reason=_bounded_text(data, "reason", MAX_REASON),
         statistics=parse_statistics(data.get("statistics")),
         candidate=_candidate(data, action),
+        pipeline=_bounded_text(data, "pipeline", MAX_ACTOR),
+        previous=None if data.get("previous") is None else _sha256_named(data["previous"], "previous"),
+        signer=_bounded_text(data, "signer", MAX_ACTOR),
+        signature=_bounded_text(data, "signature", MAX_SIGNATURE),
     )
 
 
@@ -651,8 +669,12 @@ def _version(value) -> int:
 
 
 def _sha256_field(value) -> str:
+    return _sha256_named(value, "sha256")
+
+
+def _sha256_named(value, name: str) -> str:
     if not isinstance(value, str) or not _SHA256.fullmatch(value):
-        raise ControlError(f"control record sha256 must be 64 lowercase hex digits, got {shown(value)}")
+        raise ControlError(f"control record {name} must be 64 lowercase hex digits, got {shown(value)}")
     return value
 
 

@@ -70,8 +70,10 @@ from fairstream.repair.protocol import IncompatibleArtifact, PipelineSchema
 from fairstream.streams.kafka import aiokafka_options
 from fairstream.streams.schemas import ControlRecord
 
+from .gate import Authority
 from .records import (
     ACTIVATING,
+    CONFIGURE,
     DECISIONS,
     IMPLIED_KEY,
     NOTICES,
@@ -137,8 +139,11 @@ class ArtifactRegistry:
     records that travel by path; ``on_change(active)`` runs after each swap (a promoted or approved
     candidate included), ``on_candidate(kind, candidate)`` after a built candidate arrives (an
     ``Active``) or leaves (None: promoted, rejected, retired or superseded), and
-    ``on_refuse(kind, reason)`` after each refusal (for metrics; ``kind`` is :data:`UNKNOWN_KIND`
-    when the record names no configured kind).
+    ``on_refuse(kind, reason, category)`` after each refusal (for metrics; ``kind`` is :data:`UNKNOWN_KIND`
+    when the record names no configured kind, ``category`` one of :data:`~.gate.CATEGORIES`), and
+    ``on_config(record)`` after a ``configure`` record publishes a version of the pipeline's config.
+    ``authority`` is the pipeline's (:class:`~.gate.Authority`): every record passes its gate (signer,
+    role, promotion policy, place in the trail) before the version rule.
 
     Parameters
     ----------
@@ -150,9 +155,13 @@ class ArtifactRegistry:
     on_change : callable or None, default=None
         ``on_change(active)``, called after each swap.
     on_refuse : callable or None, default=None
-        ``on_refuse(kind, reason)``, called after each refused record.
+        ``on_refuse(kind, reason, category)``, called after each refused record.
     on_candidate : callable or None, default=None
         ``on_candidate(kind, candidate)``, called when a built candidate arrives or leaves (None).
+    authority : Authority or None, default=None
+        The pipeline's trust and promotion policy; None reads unsigned records under no policy.
+    on_config : callable or None, default=None
+        ``on_config(record)``, called when a version of the pipeline's config is published.
     """
 
     def __init__(
@@ -162,6 +171,8 @@ class ArtifactRegistry:
         on_change: Callable[[Active], None] | None = None,
         on_refuse: Callable[[str, str], None] | None = None,
         on_candidate: Callable[[str, Active | None], None] | None = None,
+        authority: Authority | None = None,
+        on_config: Callable[[ControlRecord], None] | None = None,
     ):
         self.loaders = dict(loaders)
         self.store = store
@@ -171,6 +182,9 @@ class ArtifactRegistry:
         self.accepted_total: Counter[str] = Counter()
         self.refused_total: Counter[str] = Counter()
         self.ledger = VersionLedger()
+        self.gate = (authority or Authority()).gate()
+        self.on_config = on_config
+        self.config_record: ControlRecord | None = None  # the pipeline's active config, once one is published
         self._served = _NOTHING_SERVED
         self._refusals: dict[str, str] = {}  # kind -> its last refusal, for explain_missing
         self._next_offset = 0  # the offset a message given without one is taken to have
@@ -265,24 +279,30 @@ class ArtifactRegistry:
         offset = self._next_offset if offset is None else offset
         self._next_offset = offset + 1
         try:
-            return self._apply(read_message(key, value), offset)
+            return self._apply(read_message(key, value), value, offset)
         except Exception as exc:  # a bug on one message must not stop the follower (and with it every swap)
             log.exception("unexpected error on the control message at offset %d", offset)
             return self._refuse(UNKNOWN_KIND, f"the control message at offset {offset}",
-                                f"{type(exc).__name__}: {shown(str(exc))}")
+                                f"{type(exc).__name__}: {shown(str(exc))}", category="unreadable")
 
-    def _apply(self, message: ControlMessage, offset: int) -> bool:
+    def _apply(self, message: ControlMessage, value: bytes | None, offset: int) -> bool:
         if message.what in NOTICES:
             return False
         if message.what == REFUSED:  # unreadable, or under a key that is not its own: it names no kind we trust
             what = _what(message.record) if message.record else f"the control message at offset {offset}"
-            return self._refuse(UNKNOWN_KIND, what, message.refusal)
+            return self._refuse(UNKNOWN_KIND, what, message.refusal, category="unreadable")
         record = message.record
         label = record.kind if record.kind in self.loaders else UNKNOWN_KIND
         what = _what(record)
-        version_refusal = self.ledger.admit(record, offset)  # before loading: claims depend on the log alone
-        if version_refusal is not None:
-            return self._refuse(label, what, version_refusal)
+        verdict = self.gate.admit(record, value, offset, self.ledger)  # before loading: it depends on the log alone
+        if verdict.refusal is not None:
+            signer = f" (signed {verdict.signer!r})" if verdict.signer else ""
+            return self._refuse(label, f"{what}{signer}", verdict.refusal, category=verdict.category)
+        if verdict.remark is not None:
+            log.warning("%s (signed %r) takes effect, but the trail is broken before it: %s", what, verdict.signer,
+                        verdict.remark)
+        if record.action == CONFIGURE:
+            return self._configure(record)
         if record.action in DECISIONS:
             return self._decide(record, label, what)
         if record.action == "publish":  # the ledger superseded any pending candidate, whether or not this loads
@@ -290,7 +310,8 @@ class ArtifactRegistry:
         try:
             built = build_active(record, self.loaders, self.store)
         except Exception as exc:  # loaders are arbitrary code; whatever they raise is a refusal
-            return self._refuse(label, what, *load_refusal(exc))
+            reason, level = load_refusal(exc)
+            return self._refuse(label, what, reason, level, category="load")
         if record.candidate:
             self._set(candidates={**self._served.candidates, record.kind: built})
             log.info("shadowing %s as the pending candidate", what)
@@ -331,7 +352,16 @@ class ArtifactRegistry:
         self._served = Served(self._served.active if active is None else MappingProxyType(dict(active)),
                               self._served.candidates if candidates is None else MappingProxyType(dict(candidates)))
 
-    def _refuse(self, label: str, what: str, reason: str, level: int = logging.WARNING) -> bool:
+    def _configure(self, record: ControlRecord) -> bool:
+        """A version of the pipeline's config took effect: the worker compares its own with it (``on_config``)."""
+        self.config_record = record
+        log.info("the pipeline's config is now version %d (fingerprint %s, by %s)", record.version,
+                 record.sha256[:12], record.actor or "someone unnamed")
+        self._notify(self.on_config, record)
+        return True
+
+    def _refuse(self, label: str, what: str, reason: str, level: int = logging.WARNING,
+                category: str = "version") -> bool:
         self.refused_total[label] += 1
         if label != UNKNOWN_KIND:
             self._refusals[label] = f"{what}: {reason}"
@@ -339,7 +369,7 @@ class ArtifactRegistry:
         keeps = f"; still serving version {active.version}" if active else ""
         log.log(level, "refused %s: %s%s", what, reason, keeps)
         if self.on_refuse is not None:
-            _call_safely(self.on_refuse, label, reason)
+            _call_safely(self.on_refuse, label, reason, category)
         return False
 
     @staticmethod

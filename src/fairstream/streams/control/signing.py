@@ -152,3 +152,73 @@ def read_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise ValueError(f"{path} holds no Ed25519 private key")
     return key
+
+
+class Signer:
+    """A named private key that signs what one writer (a person, the re-fit service, the shadow policy) writes.
+
+    Its name is its key file's name (``NAME.key``), the name the trust file lists. From ``--key FILE`` or,
+    without it, the file the environment variable :data:`KEY_ENV` names (:meth:`from_option`).
+
+    Parameters
+    ----------
+    name : str
+        The key's name.
+    key : Ed25519PrivateKey
+        The private key.
+    """
+
+    def __init__(self, name: str, key: Ed25519PrivateKey):
+        self.name, self.key = name, key
+
+    def __repr__(self) -> str:
+        return f"Signer({self.name!r})"  # never the key
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Signer":
+        """The signer of a ``NAME.key`` file (its name is ``NAME``).
+
+        Parameters
+        ----------
+        path : str or path
+            A private key file written by ``fairstream keys generate``.
+
+        Returns
+        -------
+        Signer
+            The named key.
+        """
+        path = Path(path)
+        try:
+            key = read_private_key(path)
+        except (OSError, ValueError) as exc:
+            raise SignatureError(f"cannot read the signing key {str(path)!r}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
+        return cls(path.name[:-len(KEY_SUFFIX)] if path.name.endswith(KEY_SUFFIX) else path.stem, key)
+
+    @classmethod
+    def from_option(cls, path: str | None, env: dict | None = None) -> "Signer | None":
+        """The signer of ``--key`` ``path``, else of the file ``$FAIRSTREAM_KEY`` names, else None (unsigned).
+
+        Parameters
+        ----------
+        path : str or None
+            The ``--key`` option.
+        env : dict or None, default=None
+            The environment (``os.environ`` by default).
+
+        Returns
+        -------
+        Signer or None
+            The named key, or None when neither names one.
+        """
+        path = path or (os.environ if env is None else env).get(KEY_ENV)
+        return None if not path else cls.from_file(path)
+
+    def sign(self, record: dict) -> dict:
+        """``record`` signed by this key (:func:`sign`)."""
+        return sign(record, self.name, self.key)
+
+
+KEY_ENV = "FAIRSTREAM_KEY"
+"""The environment variable naming the private key file a process signs with when no ``--key`` is given."""

@@ -344,9 +344,9 @@ class WorkerHooks:
             self.shadow.candidate_changed(kind, candidate)
             self.unexported.discard("candidate")
 
-    def artifact_refused(self, kind: str, reason: str) -> None:
-        """An artifact the registry would not load (it logged why)."""
-        self.metrics.artifact_refused.labels(kind).inc()
+    def artifact_refused(self, kind: str, reason: str, category: str) -> None:
+        """A control record the registry refused (it logged why): counted by kind and by why (``category``)."""
+        self.metrics.artifact_refused.labels(kind, category).inc()
 
     # ----------------------------------------------------------------------------------- the app's tasks
 

@@ -81,8 +81,9 @@ ARTIFACT_VERSION = Gauge("fairstream_artifact_version", "Version of the artifact
 CANDIDATE_VERSION = Gauge("fairstream_candidate_version",
                           "Version of the pending candidate measured in shadow (absent: no candidate of the kind)",
                           _labels("kind"))
-ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused (bad hash, bad payload)",
-                           _labels("kind"))
+ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused, by why: unreadable, "
+                           "unsigned, untrusted, role, pipeline, policy, stale, version, load",
+                           _labels("kind", "reason"))
 INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
                    _labels("agent"))
 CONSUMER_LAG = Gauge("fairstream_consumer_lag_records", "Records on the input partitions not yet processed",
