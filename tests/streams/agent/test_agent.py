@@ -156,6 +156,9 @@ def test_the_announced_figures_say_how_many_decisions_change():
     assert figures["active.dp_difference"] > figures["candidate.dp_difference"]
 
 
+from fairstream.streams.control.gate import Authority  # noqa: E402
+
+
 class Registry:
     """What the control topic says serves: plan version 1 then the scorer, and a pending plan candidate version 2."""
 
@@ -166,6 +169,7 @@ class Registry:
         scorer = Active("scorer", 1, "s" * 64, None, None)
         self.candidate = Active("plan", 2, "b" * 64, None, None)
         self.state = Served({"plan": active, "scorer": scorer}, {"plan": self.candidate})
+        self.gate = Authority().gate()  # the trail's last record: where the policy's decision goes
 
     def served(self):
         return self.state

@@ -44,11 +44,11 @@ from fairstream.streams.control.records import (
     MAX_STATISTIC_NAME,
     MAX_STATISTICS,
     ControlError,
-    control_key,
     decision_record,
-    encode_control,
 )
+from fairstream.streams.control.gate import GENESIS, Authority, seal, unsigned_warning
 from fairstream.streams.control.registry import ArtifactRegistry, WorkerIdentity, follow_control, module_loaders
+from fairstream.streams.control.signing import Signer
 from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.kafka import librdkafka_options
 from fairstream.streams.worker.app import NoticeNotSent, NoticeProducer, served_chain
@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.5
 """How often the agent closes slices, exports, detects and decides."""
+DECISION_RETRY_SECONDS = 15.0
+"""How long after its decision the shadow policy decides again on a candidate that still waits (its record lost a race
+in the trail to another writer's, and every reader refused it)."""
 VERDICT_CODES = {PROMOTE: 1.0, WAIT: 0.0, RETIRE: -1.0}
 
 
@@ -91,15 +94,19 @@ class MonitoringAgent:
     """
 
     def __init__(self, config: PipelineConfig, app_id: str | None = None, metrics: PipelineMetrics | None = None,
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
-        self.config, self.clock = config, clock
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 signer: Signer | None = None):
+        self.config, self.clock, self.monotonic = config, clock, monotonic
+        self.signer = signer  # signs the policy's decisions (policy role) and the re-fit requests (requester role)
         self.app_id = (app_id or f"{config.topics.prefix}-{config.name}") + AGENT_SUFFIX
         self.name = f"{self.app_id}@{socket.gethostname()}:{os.getpid()}"
         self.statistics = PipelineStatistics(config, clock, monotonic)
         self.metrics = metrics or PipelineMetrics(config.name, process="agent")
         self.registry: ArtifactRegistry | None = None
         self.outbox: list[tuple[str, bytes, bytes, str]] = []
-        self.decided: set[tuple[str, int, str]] = set()
+        # (kind, version, sha256) -> monotonic time of the decision sent: decided again if, long after, the candidate
+        # still waits (the decision lost a race in the trail to another writer's record, and every reader refused it).
+        self.decided: dict[tuple[str, int, str], float] = {}
         self.requested: dict[tuple[str, int | None], float] = {}  # (kind, version) -> when its re-fit was asked
         self.figures: dict | None = None
         self.verdict: Verdict | None = None
@@ -213,7 +220,8 @@ class MonitoringAgent:
                   f"under {kind} version {version}")
         request = RefitRequest.new(reason, kind=kind, statistic=event.statistic, value=event.value, source=self.name,
                                    version=version)
-        self.outbox.append((self.config.topics.refit_requests, kind.encode(), request.to_json(),
+        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json())
+        self.outbox.append((self.config.topics.refit_requests, kind.encode(), value,
                             f"re-fit request {request.request_id} ({reason})"))
 
     def _serving_version(self, kind: str) -> int | None:
@@ -256,10 +264,12 @@ class MonitoringAgent:
         self.figures = pipeline_figures(self.verdict, evidence, comparison, compared)
         if self.config.promotion != "shadow" or self.verdict.action == WAIT:
             return
+        now = self.monotonic()
         for candidate in candidates:
-            if (candidate.kind, candidate.version, candidate.sha256) in self.decided:
+            decided = self.decided.get((candidate.kind, candidate.version, candidate.sha256))
+            if decided is not None and now - decided < DECISION_RETRY_SECONDS:
                 continue
-            self.decided.add((candidate.kind, candidate.version, candidate.sha256))
+            self.decided[(candidate.kind, candidate.version, candidate.sha256)] = now
             self._decide(candidate, self.verdict)
 
     def _decide(self, candidate, result: Verdict) -> None:
@@ -272,8 +282,9 @@ class MonitoringAgent:
             log.error("the shadow policy's decision on %s version %s cannot be written: %s", candidate.kind,
                       candidate.version, exc)
             return
-        value = encode_control(record)
-        self.outbox.append((self.config.topics.control, control_key(record, value), value,
+        head = self.registry.gate.head if self.registry is not None else GENESIS  # the trail's last record, now
+        _, key, value = seal(record, head, self.config.topics.control, self.signer)
+        self.outbox.append((self.config.topics.control, key, value,
                             f"shadow policy: {result.action} {candidate.kind} version {candidate.version} "
                             f"({result.reason})"))
 
@@ -387,7 +398,12 @@ async def _serve(agent: MonitoringAgent, bootstrap: str, stop: asyncio.Event) ->
     loop = asyncio.get_running_loop()
     notices = NoticeProducer(bootstrap)
     await notices.start()
-    agent.registry = ArtifactRegistry(module_loaders(agent.config.schema()), ArtifactStore(agent.config.artifact_dir))
+    authority = Authority.of(agent.config)
+    warning = unsigned_warning(authority)
+    if warning is not None:
+        log.warning(warning)
+    agent.registry = ArtifactRegistry(module_loaders(agent.config.schema()), ArtifactStore(agent.config.artifact_dir),
+                                      authority=authority)
     control = asyncio.ensure_future(follow_control(agent.registry, bootstrap, agent.config.topics.control,
                                                    # the chain's kinds: the announcer files the shadow figures of
                                                    # the candidates of these kinds (what the report reads)
@@ -432,8 +448,8 @@ def send_outbox(agent: MonitoringAgent, notices: NoticeProducer) -> None:
         log.warning("sent %s", what)
 
 
-def run_agent(config: PipelineConfig, bootstrap: str, app_id: str | None = None, metrics_port: int | str | None = None
-              ) -> None:
+def run_agent(config: PipelineConfig, bootstrap: str, app_id: str | None = None, metrics_port: int | str | None = None,
+              signer: Signer | None = None) -> None:
     """Run the pipeline's monitoring agent until SIGINT or SIGTERM (exit 0), or until it cannot go on (raises).
 
     Parameters
@@ -446,8 +462,10 @@ def run_agent(config: PipelineConfig, bootstrap: str, app_id: str | None = None,
         The pipeline's app id (the workers'); None is ``<prefix>-<name>``.
     metrics_port : int, "off" or None, default=None
         The agent's /metrics port (None: ``monitor.metrics_port``; 0: any free port, logged).
+    signer : Signer or None, default=None
+        The agent's key: it signs the shadow policy's decisions (policy role) and the re-fit requests (requester).
     """
-    agent = MonitoringAgent(config, app_id)
+    agent = MonitoringAgent(config, app_id, signer=signer)
     port = serve(config.monitor.metrics_port if metrics_port is None else metrics_port)
     if port is not None:
         log.info("monitoring agent %s: Prometheus /metrics on port %d", agent.name, port)

@@ -275,7 +275,8 @@ class ControlClient:
         self._topic_checked = False
 
     @classmethod
-    def of(cls, config, bootstrap: str, signer=None, **options) -> "ControlClient":
+    def of(cls, config, bootstrap: str, signer=None, store: ArtifactStore | None = None,
+           **options) -> "ControlClient":
         """The client of ``config``'s pipeline: its topics, store, schema and authority (trust file read now).
 
         Parameters
@@ -286,6 +287,8 @@ class ControlClient:
             Kafka bootstrap servers.
         signer : Signer or None, default=None
             Who signs what this client writes.
+        store : ArtifactStore or None, default=None
+            The artifact store (default: the config's ``artifact_dir``).
         **options
             ``inline_limit``, ``timeout``.
 
@@ -294,7 +297,7 @@ class ControlClient:
         ControlClient
             The pipeline's client.
         """
-        return cls(bootstrap, config.topics, ArtifactStore(config.artifact_dir), schema=config.schema(),
+        return cls(bootstrap, config.topics, store or ArtifactStore(config.artifact_dir), schema=config.schema(),
                    authority=Authority.of(config), signer=signer, **options)
 
     def _log(self) -> "ControlLog":

@@ -341,6 +341,6 @@ def seal(record: ControlRecord, previous: str, pipeline: str | None, signer=None
                               "signature": None})
     value = encode_control(placed)
     if signer is not None:
-        value = json.dumps(signer.sign(json.loads(value)), sort_keys=True, allow_nan=False).encode("utf-8")
+        value = signer.sign_json(value)
     placed = parse_control(value)  # what every reader will parse: a record no reader takes is never written
     return placed, control_key(placed, value), value

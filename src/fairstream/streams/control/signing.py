@@ -219,6 +219,10 @@ class Signer:
         """``record`` signed by this key (:func:`sign`)."""
         return sign(record, self.name, self.key)
 
+    def sign_json(self, value: bytes) -> bytes:
+        """A JSON object's bytes, signed by this key (the object with ``signer`` and ``signature``)."""
+        return json.dumps(self.sign(json.loads(value)), sort_keys=True, allow_nan=False).encode("utf-8")
+
 
 KEY_ENV = "FAIRSTREAM_KEY"
 """The environment variable naming the private key file a process signs with when no ``--key`` is given."""

@@ -333,7 +333,7 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
     A kind trained on labels (a flow) is trained in front of the scorer, so the scorer goes first; a plan's
     scorer only serves the monitor.
     """
-    control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    control = ControlClient.of(config, bootstrap)
     trained = capabilities(job.kind)
     scorer_first = trained.needs_labels and "score" not in trained.writes  # trained through the scorer's scores
     demo = dict(actor=f"demo@{socket.gethostname()}", reason="the demo's initial scorer")
@@ -427,7 +427,7 @@ def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, res
             poller.stop_event.set()
             poller.join()
     epoch = time.time() - (time.monotonic() - start)  # wall-clock time of the loop's start
-    for record in ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir)).history_sync():
+    for record in ControlClient.of(config, bootstrap).history_sync():
         if record.kind == job.kind and record.version > 1 and record.published_at and record.action == "publish":
             report.events.append((record.published_at - epoch, "re-fit published",
                                   f"{job.kind} version {record.version}{' (a candidate)' if record.candidate else ''}"))
@@ -488,7 +488,7 @@ def approve_when_shadow_closes_gap(config: PipelineConfig, bootstrap: str, polle
     newer re-fit between the look and the approval is refused by the control topic's rule; the operator then looks
     at the newer one.
     """
-    control = ControlClient(bootstrap, config.topics, ArtifactStore(config.artifact_dir))
+    control = ControlClient.of(config, bootstrap)
     kind, statistic, threshold = poller.kind, poller.statistic, poller.threshold
     deadline = time.monotonic() + timeout
     while True:

@@ -103,6 +103,9 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
     parser.add_argument("--seed", type=seed_arg, default=0, metavar="SEED",
                         help="seed of the holdout split and the training, an integer in [0, 2**64) (default: 0)")
     add_webhook_arguments(parser)
+    parser.add_argument("--key", metavar="FILE", help="the private key (NAME.key) that signs the service's publishes "
+                                                      "(publisher role) and its webhook's requests (requester role); "
+                                                      "default: the file $FAIRSTREAM_KEY names")
     add_trainer_arguments(parser, _trainers())
     parser.set_defaults(func=functools.partial(run_refit_command, broker_context=broker_context, load_config=load_config))
     return parser
@@ -110,6 +113,8 @@ def add_refit_parser(subparsers, broker_context: Callable, add_common: Callable[
 
 def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_config: Callable) -> int:
     """The handler of ``fairstream refit`` (bound by :func:`add_refit_parser`)."""
+    from fairstream.streams.control.gate import unsigned_warning
+    from fairstream.streams.control.signing import Signer
     from fairstream.streams.control.store import ArtifactStore
     from fairstream.streams.topics import ensure_topics
 
@@ -130,16 +135,20 @@ def run_refit_command(args: argparse.Namespace, broker_context: Callable, load_c
     if args.source != "topic" or capabilities(kind).agent == "embeddings":
         resolve_source(research_source(args.source, "", config, args.last, kind=kind))
     configured_chain(config, kind)
+    signer = Signer.from_option(args.key)
     with broker_context(args) as broker:
         ensure_topics(broker.bootstrap, config.topics)
         job = RefitJob(config, broker.bootstrap, ArtifactStore(config.artifact_dir), kind=kind, holdout=args.holdout,
-                       tolerance=args.tolerance, seed=args.seed, **params)
+                       tolerance=args.tolerance, seed=args.seed, signer=signer, **params)
+        warning = unsigned_warning(job.control.authority)
+        if warning is not None and (args.serve or args.every):
+            log.warning(warning)
         source = research_source(args.source, broker.bootstrap, config, args.last, kind=kind)
         if args.serve or args.every:
             with _stop_on_signals() as stop:
                 if args.serve:
                     service = RefitService(job, source, min_interval_seconds=args.min_interval, triggers=args.triggers)
-                    with webhook_from_args(args, broker.bootstrap, config, kind, token):
+                    with webhook_from_args(args, broker.bootstrap, config, kind, token, signer=signer):
                         service.serve(stop)
                 else:
                     run_every(job, source, args.every, stop, on_outcome=lambda o: print(format_outcome(o), flush=True))

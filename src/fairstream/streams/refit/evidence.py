@@ -195,7 +195,7 @@ def gather(config: "PipelineConfig", bootstrap: str, kind: str, version: int, sa
     from fairstream.streams.control.store import ArtifactStore
 
     store = ArtifactStore(config.artifact_dir)
-    client = ControlClient(bootstrap, config.topics, store, schema=config.schema())
+    client = ControlClient.of(config, bootstrap, store=store)  # the workers' gate: what they admit, nothing else
     control = asyncio.run(client.read())
     claim = _claiming_publish(control, kind, version, client.topic)
     publish = claim.record

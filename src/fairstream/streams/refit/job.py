@@ -100,7 +100,7 @@ class RefitJob:
 
     def __init__(self, config: "PipelineConfig", bootstrap: str, store: "ArtifactStore | None" = None,
                  kind: str | None = None, holdout: float = 0.2, tolerance: float = 0.1, seed: int = 0,
-                 min_cell_rows: int = MIN_CELL_ROWS, **trainer_params):
+                 min_cell_rows: int = MIN_CELL_ROWS, signer=None, **trainer_params):
         from fairstream.streams.control.client import ControlClient
         from fairstream.streams.control.store import ArtifactStore
 
@@ -115,7 +115,8 @@ class RefitJob:
         self.kind = kind = kind or config.refit_kind
         self.trainer = make_trainer(kind, config, tolerance=tolerance, seed=seed, **trainer_params)
         self.store = store if store is not None else ArtifactStore(config.artifact_dir)
-        self.control = ControlClient(bootstrap, config.topics, self.store)
+        # The pipeline's gate and trust: what serves is read as the workers read it; publishes are signed by `signer`.
+        self.control = ControlClient.of(config, bootstrap, signer=signer, store=self.store)
         self.holdout = holdout
         self.tolerance = tolerance
         self.seed = seed

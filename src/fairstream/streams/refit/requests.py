@@ -25,8 +25,9 @@ class RequestPublisher:
     flushes and closes it.
     """
 
-    def __init__(self, bootstrap: str, topic: str, timeout: float = 30.0):
+    def __init__(self, bootstrap: str, topic: str, timeout: float = 30.0, signer=None):
         self.bootstrap = bootstrap
+        self.signer = signer  # signs each request (a signed pipeline's re-fit service takes only a requester's)
         self.topic = topic
         self.timeout = timeout
         self._producer = None
@@ -34,7 +35,8 @@ class RequestPublisher:
 
     def __call__(self, request: RefitRequest) -> RefitRequest:
         """Send ``request`` and wait for the acknowledgement (raises the client's error on failure)."""
-        future = self._open().send(self.topic, key=request.kind.encode("utf-8"), value=request.to_json())
+        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json())
+        future = self._open().send(self.topic, key=request.kind.encode("utf-8"), value=value)
         future.get(self.timeout)
         return request
 

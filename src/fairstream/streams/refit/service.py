@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Self
 
 from fairstream.streams.codec.partials import AGENT_SUFFIX
 from fairstream.streams.codec.refit_requests import RefitRequest, RefitRequestError, parse_request
+from fairstream.streams.control.trust import ROLE_OF, Trust, TrustError
 from fairstream.streams.kafka import KAFKA_API_VERSION, kafka_python_options
 
 from .job import RefitJob, RefitOutcome
@@ -21,7 +23,8 @@ from .sources import Source
 log = logging.getLogger(__name__)
 _SEEN_REQUESTS = 10_000  # request ids remembered for de-duplication (oldest forgotten first)
 _UNREAD = object()  # the serving version, not read yet in this step
-_WARNED = frozenset({"superseded"})  # decisions an operator should see: a drift no re-fit will answer
+# Decisions an operator should see: a drift no re-fit will answer, a request no requester's key signed.
+_WARNED = frozenset({"superseded", "unauthorised"})
 
 # Where a request comes from, told by its ``source``. The pipeline's monitoring agent signs its requests
 # "<app id>.monitor@<host>:<pid>" (streams/agent/service.py); workers before the agent signed "monitor@<app id>",
@@ -126,6 +129,7 @@ class RefitService:
         if unknown or not self.triggers:
             raise ValueError(f"triggers must be some of {', '.join(TRIGGERS)}, got {', '.join(self.triggers) or 'none'}")
         self.job = job
+        self.trust = Trust.load(job.config.trust)  # the pipeline's: who may request a re-fit (the requester role)
         self.source = source
         self.min_interval_seconds = min_interval_seconds
         self.group_id = group_id or f"{job.config.topics.prefix}.refit.{job.kind}"
@@ -229,11 +233,26 @@ class RefitService:
         except RefitRequestError as exc:
             self._decide(None, "invalid", f"{where}: {exc}; skipped")
             return
+        refusal = self._unauthorised(message.value)
+        if refusal is not None:  # the webhook's token guards HTTP; on the topic, only a requester's signature counts
+            self._decide(request.request_id, "unauthorised", f"{where}: {refusal}; skipped")
+            return
         rejection = self._rejection(request)
         if rejection is not None:
             self._decide(request.request_id, *rejection)
         else:
             self._queue(request)
+
+    def _unauthorised(self, value: bytes) -> str | None:
+        """Why a signed pipeline refuses this request (not signed by a key with the requester role), or None."""
+        trust = self.trust
+        if not trust.signed:
+            return None
+        try:
+            trust.signer_of(json.loads(value), ROLE_OF["request"])
+        except TrustError as exc:
+            return f"refused: {exc}"
+        return None
 
     def _rejection(self, request: RefitRequest) -> tuple[str, str] | None:
         """(action, reason) when the request needs no re-fit; remembers ids of this kind."""

@@ -232,7 +232,7 @@ class AlertWebhook:
     (or the context manager) until :meth:`stop`; ``port=0`` picks a free port (see :attr:`port`).
     """
 
-    def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "0.0.0.0",
+    def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, kind: str = DEFAULT_KIND, path: str = WEBHOOK_PATH,
                  alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES,
                  statistics: tuple[str, ...] | None = None, pipeline: str | None = None):
@@ -404,8 +404,9 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"with --serve: also accept Alertmanager webhook notifications on this port (POST "
                              f"{WEBHOOK_PATH}; {DEFAULT_PORT} in the deploy files); a firing drift alert becomes a "
                              "re-fit request. Off by default")
-    parser.add_argument("--webhook-host", default="0.0.0.0", metavar="ADDRESS",
-                        help="with --webhook-port: the address to listen on (default: 0.0.0.0)")
+    parser.add_argument("--webhook-host", default="127.0.0.1", metavar="ADDRESS",
+                        help="with --webhook-port: the address to listen on (default: 127.0.0.1, this host only; "
+                             "0.0.0.0 for every interface, behind TLS: see docs/production.md)")
     parser.add_argument("--webhook-token-file", metavar="PATH",
                         help=f"with --webhook-port: file holding the bearer token Alertmanager sends "
                              f"(default: ${TOKEN_ENV})")
@@ -438,17 +439,18 @@ def webhook_token_from_args(args: argparse.Namespace) -> str | None:
 
 @contextlib.contextmanager
 def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: PipelineConfig, kind: str,
-                      token: str | None = None) -> Iterator[AlertWebhook | None]:
+                      token: str | None = None, signer=None) -> Iterator[AlertWebhook | None]:
     """The webhook ``args`` ask for, turning drift alerts into re-fits of ``kind``, serving while the block runs.
 
     Yields None when ``--webhook-port`` is not given. ``token``: from :func:`webhook_token_from_args`, read
-    before connecting (else read here).
+    before connecting (else read here). ``signer`` signs each request it sends (a signed pipeline's re-fit
+    service takes only requests signed by a requester's key: the token guards HTTP, the signature the topic).
     """
     token = token or webhook_token_from_args(args)
     if token is None:
         yield None
         return
-    with RequestPublisher(bootstrap, config.topics.refit_requests) as publish, \
+    with RequestPublisher(bootstrap, config.topics.refit_requests, signer=signer) as publish, \
             AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind,
                          statistics=config.monitor.statistics, pipeline=config.name) as webhook:
         yield webhook
