@@ -34,8 +34,8 @@ from fairstream.streams.ops.supervise import WorkerProcess
 from fairstream.streams.topics import ensure_topics
 from tests.polling import wait_for
 
-COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "monitor", "replay", "tail", "init", "artifacts", "keys", "refit",
-            "demo", "alerts"]
+COMMANDS = ["repair", "broker", "kafka", "schema-registry", "worker", "monitor", "replay", "tail", "init", "artifacts", "keys", "config", "refit",
+            "demo", "alerts", "acls"]
 
 
 def fairstream(*args, cwd, check=True) -> subprocess.CompletedProcess:

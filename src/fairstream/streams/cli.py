@@ -611,6 +611,62 @@ def _ago(seconds: float, suffix: str = " ago") -> str:
     return f"{seconds:.0f}s{suffix}"
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    """``config publish`` and ``config show`` (see their help)."""
+    from fairstream.streams.control.pipeline_config import (decode_settings, differing_keys, encode_settings,
+                                                            fingerprint, settings_of)
+    from fairstream.streams.control.records import CONFIGURE, ControlError
+
+    config = _config(args)
+    mine = settings_of(config)
+    settings = encode_settings(mine)
+    digest = fingerprint(settings)
+    source = args.config or "the built-in Adult pipeline"
+    with _broker(args) as broker:
+        control = _control(config, broker.bootstrap, args)
+        taking = [e for e in control.read_sync().trail() if e.refusal is None and e.record.action == CONFIGURE]
+        active = taking[-1].record if taking else None
+        if args.action == "publish":
+            if active is not None and active.sha256 == digest:
+                print(f"{source} is already the pipeline's active config version {active.version} (fingerprint "
+                      f"{digest[:12]}) on {control.topic}: nothing published")
+                return 0
+            actor, reason = _audit_args(args)
+            record = control.configure_sync(settings, digest, actor=actor, reason=reason)
+            print(f"published {source} as the pipeline's config version {record.version} (fingerprint {digest[:12]}) "
+                  f"to {control.topic}: workers whose config differs from it take no partitions until they run it")
+            return 0
+    if active is None:
+        print(f"no config is published on {control.topic}; this file's fingerprint is {digest[:12]} (publish it: "
+              f"fairstream config publish --config FILE)")
+        return 1
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(active.published_at)) if active.published_at else "-"
+    print(f"active config: version {active.version}, fingerprint {active.sha256}, published {when} by "
+          f"{_collapsed(active.actor or '-')}" + (f" ({_collapsed(active.reason)})" if active.reason else ""))
+    if active.sha256 == digest:
+        print(f"{source}: the same settings")
+        return 0
+    try:
+        theirs = decode_settings(active)
+    except ControlError as exc:
+        print(f"{source}: fingerprint {digest[:12]}, and the active version cannot be read: {exc}")
+        return 1
+    differing = differing_keys(mine, theirs)
+    if not differing:  # the same settings, encoded by another writer
+        print(f"{source}: the same settings")
+        return 0
+    print(f"{source} (fingerprint {digest[:12]}) differs in {len(differing)} key(s):")
+    for key in differing:
+        print(f"  {key}: this file {_shown_setting(mine, key)}, active {_shown_setting(theirs, key)}")
+    return 1
+
+
+def _shown_setting(settings: dict, key: str) -> str:
+    import json
+
+    return json.dumps(settings[key], sort_keys=True) if key in settings else "(absent)"
+
+
 def _cmd_keys(args: argparse.Namespace) -> int:
     from fairstream.streams.control.signing import write_key_pair
 
@@ -1012,6 +1068,25 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (publish, art_sub.choices["list"], rollback, *decisions, report, history):
         _add_common(p)
         p.set_defaults(func=_cmd_artifacts)
+
+    cfg = sub.add_parser("config", help="publish the pipeline's config on its control topic, or show the active one",
+                         description="One config per pipeline: its settings (every key that decides how a record is "
+                                     "treated; not a worker's own: metrics port, Kafka credentials, artifact_dir, the "
+                                     "schema registry's URL, the trust file's path) are published on the control topic "
+                                     "as a versioned record. A worker whose config differs from the active version "
+                                     "takes no partitions: it holds, not ready, naming the differing keys.")
+    cfg_sub = cfg.add_subparsers(dest="action", required=True, metavar="ACTION")
+    cfg_publish = cfg_sub.add_parser("publish", help="publish --config's settings as the pipeline's next config "
+                                                     "version (workers with another config then hold)")
+    cfg_publish.add_argument("--by", metavar="NAME", help="who does it, recorded in the audit trail (default: user@host)")
+    cfg_publish.add_argument("--reason", metavar="TEXT", help="why, recorded in the audit trail")
+    _add_key(cfg_publish)
+    cfg_show = cfg_sub.add_parser("show", help="the active config version, its fingerprint, who published it, and the "
+                                               "keys where --config differs (exit status 1 when it differs or none is "
+                                               "published)")
+    for p in (cfg_publish, cfg_show):
+        _add_common(p)
+        p.set_defaults(func=_cmd_config)
 
     demo = sub.add_parser("demo", help="the streaming demo end to end on the embedded default (what make run runs)",
                           description="Start a broker (embedded unless --broker), the topics, --workers workers, the "

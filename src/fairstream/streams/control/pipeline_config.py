@@ -276,7 +276,7 @@ def _fields(section, *left_out: str) -> dict:
 
 def _flat(value, prefix: str):
     """(dotted key, JSON value) pairs of a nested dict: tables become keys, everything else a value."""
-    if isinstance(value, dict) and prefix.count(".") < 8:
+    if isinstance(value, dict):
         for key, inner in value.items():
             yield from _flat(inner, f"{prefix}.{key}" if prefix else str(key))
     else:

@@ -26,6 +26,14 @@ so an error a batch consumer or a task cannot recover from crashes the Faust wor
 its services and exits with status 1 (within :data:`FATAL_EXIT_SECONDS`, or it is ended hard).
 ``/healthz`` and ``/readyz`` answer beside ``/metrics`` (:mod:`.health`).
 
+One config per pipeline: once the control topic is replayed, the worker compares its own settings
+(:func:`~fairstream.streams.control.pipeline_config.settings_of`) with the pipeline's active config version (a
+``configure`` record, ``fairstream config publish``). Until then, and while they differ (or a signed pipeline has
+none published), its batch consumers take no partitions: they are not in their groups (one that is finishes its
+batch in flight, commits it and leaves), ``/readyz`` names the differing keys, one line says what to do, and
+``fairstream_config_differs{key}`` is 1 for each. An unsigned pipeline with no config published serves as before,
+with one warning that it should publish one.
+
 Shadow candidates: while a kind of the record chain has a pending candidate, each batch also goes through the
 candidate chain (:class:`~fairstream.streams.worker.processing.Served`, read from one registry state); the
 outputs stay the active chain's. The worker's :class:`~fairstream.streams.worker.shadow.ShadowTrial` measures the
@@ -60,6 +68,8 @@ from faust.app.base import BootStrategy
 
 from fairstream.models.kinds import capabilities
 from fairstream.streams.config import PipelineConfig
+from fairstream.streams.control.gate import Authority, unsigned_warning
+from fairstream.streams.control.pipeline_config import ConfigCheck, check_config, settings_of
 from fairstream.streams.control.records import reembed_event
 from fairstream.streams.control.registry import ArtifactRegistry, follow_control, module_loaders
 from fairstream.streams.control.store import ArtifactStore
@@ -280,9 +290,17 @@ class WorkerHooks:
         self.metrics = PipelineMetrics(config.name)  # every series this app exports carries its pipeline's name
         self.ready = asyncio.Event()
         self.swaps = SwapNotices(self.ready)
+        self.authority = Authority.of(config)  # the pipeline's trust (its file read now) and promotion policy
+        # One config per pipeline: what this worker must share with every other worker of it, and whether it may take
+        # partitions (set once the control topic is replayed and its config is the pipeline's active one).
+        self.settings = settings_of(config)
+        self.config_check: ConfigCheck | None = None  # None until the control topic is replayed
+        self.admitted = threading.Event()
+        self.config_lock = threading.Lock()
         self.registry = ArtifactRegistry(module_loaders(config.schema()), ArtifactStore(config.artifact_dir),
                                          on_change=self.artifact_changed, on_refuse=self.artifact_refused,
-                                         on_candidate=self.candidate_changed)
+                                         on_candidate=self.candidate_changed, authority=self.authority,
+                                         on_config=self.config_published)
         self.partials = PartialAggregates(config, f"{app_id}@{socket.gethostname()}:{os.getpid()}")
         self.unsent: list[bytes] = []  # stats messages the broker did not take yet, oldest first
         # Detectors run in the monitoring agent, on the pipeline's records: the worker's monitor only counts.
@@ -308,12 +326,13 @@ class WorkerHooks:
         self.applied = config.records.chain + config.embeddings.chain
         records = InputSpec(agent="records", topic=self.topics.records_in, output_topic=self.topics.records_repaired,
                             batching=config.records, process=RecordRepairer(config).process,
-                            active=self.active_chain, delivered=self.records_delivered)
+                            active=self.active_chain, delivered=self.records_delivered,
+                            admitted=self.admitted.is_set)
         embeddings = InputSpec(agent="embeddings", topic=self.topics.embeddings_in,
                                output_topic=self.topics.embeddings_repaired, batching=config.embeddings,
                                process=EmbeddingRepairer(config).process,
                                active=self.no_artifact if identity else self.active_embedding,
-                               delivered=self.embeddings_delivered)
+                               delivered=self.embeddings_delivered, admitted=self.admitted.is_set)
         # One group per input, so a worker joining or leaving rebalances each input on its own.
         # Exactly-once: a transactional id per group and worker, the same after the worker's restart.
         instance = worker_instance(app_id, bootstrap) if config.delivery.guarantee == "exactly_once" else None
@@ -344,6 +363,39 @@ class WorkerHooks:
             self.shadow.candidate_changed(kind, candidate)
             self.unexported.discard("candidate")
 
+    def config_published(self, record) -> None:
+        """A version of the pipeline's config took effect (on the registry's thread): once the topic is replayed, the
+        worker compares its own with it (during the replay only the last one counts)."""
+        if self.ready.is_set():
+            self.check_config()
+
+    def check_config(self) -> ConfigCheck:
+        """Compare this worker's settings with the pipeline's active config: admit it (the consumers join) or hold it
+        (they stay out of the group, or leave it after their batch in flight); gauges, ``/readyz`` and one line
+        follow each change of verdict."""
+        with self.config_lock:
+            record = self.registry.config_record
+            check = check_config(self.settings, record, self.authority.trust.signed)
+            previous, self.config_check = self.config_check, check
+            for key in check.differing:
+                self.metrics.config_differs.labels(key).set(1)
+            self.metrics.config_differs.keep(lambda key: True, {(key,) for key in check.differing})
+            if record is not None:
+                self.metrics.config_version.labels().set(record.version)
+            self.metrics.config_held.set(0 if check.admitted else 1)
+            if check.admitted:
+                self.admitted.set()
+            else:
+                self.admitted.clear()
+            if check != previous and check.line is not None:
+                log.log(check.level, check.line)
+        return check
+
+    async def check_config_once_replayed(self) -> None:
+        """The first comparison, once the control topic is replayed (later ones come with each config published)."""
+        await self.ready.wait()
+        self.check_config()
+
     def artifact_refused(self, kind: str, reason: str, category: str) -> None:
         """A control record the registry refused (it logged why): counted by kind and by why (``category``)."""
         self.metrics.artifact_refused.labels(kind, category).inc()
@@ -356,11 +408,18 @@ class WorkerHooks:
             log.info("no /metrics endpoint ([monitor] metrics_port = \"off\")")
         else:
             log.info("serving Prometheus /metrics on port %d", self.metrics_port)
+        warning = unsigned_warning(self.authority)
+        if warning is not None:
+            log.warning(warning)
+        checked = asyncio.ensure_future(self.check_config_once_replayed())
         self.swaps.loop = asyncio.get_running_loop()
         from fairstream.streams.control.registry import WorkerIdentity  # announces what this worker serves
 
-        await follow_control(self.registry, self.bootstrap, self.topics.control, ready=self.ready,
-                             worker=WorkerIdentity.of(self.app_id, self.config), shadow_figures=self.shadow_figures)
+        try:
+            await follow_control(self.registry, self.bootstrap, self.topics.control, ready=self.ready,
+                                 worker=WorkerIdentity.of(self.app_id, self.config), shadow_figures=self.shadow_figures)
+        finally:
+            checked.cancel()
 
     def shadow_figures(self) -> dict | None:
         """The shadow trial's figures as last exported (None without a candidate): read by the announcer."""
@@ -409,7 +468,7 @@ class WorkerHooks:
 
         Called on the consumer's thread (the registry's snapshots are immutable).
         """
-        if not self.ready.is_set():
+        if not self.ready.is_set() or not self.admitted.is_set():  # a held worker applies nothing (it leaves)
             return NOT_LOADED
         if (current := self.registry.current(kind)) is None:
             self.metrics.input_held.labels(agent).set(1)
@@ -527,8 +586,10 @@ class WorkerHooks:
         """Why the worker is not ready (``/readyz``), or []."""
         if not self.ready.is_set():
             return [f"replaying {self.topics.control}"]
-        return [f"no {kind} artifact loaded (input held)" for kind in self.applied
-                if self.registry.current(kind) is None]
+        check = self.config_check
+        config = ["config: not checked yet"] if check is None else [check.blocker()] if not check.admitted else []
+        return config + [f"no {kind} artifact loaded (input held)" for kind in self.applied
+                         if self.registry.current(kind) is None]
 
 
 @contextlib.contextmanager

@@ -24,6 +24,11 @@ assigned partitions (as aiokafka's did). A graceful stop (SIGTERM) finishes the 
 (process, produce, settle) and closes the consumer, leaving the group, so a clean stop leaves no
 duplicates.
 
+A hold (``InputSpec.admitted`` False: the worker's config is not the pipeline's active one, or not checked yet)
+keeps the consumer out of the group: it does not subscribe, and a consumer in the group finishes and commits its
+batch in flight and leaves it (the others take its partitions at once); once admitted it subscribes again and
+resumes from the group's committed offsets. A start that is held is over at once.
+
 Liveness: a worker is consuming or it has exited non-zero. What the client recovers from by itself
 is recovered in place: a commit refused because the group moved on (a pause longer than the session
 timeout, a broker that restarted and forgot the group) leaves the batch delivered but uncommitted,
@@ -152,7 +157,7 @@ class UnsupportedBroker(RuntimeError):
 class InputSpec:
     """One input of the worker: where it reads, what it does to a batch, where the outputs go.
 
-    ``active`` and ``delivered`` run on the consumer's thread.
+    ``active``, ``delivered`` and ``admitted`` run on the consumer's thread.
     """
 
     agent: str  # metrics label: "records" or "embeddings"
@@ -162,6 +167,9 @@ class InputSpec:
     process: Callable[[Sequence, object], BatchOutcome]  # (messages, active artifact) -> outcome
     active: Callable[[], object]  # the artifact to apply, or NOT_LOADED (the input is held)
     delivered: Callable[[BatchOutcome, object], None]  # after the commit: the monitor
+    # Whether the worker may take partitions now (False: its config is not the pipeline's, or not known yet): while
+    # it is False the consumer is not in the group at all, and it leaves once it turns False.
+    admitted: Callable[[], bool] = lambda: True
 
 
 @dataclass(frozen=True)
@@ -355,23 +363,45 @@ class BatchConsumer(mode.Service):
     # ------------------------------------------------------------------ the loop, on its thread
 
     def _run(self) -> None:
-        """Open the clients, run batches until a stop, settle the last one, leave the group."""
-        self._open()
-        try:
-            self._join()
-            while not self._stop.is_set():
-                self._one_batch()
-            if self._pending is not None:
-                self._settle(self._pending)
-        except BaseException:
-            self._gave_up, self._pending = True, None  # nothing more is committed: a restart replays it
-            raise
-        finally:
-            self._close()
+        """Until a stop: wait while the worker may not take partitions (nothing subscribed), then open the clients,
+        join, run batches while it may, settle the last one and leave the group; again after each hold."""
+        while self._wait_admitted():
+            self._open()
+            try:
+                self._join()
+                while not self._stop.is_set() and self.spec.admitted():
+                    self._one_batch()
+                if self._pending is not None:
+                    self._settle(self._pending)
+            except BaseException:
+                self._gave_up, self._pending = True, None  # nothing more is committed: a restart replays it
+                raise
+            finally:
+                self._close()
+
+    def _wait_admitted(self) -> bool:
+        """Wait (out of the group) while the spec does not admit this worker; False once stopped.
+
+        A held start is over at once (``_up``): the start must not wait for a join that is not coming.
+        """
+        held = False
+        while not self.spec.admitted():
+            if not held:
+                held = True
+                self._up.set()
+                log.info("%s: holding: this worker takes no partitions of %s (its config is not the pipeline's, or "
+                         "not checked yet)", self.spec.agent, self.spec.topic)
+            if self._stop.wait(HOLD_SECONDS):
+                return False
+        if held:
+            log.info("%s: admitted: joining group %s", self.spec.agent, self.group_id)
+        return not self._stop.is_set()
 
     def _open(self) -> None:
-        """Create the consumer and producer (on this thread) and subscribe."""
+        """Create the consumer and producer (on this thread) and subscribe (again after a hold: nothing is owned)."""
         self._contact_from = time.monotonic()
+        self._owned, self._joined, self._rebalanced, self._early = frozenset(), False, False, []
+        self._start_offsets, self._next_offset, self._reset, self._progress_at = {}, {}, set(), None
         self._consumer = Consumer({
             "bootstrap.servers": self.bootstrap, **librdkafka_options(), "group.id": self.group_id,
             "client.id": f"fairstream-{self.group_id}", "enable.auto.commit": False,
@@ -462,6 +492,8 @@ class BatchConsumer(mode.Service):
                 self._producer.abort_transaction(5.0)
             except KafkaException:  # none open, or the producer is fenced: the coordinator aborts it
                 pass
+        self._consumer = self._producer = None
+        self._owned = frozenset()
 
     def _join(self) -> None:
         """Until the first assignment: the group join runs while the artifacts load (what is read meanwhile is the
@@ -517,7 +549,7 @@ class BatchConsumer(mode.Service):
             held = True
             if self._pending is not None:
                 self._settle(self._pending)
-            if self._stop.wait(HOLD_SECONDS):
+            if self._stop.wait(HOLD_SECONDS) or not self.spec.admitted():  # a stop, or a hold: the loop leaves
                 return NOT_LOADED
         if held:  # nothing was polled meanwhile, so no statistics came: the contact clock starts again
             self._contact_from = time.monotonic()

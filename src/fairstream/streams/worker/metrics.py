@@ -180,6 +180,15 @@ STATS_MESSAGES = Counter("fairstream_stats_messages_total",
 EVENT_TIME_SKEWED = Counter("fairstream_records_event_time_skewed_total",
                             "Records whose ts was further than monitor.max_event_time_skew from the worker's clock "
                             "(the monitor's time window used their arrival time)", _labels("agent"))
+CONFIG_VERSION = Gauge("fairstream_config_version",
+                       "Version of the pipeline's active config on its control topic (absent: none published)",
+                       _labels())
+CONFIG_DIFFERS = Gauge("fairstream_config_differs",
+                       "1 for each key where this worker's config differs from the pipeline's active one (it takes no "
+                       "partitions); absent when they match", _labels("key"))
+CONFIG_HELD = Gauge("fairstream_config_held",
+                    "1 while this worker takes no partitions for its config: it differs from the pipeline's active "
+                    "one, or the pipeline is signed and has none published", _labels())
 
 
 class Bound:
@@ -262,6 +271,9 @@ class PipelineMetrics:
         # Each process exports the series of its own work only: a worker never looks like a standby agent.
         if process == "worker":
             self.stats_messages = STATS_MESSAGES.labels(pipeline)
+            self.config_version = Bound(CONFIG_VERSION, pipeline)  # labels() without values: absent until set
+            self.config_differs = Bound(CONFIG_DIFFERS, pipeline)
+            self.config_held = CONFIG_HELD.labels(pipeline)
         else:
             self.agent_state = AGENT_ACTIVE.labels(pipeline)
             self.agent_last_partial = AGENT_LAST_PARTIAL.labels(pipeline)
