@@ -136,8 +136,7 @@ class Verdict:
         """Whether the record shows the trail was rewritten: an altered record, a replay or a record out of order,
         or one admitted after a record that is missing."""
         altered = self.category == "untrusted" and "does not match" in (self.refusal or "")
-        return altered or self.category == "replay" or (self.refusal is None and self.remark is not None
-                                                        and not self.remark.startswith(RACE))
+        return altered or self.category == "replay" or (self.remark is not None and not self.remark.startswith(RACE))
 
 @dataclass(frozen=True)
 class Authority:
@@ -232,9 +231,10 @@ class ControlGate:
         """
         digest = record_hash(value)
         signer, refusal, category = self._who(record, value, offset)
+        # Where a record sits in the trail matters only if its writer may write at all: a forged record is no part of it.
+        remark, out_of_order = self._place(record, digest) if refusal is None else (None, None)
         if refusal is None:
             refusal, category = self._policy(record, ledger), "policy"
-        remark, out_of_order = self._place(record, digest)
         if refusal is None and out_of_order is not None and self.authority.trust.signed:
             refusal, category = remark, out_of_order
         if refusal is None:
@@ -257,8 +257,7 @@ class ControlGate:
         try:
             signer = trust.signer_of(json.loads(value), ROLE_OF[record.action], offset)
         except TrustError as exc:
-            category = "role" if "role" in str(exc) and "does not match" not in str(exc) else "untrusted"
-            return claimed_signer({"signer": claimed}), str(exc), category
+            return claimed_signer({"signer": claimed}), str(exc), exc.category
         pipeline = self.authority.pipeline
         if pipeline is not None and record.pipeline != pipeline:
             return signer, (f"written for pipeline {shown(record.pipeline)}, not for {pipeline}: a record copied from "

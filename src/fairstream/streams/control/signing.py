@@ -51,8 +51,9 @@ def canonical_bytes(record: dict) -> bytes:
     """What a signature covers: the record (its signer's name included) without the signature, as JSON with sorted
     keys and no spaces."""
     unsigned = {name: value for name, value in record.items() if name != SIGNATURE}
-    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    # ASCII escapes: any text a JSON reader can hold (an unpaired surrogate too) has bytes, the same for every reader.
+    return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False).encode("ascii")
 
 
 def sign(record: dict, signer: str, key: Ed25519PrivateKey) -> dict:

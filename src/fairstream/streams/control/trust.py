@@ -64,7 +64,15 @@ _KEY_FIELDS = ("public_key", "roles", "until_offset")
 
 
 class TrustError(ValueError):
-    """A record whose signer this pipeline does not trust for it, or a trust file that cannot be read; one line."""
+    """A record whose signer this pipeline does not trust for it, or a trust file that cannot be read; one line.
+
+    ``category`` says which: ``unsigned``, ``untrusted`` (an unknown or rotated key, or bytes the signature does not
+    match) or ``role``.
+    """
+
+    def __init__(self, message: str, category: str = "untrusted"):
+        super().__init__(message)
+        self.category = category
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,7 @@ class Trust:
         try:
             signer = verify(data, {name: key.public_key for name, key in self.keys.items()})
         except SignatureError as exc:
-            raise TrustError(str(exc)) from None
+            raise TrustError(str(exc), "unsigned" if data.get(SIGNER) is None else "untrusted") from None
         key = self.keys[signer]
         if key.until_offset is not None and (offset is None or offset >= key.until_offset):
             where = "off the control topic" if offset is None else f"at offset {offset}"
@@ -188,7 +196,7 @@ class Trust:
         if role not in key.roles:
             action = "re-fit request" if role == ROLE_OF["request"] else str(data.get("action", "publish"))
             raise TrustError(f"signed by {signer!r}, whose roles are {', '.join(sorted(key.roles))}: "
-                             f"{_article(action)} {action} needs the {role} role")
+                             f"{_article(action)} {action} needs the {role} role", "role")
         return signer
 
     def fingerprint(self) -> str:
