@@ -81,7 +81,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from fairstream.streams.codec.dead_letters import MAX_OUTPUT_BYTES
 from fairstream.streams.config import AgentConfig
-from fairstream.streams.kafka import librdkafka_options
+from fairstream.streams.kafka import authorization_refusal, librdkafka_options
 
 from .metrics import PipelineMetrics
 from .processing import BatchOutcome
@@ -143,6 +143,10 @@ NOT_LOADED = object()
 
 class DeliveryError(RuntimeError):
     """A batch's outputs could not be delivered; its offsets were not committed."""
+
+
+class NotAuthorised(PermissionError):
+    """The broker refused this worker's principal what its input needs (an ACL is missing): one line says what."""
 
 
 class BrokerLost(RuntimeError):
@@ -858,8 +862,20 @@ class BatchConsumer(mode.Service):
         log.warning(f"%s: Kafka client error {error.name()} (the client retries): %s", self.spec.agent, error.str())
 
     def _raise_fatal(self) -> None:
-        if self._fatal is not None:
-            raise KafkaException(self._fatal)
+        if self._fatal is None:
+            return
+        refused = self._refused(self._fatal.code())
+        if refused is not None:  # an ACL is missing: who may not do what, in one line (no retry cures it)
+            line = authorization_refusal(*refused)
+            log.critical("%s: %s", self.spec.agent, line)
+            raise NotAuthorised(line)
+        raise KafkaException(self._fatal)
+
+    def _refused(self, code: int) -> tuple[str, ...] | None:
+        """(operation, resource, name[, purpose]) the broker refused, for an authorisation error; else None."""
+        return {_E.TOPIC_AUTHORIZATION_FAILED: ("read", "topic", self.spec.topic),
+                _E.GROUP_AUTHORIZATION_FAILED: ("read", "group", self.group_id, f"read topic {self.spec.topic}"),
+                }.get(code)
 
     def _check_broker_contact(self) -> None:
         """End the loop when no broker has answered for BROKER_LOST_SECONDS of polling.
