@@ -183,3 +183,40 @@ def test_on_kafka_a_request_about_a_replaced_plan_is_dropped_and_one_about_the_s
     assert [a for a, _ in actions(refit, stale)] == ["superseded"]
     assert "about plan version 1, but plan version 2 serves now" in actions(refit, stale)[0][1]
     assert [a for a, _ in actions(refit, current)] == ["queued"] and len(outcomes) == 1
+
+
+def test_on_a_signed_pipeline_only_a_requesters_signature_makes_a_request_count(tmp_path, caplog):
+    """The webhook's token guards HTTP only: a request written straight to refit.requests must carry the signature of
+    a key with the requester role (the agent's, the webhook's), or it is skipped with one warning."""
+    import dataclasses
+
+    from fairstream.streams.control.signing import Signer, generate_key, public_key_text, write_key_pair
+
+    keys = tmp_path / "keys"
+    for name in ("agent", "publisher"):
+        write_key_pair(name, keys)
+    trust = tmp_path / "trust.toml"
+    trust.write_text("".join(f'[keys.{name}]\npublic_key = "{(keys / f"{name}.pub").read_text().strip()}"\n'
+                             f'roles = ["{role}"]\n' for name, role in (("agent", "requester"), ("publisher", "publisher"))))
+    job, consumer = VersionedJob(4), ScriptedConsumer()
+    job.config = dataclasses.replace(adult_config(), trust=str(trust))
+    refit = RefitService(job, source=None, min_interval_seconds=0)
+    refit._consumer = consumer
+    unsigned, wrong_role, forged, signed = (agent_request(4) for _ in range(4))
+    agent, publisher = Signer.from_file(keys / "agent.key"), Signer.from_file(keys / "publisher.key")
+    mallory = Signer("agent", generate_key())  # claims the agent's name with a key of its own
+    assert public_key_text(mallory.key) != (keys / "agent.pub").read_text().strip()
+    for request, signer in ((unsigned, None), (wrong_role, publisher), (forged, mallory), (signed, agent)):
+        value = request.to_json() if signer is None else signer.sign_json(request.to_json())
+        consumer.queue.append(SimpleNamespace(topic="refit.requests", partition=0, offset=len(consumer.queue),
+                                              timestamp=len(consumer.queue), value=value))
+    with caplog.at_level(logging.INFO, logger="fairstream.streams.refit.service"):
+        refit.process_pending(timeout=5, idle_seconds=0)
+
+    assert job.runs == 1 and actions(refit, signed)[0][0] == "queued"
+    for request, why in ((unsigned, "the record is not signed"), (wrong_role, "a re-fit request needs the requester"),
+                         (forged, "does not match")):
+        ((action, reason),) = actions(refit, request)
+        assert action == "unauthorised" and why in reason, reason
+    warned = [r for r in caplog.records if "unauthorised" in r.getMessage()]
+    assert len(warned) == 3 and all(r.levelno == logging.WARNING for r in warned)

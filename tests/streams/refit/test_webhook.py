@@ -48,6 +48,7 @@ from fairstream.streams.refit.webhook import (
     alert_requests,
     load_token,
     token_matches,
+    webhook_token_from_args,
     webhook_from_args,
 )
 from fairstream.streams.topics import ensure_topics
@@ -721,3 +722,47 @@ def test_the_monitors_request_and_the_alert_for_one_drift_give_one_refit(route):
     wait_for(lambda: len(route.refit.outcomes) > refits_before, 30, "the monitor's re-fit")
     time.sleep(1.0)  # a second re-fit, were there one, would have started by now (min interval 0)
     assert len(route.refit.outcomes) == refits_before + 1
+
+
+def test_with_tls_the_webhook_serves_https_only_and_the_token_still_decides(tmp_path):
+    import socket
+    import ssl
+
+    from fairstream.streams.ops.kafka_cluster import make_loopback_tls
+
+    ca, server = make_loopback_tls(tmp_path)
+    published = []
+    with AlertWebhook(published.append, TOKEN, host="127.0.0.1", port=0, tls=(str(server), str(server))) as webhook:
+        trusted = ssl.create_default_context(cafile=str(ca))
+
+        def post(token: str) -> int:
+            connection = http.client.HTTPSConnection("127.0.0.1", webhook.port, timeout=10, context=trusted)
+            try:
+                connection.request("POST", "/alertmanager", body=json.dumps(notification(drift_alert())).encode(),
+                                   headers={"Authorization": f"Bearer {token}"})
+                return connection.getresponse().status
+            finally:
+                connection.close()
+
+        assert post("wrong-token-0123456789abcdef") == 401 and published == []
+        assert post(TOKEN) == 200 and len(published) == 1
+        plain = http.client.HTTPConnection("127.0.0.1", webhook.port, timeout=10)  # the token never goes in clear
+        with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+            plain.request("GET", "/healthz")
+            plain.getresponse()
+        plain.close()
+        with pytest.raises(ssl.SSLError):  # a client that does not trust the certificate is refused by TLS itself
+            with socket.create_connection(("127.0.0.1", webhook.port)) as raw:
+                ssl.create_default_context().wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+def test_the_webhook_binds_this_host_only_by_default_and_tls_options_go_together(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_webhook_arguments(parser)
+    parser.add_argument("--serve", action="store_true")
+    assert parser.parse_args([]).webhook_host == "127.0.0.1"
+    assert AlertWebhook(lambda request: None, TOKEN).host == "127.0.0.1"
+    with pytest.raises(WebhookConfigError, match="--webhook-tls-cert and --webhook-tls-key go together"):
+        webhook_token_from_args(parser.parse_args(["--serve", "--webhook-port", "0", "--webhook-tls-cert", "c.pem"]))
+    with pytest.raises(WebhookConfigError, match="^--webhook-tls-key needs --webhook-port"):
+        webhook_token_from_args(parser.parse_args(["--webhook-tls-key", "k.pem"]))

@@ -44,6 +44,7 @@ import hmac
 import json
 import logging
 import os
+import ssl
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
@@ -235,7 +236,8 @@ class AlertWebhook:
     def __init__(self, publish: Callable[[RefitRequest], object], token: str, host: str = "127.0.0.1",
                  port: int = DEFAULT_PORT, kind: str = DEFAULT_KIND, path: str = WEBHOOK_PATH,
                  alertnames: tuple[str, ...] = DRIFT_ALERTS, max_body_bytes: int = MAX_BODY_BYTES,
-                 statistics: tuple[str, ...] | None = None, pipeline: str | None = None):
+                 statistics: tuple[str, ...] | None = None, pipeline: str | None = None,
+                 tls: tuple[str, str] | None = None):
         if len(token) < MIN_TOKEN_CHARS:
             raise WebhookConfigError(f"the webhook token must have at least {MIN_TOKEN_CHARS} characters")
         self.publish = publish
@@ -244,6 +246,7 @@ class AlertWebhook:
         self.statistics = statistics  # the monitored ones; None: any
         self.pipeline = pipeline  # the alerts' pipeline label it acts on; None: any
         self._token = token
+        self._tls = tls  # (certificate chain file, key file): HTTPS, so the token never crosses a network in clear
         self._requested_port = port
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -268,11 +271,28 @@ class AlertWebhook:
             raise WebhookConfigError(f"the webhook cannot listen on {self.host}:{self._requested_port}: "
                                      f"{getattr(exc, 'strerror', None) or exc}") from None
         self._server.daemon_threads = True
+        if self._tls is not None:
+            self._server.socket = self._tls_context().wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="alert-webhook", daemon=True)
         self._thread.start()
-        log.info("Alertmanager webhook on http://%s:%d%s (re-fits %s on %s of pipeline %s)", self.host, self.port,
-                 self.path, self.kind, ", ".join(self.alertnames), self.pipeline or "any")
+        log.info("Alertmanager webhook on %s://%s:%d%s (re-fits %s on %s of pipeline %s)",
+                 "https" if self._tls else "http", self.host, self.port, self.path, self.kind,
+                 ", ".join(self.alertnames), self.pipeline or "any")
+        if self._tls is None and self.host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("the webhook listens on %s without TLS: its bearer token crosses the network in clear "
+                        "(--webhook-tls-cert and --webhook-tls-key, or a TLS proxy in front)", self.host)
         return self
+
+    def _tls_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            context.load_cert_chain(*self._tls)
+        except (OSError, ssl.SSLError) as exc:
+            self._server.server_close()
+            raise WebhookConfigError(f"the webhook's TLS certificate {self._tls[0]} and key {self._tls[1]} cannot be "
+                                     f"used: {getattr(exc, 'strerror', None) or exc}") from None
+        return context
 
     def stop(self) -> None:
         """Stop serving and close the socket."""
@@ -407,6 +427,9 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-host", default="127.0.0.1", metavar="ADDRESS",
                         help="with --webhook-port: the address to listen on (default: 127.0.0.1, this host only; "
                              "0.0.0.0 for every interface, behind TLS: see docs/production.md)")
+    parser.add_argument("--webhook-tls-cert", metavar="FILE",
+                        help="with --webhook-port: serve HTTPS with this certificate chain (PEM), with --webhook-tls-key")
+    parser.add_argument("--webhook-tls-key", metavar="FILE", help="the TLS certificate's private key (PEM)")
     parser.add_argument("--webhook-token-file", metavar="PATH",
                         help=f"with --webhook-port: file holding the bearer token Alertmanager sends "
                              f"(default: ${TOKEN_ENV})")
@@ -414,6 +437,14 @@ def add_webhook_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --serve: which requests to answer, a comma-separated list of "
                              f"{', '.join(TRIGGERS)} (default: all). The monitor's and Alertmanager's requests "
                              "for one drift are answered once")
+
+
+def _tls_files(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(certificate, key) of ``--webhook-tls-cert`` and ``--webhook-tls-key``: both or neither."""
+    cert, key = getattr(args, "webhook_tls_cert", None), getattr(args, "webhook_tls_key", None)
+    if bool(cert) != bool(key):
+        raise WebhookConfigError("--webhook-tls-cert and --webhook-tls-key go together (a certificate and its key)")
+    return (cert, key) if cert else None
 
 
 def _webhook_port_arg(text: str) -> int:
@@ -429,11 +460,15 @@ def webhook_token_from_args(args: argparse.Namespace) -> str | None:
     refused rather than ignored: a one-shot re-fit would otherwise run and exit 0 with no webhook.
     """
     if args.webhook_port is None:
-        if args.webhook_token_file is not None:
-            raise WebhookConfigError("--webhook-token-file needs --webhook-port (and --serve)")
+        given = [option for option, value in (("--webhook-token-file", args.webhook_token_file),
+                                              ("--webhook-tls-cert", getattr(args, "webhook_tls_cert", None)),
+                                              ("--webhook-tls-key", getattr(args, "webhook_tls_key", None))) if value]
+        if given:
+            raise WebhookConfigError(f"{given[0]} needs --webhook-port (and --serve)")
         return None
     if not getattr(args, "serve", False):
         raise WebhookConfigError("--webhook-port needs --serve: the webhook's requests are answered by the service")
+    _tls_files(args)
     return load_token(args.webhook_token_file)
 
 
@@ -452,5 +487,5 @@ def webhook_from_args(args: argparse.Namespace, bootstrap: str, config: Pipeline
         return
     with RequestPublisher(bootstrap, config.topics.refit_requests, signer=signer) as publish, \
             AlertWebhook(publish, token, host=args.webhook_host, port=args.webhook_port, kind=kind,
-                         statistics=config.monitor.statistics, pipeline=config.name) as webhook:
+                         statistics=config.monitor.statistics, pipeline=config.name, tls=_tls_files(args)) as webhook:
         yield webhook
