@@ -262,13 +262,15 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 def _cmd_monitor(args: argparse.Namespace) -> int:
     from fairstream.streams.agent.service import run_agent
+    from fairstream.streams.control.signing import Signer
 
     from .topics import ensure_topics
 
     config = _config(args)
     with _broker(args, may_start=False) as broker:
         ensure_topics(broker.bootstrap, config.topics)
-        run_agent(config, broker.bootstrap, app_id=args.app_id, metrics_port=args.metrics_port)
+        run_agent(config, broker.bootstrap, app_id=args.app_id, metrics_port=args.metrics_port,
+                  signer=Signer.from_option(args.key))
     return 0
 
 
@@ -668,6 +670,8 @@ def _shown_setting(settings: dict, key: str) -> str:
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
+    import json
+
     from fairstream.streams.control.signing import write_key_pair
 
     try:
@@ -676,6 +680,9 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         print(f"fairstream keys: error: {exc}", file=sys.stderr)
         return 1
     print(f"{private} (private: keep it to its owner)\n{public} (public: list it in the pipeline's trust file)")
+    if args.role:  # the trust file's table for this key, to paste (a TOML key is quoted: names may hold '@' or '.')
+        print(f'\n[keys."{args.name}"]\npublic_key = "{public.read_text().strip()}"\n'
+              f'roles = {json.dumps(list(dict.fromkeys(args.role)))}')
     return 0
 
 
@@ -939,6 +946,10 @@ def build_parser() -> argparse.ArgumentParser:
     generate = keys_sub.add_parser("generate", help="write NAME.key and NAME.pub (never over an existing key)")
     generate.add_argument("name", help="the signer's name (letters, digits, '.', '_', '@', '-')")
     generate.add_argument("--dir", default="keys", help="where to write them (default: keys)")
+    from fairstream.streams.control.trust import ROLES as TRUST_ROLES
+
+    generate.add_argument("--role", action="append", choices=TRUST_ROLES,
+                          help="print the trust file's table for this key with this role (repeatable)")
     generate.set_defaults(func=_cmd_keys)
 
     mon = sub.add_parser("monitor", help="run the pipeline's monitoring agent (its fairness numbers, drift, promotions)",
@@ -953,6 +964,9 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--metrics-port", type=_port_arg, metavar="PORT|0|off",
                      help="the agent's /metrics port, overriding [monitor] metrics_port: 0 = any free port (logged), "
                           "off = no endpoint")
+    mon.add_argument("--key", metavar="FILE", help="the private key (NAME.key) that signs the shadow policy's decisions "
+                                                   "(policy role) and the re-fit requests (requester role); default: "
+                                                   "the file $FAIRSTREAM_KEY names")
     mon.set_defaults(func=_cmd_monitor)
 
     rpl = sub.add_parser("replay", help="send a data set to records.in (or its research split to research) as JSON records",
