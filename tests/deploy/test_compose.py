@@ -168,6 +168,7 @@ def test_the_fairstream_commands_are_valid_command_lines():
     assert worker.broker == "kafka://kafka:9092"
     refit = parse_cli(service("refit")["command"])
     assert refit.command == "refit" and refit.serve and refit.webhook_port == 9095 and refit.config == PIPELINE_IN_CONTAINER
+    assert refit.webhook_host == "0.0.0.0"  # Alertmanager calls from its own container (the default is this one only)
     assert refit.webhook_token_file == "/run/secrets/refit_webhook_token"  # compose mounts secrets there
     assert service("refit")["secrets"] == ["refit_webhook_token"]
     assert compose()["secrets"]["refit_webhook_token"] == {"environment": "FAIRSTREAM_WEBHOOK_TOKEN"}
