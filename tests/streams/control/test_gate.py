@@ -4,6 +4,7 @@ race), the pipeline's own promotion policy for each action, and the unsigned pip
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 from hypothesis import given, settings
@@ -221,7 +222,7 @@ def rollback_setup(promotion: str) -> list[ControlRecord]:
 
 REFUSED_BY = {  # (action, promotion) -> the refusal's start; anything else is admitted
     ("approve", "shadow"): "promotion is 'shadow': only the shadow policy decides a candidate, not an approve",
-    ("reject", "shadow"): "promotion is 'shadow': only the shadow policy decides a candidate, not an reject",
+    ("reject", "shadow"): "promotion is 'shadow': only the shadow policy decides a candidate, not a reject",
     ("promote", "approve"): "promotion is 'approve': only a person decides a candidate (approve or reject), not a "
                             "promote",
     ("retire", "approve"): "promotion is 'approve': only a person decides a candidate (approve or reject), not a retire",
@@ -293,3 +294,19 @@ def test_an_unsigned_pipeline_still_enforces_its_policy(promotion, action):
     records = ACTIONS[action]()
     verdicts, _ = admit_all(chain(records, signer=None), Authority(Trust.none(), promotion, PIPELINE))
     assert verdicts[-1].category == "policy"
+
+
+def test_a_record_after_one_whose_key_was_revoked_is_no_break_in_the_trail():
+    """Revoking a key refuses what it signed; the trusted records after those follow a record that is still there:
+    --verify must not call that trail rewritten (it would, were the refused record's hash unknown)."""
+    first = chain([publish(1)], signer="pub")
+    later = chain([publish(2), publish(3)], signer="all", head=record_hash(first[0][1]))
+    without_pub = Authority(Trust(MappingProxyType({k: v for k, v in TRUST.keys.items() if k != "pub"}), "t.toml"),
+                            "auto", PIPELINE)
+    verdicts, _ = admit_all(first + later, without_pub)
+    assert verdicts[0].category == "untrusted" and not verdicts[0].breaks_trail
+    assert "no longer trusted" in verdicts[1].remark
+    assert not any(verdict.breaks_trail for verdict in verdicts), [(v.category, v.remark) for v in verdicts]
+    altered = first[0][1].replace(b'"refit@vm"', b'"refit@vX"')  # the same record with its bytes changed: a break
+    verdicts, _ = admit_all([(first[0][0], altered)] + later, SIGNED)
+    assert verdicts[0].breaks_trail and verdicts[1].breaks_trail

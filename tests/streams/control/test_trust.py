@@ -4,16 +4,20 @@ and was not rotated out; any change to a signed record, whatever the field, is r
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fairstream.streams.control.signing import SIGNATURE, SIGNER, generate_key, public_key_text, sign
 from fairstream.streams.control.trust import NONE, ROLE_OF, ROLES, Trust, TrustError, claimed_signer
 
-KEYS = {name: generate_key() for name in ("publisher", "approver", "operator", "policy", "requester", "old")}
+# Fixed keys: parameter ids hold public keys, and every pytest-xdist worker must collect the same ids.
+KEYS = {name: Ed25519PrivateKey.from_private_bytes(hashlib.sha256(name.encode()).digest())
+        for name in ("publisher", "approver", "operator", "policy", "requester", "old")}
 PUB = {name: public_key_text(key) for name, key in KEYS.items()}
 
 

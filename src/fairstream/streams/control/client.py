@@ -405,7 +405,9 @@ class ControlClient:
                 mine = control.at(offset)
                 if mine is not None and mine.refusal is None:
                     return record
-                await producer.send_and_wait(self.topic, None, key=key, partition=0)  # withdraw the loser
+                if record.action in ("publish", CONFIGURE):  # a claim that lost its version: compaction removes it
+                    await producer.send_and_wait(self.topic, None, key=key, partition=0)
+                # A decision or a rollback that lost stays in the trail, refused: who tried to decide is audited too.
                 won = twin(control, record) if twin is not None else None
                 if won is not None:
                     return won

@@ -47,7 +47,7 @@ from .records import ControlError, VersionLedger, control_key, encode_control, p
 from .trust import ROLE_OF, Trust, TrustError, claimed_signer
 
 GENESIS = "0" * 64
-RACE = "lost a race"
+RACE, DISTRUSTED = "lost a race", "it follows the record"
 """The ``previous`` of a pipeline's first record."""
 CATEGORIES = ("unreadable", "unsigned", "untrusted", "role", "pipeline", "policy", "stale", "replay", "version",
               "load")
@@ -136,7 +136,8 @@ class Verdict:
         """Whether the record shows the trail was rewritten: an altered record, a replay or a record out of order,
         or one admitted after a record that is missing."""
         altered = self.category == "untrusted" and "does not match" in (self.refusal or "")
-        return altered or self.category == "replay" or (self.remark is not None and not self.remark.startswith(RACE))
+        benign = self.remark is None or self.remark.startswith((RACE, DISTRUSTED))
+        return altered or self.category == "replay" or not benign
 
 @dataclass(frozen=True)
 class Authority:
@@ -197,6 +198,9 @@ class ControlGate:
         self.head = GENESIS  # the hash of the last admitted record: what the next one names as previous
         self.trail: dict[str, int] = {GENESIS: -1}  # hash of every admitted record -> its offset
         self.successor: dict[str, int] = {}  # hash of an admitted record -> offset of the admitted one naming it
+        # hash of a record whose signer this reader no longer trusts -> its offset: one that follows it (written while
+        # its key was trusted) follows a record that is there, not a missing one
+        self.distrusted: dict[str, int] = {}
 
     def copy(self) -> "ControlGate":
         """A gate at the same place of the trail (to try a record without admitting it).
@@ -208,6 +212,7 @@ class ControlGate:
         """
         twin = ControlGate(self.authority)
         twin.head, twin.trail, twin.successor = self.head, dict(self.trail), dict(self.successor)
+        twin.distrusted = dict(self.distrusted)
         return twin
 
     def admit(self, record: ControlRecord, value: bytes, offset: int, ledger: VersionLedger) -> Verdict:
@@ -240,6 +245,8 @@ class ControlGate:
         if refusal is None:
             refusal, category = ledger.admit(record, offset), "version"
         if refusal is not None:
+            if category in ("untrusted", "role") and "does not match" not in refusal:
+                self.distrusted[digest] = offset
             return Verdict(refusal, signer, category, None if category == out_of_order else remark)
         if record.previous is not None and record.previous in self.trail:
             self.successor.setdefault(record.previous, offset)
@@ -278,7 +285,8 @@ class ControlGate:
                 return (f"promotion is {promotion!r}: a publish that would serve at once is refused (publish it as a "
                         f"candidate {how})")
         if record.action in ("approve", "reject") and promotion == "shadow":
-            return f"promotion is 'shadow': only the shadow policy decides a candidate, not an {record.action}"
+            return (f"promotion is 'shadow': only the shadow policy decides a candidate, not "
+                    f"{_article(record.action)} {record.action}")
         if record.action in ("promote", "retire") and promotion == "approve":
             return f"promotion is 'approve': only a person decides a candidate (approve or reject), not a {record.action}"
         return None
@@ -297,8 +305,15 @@ class ControlGate:
         if previous in self.trail:
             return (f"out of order: it follows the record at offset {self.trail[previous]}, but the trail went on from "
                     f"there without it (a record moved or replayed)"), "replay"
+        if previous in self.distrusted:
+            return (f"{DISTRUSTED} at offset {self.distrusted[previous]}, which this reader refuses: its signer is no "
+                    "longer trusted (a key rotated out or revoked)"), None
         return (f"a break in the trail: it follows a record no reader admitted (previous {previous[:12]}): one before "
                 "it was dropped or altered"), None
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def unsigned_warning(authority: Authority) -> str | None:

@@ -327,7 +327,7 @@ class ArtifactRegistry:
         if built is None or (built.version, built.sha256) != (record.version, record.sha256):
             if record.action in ACTIVATING:
                 return self._refuse(label, what, f"candidate {record.kind} version {record.version} was never built "
-                                                 "here (its load was refused)")
+                                                 "here (its load was refused)", category="load")
         elif record.action in ACTIVATING:
             self._activate(built, what, candidates=_without(self._served.candidates, record.kind))
             self._notify(self.on_candidate, record.kind, None)
