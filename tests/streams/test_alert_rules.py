@@ -22,7 +22,7 @@ from fairstream.streams.ops.prometheus import ALERTS_TEST_YML, ALERTS_YML, DEPLO
 from fairstream.streams.worker import metrics
 
 DEFAULT_CONFIG = REPO / "deploy" / "pipeline.adult.toml"
-RULES = 13  # three rendered thresholds and BFAR, nine written by hand
+RULES = 15  # three rendered thresholds and BFAR, eleven written by hand
 SCOPED = {family.describe()[0].name for family in vars(metrics).values()
           if hasattr(family, "_labelnames") and "scope" in family._labelnames}
 """Every family with a ``scope`` label: the pipeline's figure (the monitoring agent's) or one worker's own."""
@@ -136,6 +136,24 @@ def test_the_monitoring_agents_rules_read_its_metrics():
     assert "time() - fairstream_agent_last_partial_timestamp_seconds" in stale["expr"] and ") > 60" in stale["expr"]
     for name in ("FairstreamMonitorAgentDown", "FairstreamPipelineStatisticsStale"):  # the workers keep serving
         assert "stale" in rule(name)["annotations"]["description"], name
+
+
+def test_the_control_plane_rules_page_for_who_wrote_a_record_and_for_a_held_config():
+    """A refusal for who wrote a control record or what the policy allows pages at once; a lost race (stale) and the
+    artifact problems do not. Every refusal category of the gate is one or the other."""
+    from fairstream.streams.control.gate import CATEGORIES
+
+    refused = rule("FairstreamUnauthorisedControlRecord")
+    (paging,) = set(re.findall(r'reason=~"([^"]*)"', refused["expr"]))
+    assert set(paging.split("|")) == set(CATEGORIES) - {"stale", "version", "load", "unreadable"}
+    assert metric_names(refused["expr"]) == {"fairstream_artifacts_refused_total", "up"}
+    assert "max by (pipeline, reason)" in refused["expr"] and refused["for"] == "0m"
+    assert refused["labels"]["severity"] == "critical"
+    held = rule("FairstreamWorkerConfigDiffers")
+    assert metric_names(held["expr"]) == {"fairstream_config_held"} and held["for"] == "5m"
+    assert held["labels"]["severity"] == "warning"
+    assert "fairstream_config_differs{" in held["annotations"]["description"]  # names the differing keys
+    assert {"fairstream_config_held", "fairstream_config_differs"} <= exported_sample_names()
 
 
 def test_a_changed_threshold_changes_the_rule_and_nothing_else(tmp_path):
@@ -274,7 +292,8 @@ def test_every_metric_in_the_alert_rules_is_exported():
             "fairstream_records_dead_lettered_total", "fairstream_worker_info",
             "fairstream_records_in_total", "fairstream_input_held", "fairstream_consumer_lag_records",
             "fairstream_verification", "fairstream_fairness_unmeasurable", "fairstream_agent_active",
-            "fairstream_agent_last_partial_timestamp_seconds", "fairstream_records_repaired_total"} <= used
+            "fairstream_agent_last_partial_timestamp_seconds", "fairstream_records_repaired_total",
+            "fairstream_artifacts_refused_total", "fairstream_config_held"} <= used
     unknown = sorted(used - exported - PROMETHEUS_SERIES)
     assert not unknown, f"alerts.yml uses metrics that fairstream.streams.worker.metrics does not export: {unknown}"
 
