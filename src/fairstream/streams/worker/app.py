@@ -468,7 +468,7 @@ class WorkerHooks:
 
         Called on the consumer's thread (the registry's snapshots are immutable).
         """
-        if not self.ready.is_set() or not self.admitted.is_set():  # a held worker applies nothing (it leaves)
+        if not self.ready.is_set():
             return NOT_LOADED
         if (current := self.registry.current(kind)) is None:
             self.metrics.input_held.labels(agent).set(1)
@@ -586,8 +586,8 @@ class WorkerHooks:
         """Why the worker is not ready (``/readyz``), or []."""
         if not self.ready.is_set():
             return [f"replaying {self.topics.control}"]
-        check = self.config_check
-        config = ["config: not checked yet"] if check is None else [check.blocker()] if not check.admitted else []
+        check = self.config_check  # None for the moment between the replay and the first check: nothing joined yet
+        config = [] if check is None or check.admitted else [check.blocker()]
         return config + [f"no {kind} artifact loaded (input held)" for kind in self.applied
                          if self.registry.current(kind) is None]
 

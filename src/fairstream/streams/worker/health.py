@@ -12,8 +12,10 @@ proves that the loop runs:
   artifact its inputs apply loaded, partitions assigned to at least one input, and every input that
   owns partitions has made progress within :data:`READY_WITHIN_SECONDS` (committed a batch, or read
   every partition to its end with the broker answering). 503 with the reasons otherwise: while the
-  group rebalances, while the broker is away, while an artifact is missing, or for a worker that owns
-  no partitions (more workers than partitions).
+  group rebalances, while the broker is away, while an artifact is missing, while the worker holds for
+  its config (it differs from the pipeline's active config version, naming the keys, or a signed
+  pipeline has none published: it takes no partitions), or for a worker that owns no partitions (more
+  workers than partitions).
 
 While the broker is away, the Kafka clients log every failed attempt (about 190 lines a second
 from a worker); :class:`RepeatedLogFilter` keeps one line per cause every few seconds, with a count.

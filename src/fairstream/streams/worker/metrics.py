@@ -12,8 +12,13 @@ fairness statistics ``role`` (right after ``pipeline``: ``active``, the chain th
 pending candidate chain measured in shadow on the same batches; alerts read ``role="active"`` only),
 ``statistic``, ``stage`` (before/after repair; ``label`` for the labels'
 rates), ``stratum`` (configured strata and "all"), ``feature`` (configured features and "all"),
-``group_pair`` (pairs of configured groups and "all") and ``window`` (count, time). Record ids or
+``group_pair`` (pairs of configured groups and "all") and ``window`` (count, time), and ``key`` (a dotted key of
+the pipeline's shared config, :func:`fairstream.streams.control.pipeline_config.settings_of`). Record ids or
 values never become labels.
+
+``fairstream_config_version`` is the version of the pipeline's active config, ``fairstream_config_held`` 1 while the
+worker takes no partitions for its config, and ``fairstream_config_differs`` 1 for each key where its config differs
+from the active one (absent when they match).
 
 Fairness statistics, one family per unit (:data:`FAIRNESS_FAMILIES`); in every one **0 is fair and
 higher is worse**, and the value is what the monitor's ``monitor.threshold`` and the alert rules
