@@ -23,7 +23,6 @@ from fairstream.repair import datasets
 from fairstream.streams.cli import main
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.client import ControlClient
-from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages
 from fairstream.streams.ops.supervise import AgentProcess, WorkerProcess
 from fairstream.streams.topics import ensure_topics
@@ -54,7 +53,7 @@ class Pipeline:
         ensure_topics(self.bootstrap, self.config.topics)
         self.toml = tmp_path / "pipeline.toml"
         self.toml.write_text(self.config.to_toml())
-        self.control = ControlClient(self.bootstrap, self.config.topics, ArtifactStore(self.config.artifact_dir))
+        self.control = ControlClient.of(self.config, self.bootstrap)  # the pipeline's own gate and policy
         self.scorer = balanced_scorer(research)
         self.research_scores = self.scorer.predict_proba(research.X)
         self.thresholds: dict[int, GroupThresholds] = {}
@@ -144,8 +143,11 @@ def stamped(records: list[dict]) -> np.ndarray:
 def started(broker, tmp_path_factory, promotion: str):
     research, archive = datasets.load("adult").split(4000, seed=5)
     live = Pipeline(broker, tmp_path_factory.mktemp(f"promotion-{promotion}"), research, archive, promotion)
-    assert live.control.publish_sync(live.scorer.to_artifact()).version == 1
-    assert live.publish_thresholds(candidate=False, swapped=True) == 1
+    first = promotion == "approve"  # the pipeline's policy: under "approve" even a first version waits for a person
+    assert live.control.publish_sync(live.scorer.to_artifact(), candidate=first).version == 1
+    assert live.publish_thresholds(candidate=first, swapped=True) == 1
+    for kind in ("scorer", "thresholds") if first else ():
+        live.control.decide_sync(kind, 1, "approve", actor="risk officer", reason="the first version")
     live.worker.start()
     if promotion == "shadow":  # the shadow policy runs in the pipeline's monitoring agent
         live.agent.start()

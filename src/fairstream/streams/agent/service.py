@@ -82,6 +82,9 @@ class MonitoringAgent:
         Where the pipeline's gauges go (None: a new view of the pipeline's families).
     clock, monotonic : callable
         Wall-clock and monotonic time.
+    signer : Signer or None, default=None
+        The agent's key: it signs the shadow policy's decisions (policy role) and the re-fit requests (requester
+        role); None writes them unsigned.
 
     Attributes
     ----------

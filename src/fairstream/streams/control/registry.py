@@ -367,7 +367,9 @@ class ArtifactRegistry:
             self._refusals[label] = f"{what}: {reason}"
         active = self.current(label)
         keeps = f"; still serving version {active.version}" if active else ""
-        log.log(level, "refused %s: %s%s", what, reason, keeps)
+        # Formatted here, not by the logger: a worker holds back repeats of one message template for a few seconds
+        # (health.RepeatedLogFilter), and each refused record is its own event (two forged records, two lines).
+        log.log(level, f"refused {what}: {reason}{keeps}")
         if self.on_refuse is not None:
             _call_safely(self.on_refuse, label, reason, category)
         return False

@@ -156,8 +156,14 @@ def _run_java(libs: Path, *args: str, timeout: float = 120.0) -> str:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (what ``random-uuid`` prints)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes in URL-safe base64 without padding (what ``random-uuid`` prints).
+
+    Never one that starts with "-": the storage tool would read it as an option (Kafka's own ``Uuid.randomUuid``
+    draws again for the same reason), and a test cluster's start would fail one time in 64.
+    """
+    while (cluster_id := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"):
+        continue
+    return cluster_id
 
 
 def _each(items, action) -> None:
