@@ -23,7 +23,6 @@ from fairstream.streams.codec.partials import AGENT_SUFFIX
 from fairstream.streams.config import AgentConfig, adult_config
 from fairstream.streams.control.client import ControlClient
 from fairstream.streams.control.records import WorkerStatus, encode_announcement
-from fairstream.streams.control.store import ArtifactStore
 from fairstream.streams.demo.replay import record_messages, replay
 from fairstream.streams.kafka import KAFKA_API_VERSION
 from fairstream.streams.refit import evidence
@@ -47,8 +46,15 @@ def pipeline(broker, tmp_path):
     config = adult_config(artifact_dir=str(tmp_path / "artifacts"), records=AgentConfig(artifact=("plan", "scorer")),
                           promotion="approve").with_topics(prefix=f"report-{uuid.uuid4().hex[:8]}")
     ensure_topics(broker.bootstrap, config.topics)
-    return config, ControlClient(broker.bootstrap, config.topics, ArtifactStore(config.artifact_dir),
-                                 schema=config.schema())
+    return config, ControlClient.of(config, broker.bootstrap)  # the pipeline's own gate and promotion policy
+
+
+def serve(control, artifact, **audit):
+    """A version that serves under the pipeline's promotion "approve": published as a candidate, approved by a person
+    (every reader refuses a publish that would serve at once)."""
+    record = control.publish_sync(artifact, candidate=True, **audit)
+    control.decide_sync(record.kind, record.version, "approve", actor="risk officer", reason="reviewed")
+    return record
 
 
 def plan(data, **metrics):
@@ -90,8 +96,8 @@ def with_candidate(broker, adult, tmp_path_factory):
     """A pending candidate plan v2 beside served plan v1 and scorer v1, shadowed by one worker, and live records."""
     research, shifted, live = adult
     config, control = pipeline(broker, tmp_path_factory.mktemp("report"))
-    control.publish_sync(balanced_scorer(research).to_artifact(), actor="alice@bank", reason="first scorer")
-    control.publish_sync(plan(research), actor="alice@bank", reason="first plan")
+    serve(control, balanced_scorer(research).to_artifact(), actor="alice@bank", reason="first scorer")
+    serve(control, plan(research), actor="alice@bank", reason="first plan")
     candidate = control.publish_sync(
         plan(shifted, holdout_statistic="E", holdout_value=0.031, current_holdout_value=0.094, n_research=3000,
              n_fit=2400, n_holdout=600, source="topic report.research"),

@@ -22,7 +22,7 @@ from fairstream.streams.refit import report
 from fairstream.streams.refit.evidence import gather
 from fairstream.streams.refit.report import SECTIONS, write_report
 # The scenario the evidence is gathered from; adult and with_candidate are fixtures.
-from tests.streams.refit.test_evidence import adult, pipeline, plan, to_records_in, with_candidate  # noqa: F401
+from tests.streams.refit.test_evidence import adult, pipeline, plan, serve, to_records_in, with_candidate  # noqa: F401
 from tests.streams.refit.test_flow_refit import balanced_scorer
 from tests.streams.test_cli import run_main
 
@@ -113,7 +113,7 @@ def test_a_screenshot_of_the_report_is_not_blank(broker, with_candidate, tmp_pat
 def test_a_hostile_actor_and_reason_are_shown_escaped_never_run(broker, adult, tmp_path):
     research, shifted, _ = adult
     config, control = pipeline(broker, tmp_path)
-    control.publish_sync(plan(research))
+    serve(control, plan(research))
     control.publish_sync(plan(shifted), actor=HOSTILE[:200], reason=HOSTILE, candidate=True)
     control.decide_sync("plan", 2, "reject", actor=HOSTILE[:200], reason=HOSTILE)
     path = write_report(config, broker.bootstrap, "plan", 2, out=tmp_path / "plan-v2.html", sample=50)
@@ -133,8 +133,8 @@ def test_a_hostile_actor_and_reason_are_shown_escaped_never_run(broker, adult, t
 def test_an_approved_candidate_is_compared_with_the_version_it_replaced(broker, adult, tmp_path):
     research, shifted, live = adult
     config, control = pipeline(broker, tmp_path)
-    control.publish_sync(balanced_scorer(research).to_artifact())
-    control.publish_sync(plan(research))
+    serve(control, balanced_scorer(research).to_artifact())
+    serve(control, plan(research))
     control.publish_sync(plan(shifted), candidate=True)
     control.decide_sync("plan", 2, "approve", actor="carol@bank", reason="shadow E closes the gap")
     to_records_in(broker, config, live)
@@ -165,7 +165,7 @@ def test_missing_records_versions_and_figures_are_said_on_the_page(broker, adult
 def test_an_unknown_version_is_one_line_naming_the_published_ones(broker, adult, tmp_path):
     research, _, _ = adult
     config, control = pipeline(broker, tmp_path)
-    control.publish_sync(plan(research))
+    serve(control, plan(research))
     with pytest.raises(ControlError, match=r"^no plan version 7 was published on .*\(published plan versions: 1\)"):
         write_report(config, broker.bootstrap, "plan", 7, out=tmp_path / "x.html")
     with pytest.raises(ControlError, match=r"published flow versions: none"):

@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 
 from fairstream.streams.config import AgentConfig
 from fairstream.streams.worker import consumer as consumer_module
-from fairstream.streams.worker.consumer import NOT_LOADED, BatchConsumer, DeliveryError, InputSpec
+from fairstream.streams.worker.consumer import NOT_LOADED, BatchConsumer, DeliveryError, InputSpec, NotAuthorised
 from fairstream.streams.worker.metrics import PipelineMetrics
 from fairstream.streams.worker.processing import BatchOutcome
 
@@ -379,8 +379,8 @@ def test_errors_the_client_retries_are_waited_out_and_fatal_ones_end_the_loop(mo
         fatal._one_batch()
     denied, _, _ = make(monkeypatch, [[Message(None, None, -1, error=KafkaError(
         KafkaError.TOPIC_AUTHORIZATION_FAILED))]])
-    with pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
-        denied._one_batch()
+    with pytest.raises(NotAuthorised, match="^not authorised: User:ANONYMOUS may not read topic in "):
+        denied._one_batch()  # the broker's refusal, in one line naming the principal, the operation and the topic
 
 
 def test_a_crash_of_the_loop_is_logged_critical_and_raised_for_mode_to_end_the_worker(monkeypatch, caplog):

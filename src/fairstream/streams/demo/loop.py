@@ -338,7 +338,7 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
     scorer_first = trained.needs_labels and "score" not in trained.writes  # trained through the scorer's scores
     demo = dict(actor=f"demo@{socket.gethostname()}", reason="the demo's initial scorer")
     if scorer_first:
-        control.publish_sync(balanced_scorer(research, list(config.features)).to_artifact(), **demo)
+        serve_initial(control, balanced_scorer(research, list(config.features)).to_artifact(), config.promotion, demo)
     replay(bootstrap, config.topics.research, record_messages(research, config, id_prefix="research"), progress=False)
     outcome = job.run_once(TopicSource(bootstrap, config, last_n=len(research)))
     if not outcome.published:
@@ -347,8 +347,17 @@ def publish_initial(config: PipelineConfig, bootstrap: str, research: Dataset, j
         control.decide_sync(job.kind, outcome.version, "approve", actor=OPERATOR,
                             reason=f"the initial {job.kind}, reviewed on its holdout before the stream starts")
     if not scorer_first:
-        control.publish_sync(LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact(),
-                             **demo)
+        serve_initial(control, LogisticScorer().fit(research.X, research.y, columns=list(config.features)).to_artifact(),
+                      config.promotion, demo)
+
+
+def serve_initial(control: ControlClient, artifact, promotion: str, audit: dict) -> None:
+    """Publish ``artifact`` as the pipeline's promotion says; a candidate (under "approve") is approved by the operator:
+    every reader refuses a publish that would serve at once there."""
+    record = control.publish_under_sync(artifact, promotion, **audit).record
+    if record.candidate:
+        control.decide_sync(record.kind, record.version, "approve", actor=OPERATOR,
+                            reason=f"the initial {record.kind}, reviewed before the stream starts")
 
 
 def run_fairness_loop(config: PipelineConfig, bootstrap: str, run_dir: Path, research: Dataset, stable: Dataset,
