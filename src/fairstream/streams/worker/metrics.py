@@ -87,7 +87,7 @@ CANDIDATE_VERSION = Gauge("fairstream_candidate_version",
                           "Version of the pending candidate measured in shadow (absent: no candidate of the kind)",
                           _labels("kind"))
 ARTIFACT_REFUSED = Counter("fairstream_artifacts_refused_total", "Control records refused, by why: unreadable, "
-                           "unsigned, untrusted, role, pipeline, policy, stale, version, load",
+                           "unsigned, untrusted, role, pipeline, policy, stale, replay, version, load",
                            _labels("kind", "reason"))
 INPUT_HELD = Gauge("fairstream_input_held", "1 while an agent holds its input: an artifact it applies is not loaded",
                    _labels("agent"))
