@@ -378,7 +378,7 @@ def test_a_statistic_name_cannot_forge_a_line_of_the_audit_trail():
                               "reason": "drift\nagain", "statistics": {"E": 0.01, forged: 1.0}, "candidate": False,
                               "signer": "refit\nforged", "refused": "no\n2026-11-24T15:00:00Z  plan  v2  approve"})
     assert line == ("1970-01-01T00:00:00Z  plan          v1      publish    refit@h  drift again  E=0.01, x "
-                    "2026-11-24T15:00:00Z plan v1 approve Ada Lovelace looked at it=1  [signed refit forged]  "
+                    "2026-11-24T15:00:00Z plan v1 approve Ada Lovelace looked at it=1  [claims refit forged]  "
                     "REFUSED: no 2026-11-24T15:00:00Z plan v2 approve")
 
 

@@ -522,7 +522,11 @@ def _print_history(control, kind: str | None, as_json: bool, verify: bool = Fals
                "action": record.action, "actor": record.actor, "reason": record.reason,
                "statistics": record.statistics or {}, "sha256": record.sha256, "candidate": bool(record.candidate),
                "signer": entry.signer, "refused": entry.refusal, "remark": entry.remark,
-               "breaks_trail": entry.breaks_trail}
+               "breaks_trail": entry.breaks_trail,
+               # Verified only on a signed pipeline, for a signature that matched a trusted key (the record may still be
+               # refused for its role or the policy): otherwise the signer is only what the record claims.
+               "verified": (control.authority.trust.signed and entry.signer is not None
+                            and entry.category not in ("unsigned", "untrusted", "unreadable"))}
         print(json.dumps(row, sort_keys=True) if as_json else _history_line(row))
     if not entries and not as_json:
         print(f"(no {kind or 'artifact'} records on {control.topic})")
@@ -555,7 +559,7 @@ def _history_line(entry: dict) -> str:
     figures = ", ".join(f"{_collapsed(name)}={value:.4g}" for name, value in entry["statistics"].items())
     reason, actor = _collapsed(entry["reason"] or "-"), _collapsed(entry["actor"] or "-")
     action = "candidate" if entry["candidate"] else entry["action"]  # a publish that does not serve (yet)
-    signed = f"[signed {_collapsed(entry['signer'])}]" if entry["signer"] else ""
+    signed = f"[{'signed' if entry.get('verified') else 'claims'} {_collapsed(entry['signer'])}]" if entry["signer"] else ""
     refused = f"REFUSED: {_collapsed(entry['refused'])}" if entry["refused"] else ""
     return "  ".join(part for part in (when, f"{entry['kind']:<12}", f"v{entry['version']:<5}", f"{action:<9}",
                                        actor, reason, figures, signed, refused) if part).rstrip()

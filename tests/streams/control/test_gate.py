@@ -305,8 +305,24 @@ def test_a_record_after_one_whose_key_was_revoked_is_no_break_in_the_trail():
                             "auto", PIPELINE)
     verdicts, _ = admit_all(first + later, without_pub)
     assert verdicts[0].category == "untrusted" and not verdicts[0].breaks_trail
-    assert "no longer trusted" in verdicts[1].remark
+    assert "its signer's key was revoked" in verdicts[1].remark
     assert not any(verdict.breaks_trail for verdict in verdicts), [(v.category, v.remark) for v in verdicts]
+    # Moved after the trail went on (re-sent later: compaction then drops the originals), the same revoked record no
+    # longer excuses the record after it: the move shows.
+    moved = chain([publish(1, kind="scorer")], signer="all") + first + later
+    verdicts, _ = admit_all(moved, without_pub)
+    assert verdicts[1].category == "untrusted" and verdicts[2].breaks_trail, [(v.category, v.remark) for v in verdicts]
     altered = first[0][1].replace(b'"refit@vm"', b'"refit@vX"')  # the same record with its bytes changed: a break
     verdicts, _ = admit_all([(first[0][0], altered)] + later, SIGNED)
     assert verdicts[0].breaks_trail and verdicts[1].breaks_trail
+
+
+def test_a_field_no_canonical_bytes_hold_is_refused_by_every_reader_never_raised():
+    """NaN or 1e999 in any field of a record claiming a trusted signer: one message must not stop a reader."""
+    (record, value), = chain([publish(1)], signer="pub")
+    for poison in (b'NaN', b'1e999', b'-Infinity'):
+        hostile = value[:-1] + b', "x": ' + poison + b"}"
+        message = type("Message", (), {"offset": 0, "key": control_key(record, hostile), "value": hostile})
+        log = ControlLog(gate=SIGNED.gate())
+        log.add(message)
+        assert log.skipped or log.entries[0].refusal is not None

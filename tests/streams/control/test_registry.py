@@ -219,7 +219,9 @@ def test_control_message_round_trip(plans):
          r"integer from 1 to 9007199254740991 \(2\*\*53 - 1"),
         (b'{"kind": "plan/1", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x"}', "artifact kind"),
         (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x", "published_at": NaN}',
-         "published_at"),
+         "not JSON: ValueError: 'NaN is not a JSON number'"),  # no canonical bytes hold it, whatever the field
+        (b'{"kind": "plan", "version": 1, "sha256": "' + b"a" * 64 + b'", "path": "x", "published_at": 1e999}',
+         "1e999 is out of a float's range"),
         (b"[" * 5000 + b"]" * 5000, "not JSON: RecursionError"),
         (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "not JSON: RecursionError"),
         (b'{"kind": "plan", "version": 1, "sha256": "abc", "path": "x"}', "64 lowercase hex"),

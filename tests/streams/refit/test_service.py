@@ -202,12 +202,14 @@ def test_on_a_signed_pipeline_only_a_requesters_signature_makes_a_request_count(
     job.config = dataclasses.replace(adult_config(), trust=str(trust))
     refit = RefitService(job, source=None, min_interval_seconds=0)
     refit._consumer = consumer
-    unsigned, wrong_role, forged, signed = (agent_request(4) for _ in range(4))
+    unsigned, wrong_role, forged, elsewhere, signed = (agent_request(4) for _ in range(5))
     agent, publisher = Signer.from_file(keys / "agent.key"), Signer.from_file(keys / "publisher.key")
     mallory = Signer("agent", generate_key())  # claims the agent's name with a key of its own
     assert public_key_text(mallory.key) != (keys / "agent.pub").read_text().strip()
-    for request, signer in ((unsigned, None), (wrong_role, publisher), (forged, mallory), (signed, agent)):
-        value = request.to_json() if signer is None else signer.sign_json(request.to_json())
+    topic = job.config.topics.refit_requests
+    for request, signer, pipeline in ((unsigned, None, topic), (wrong_role, publisher, topic), (forged, mallory, topic),
+                                      (elsewhere, agent, "staging.refit.requests"), (signed, agent, topic)):
+        value = request.to_json() if signer is None else signer.sign_json(request.to_json(), pipeline=pipeline)
         consumer.queue.append(SimpleNamespace(topic="refit.requests", partition=0, offset=len(consumer.queue),
                                               timestamp=len(consumer.queue), value=value))
     with caplog.at_level(logging.INFO, logger="fairstream.streams.refit.service"):
@@ -215,8 +217,8 @@ def test_on_a_signed_pipeline_only_a_requesters_signature_makes_a_request_count(
 
     assert job.runs == 1 and actions(refit, signed)[0][0] == "queued"
     for request, why in ((unsigned, "the record is not signed"), (wrong_role, "a re-fit request needs the requester"),
-                         (forged, "does not match")):
+                         (forged, "does not match"), (elsewhere, "not for fairstream.refit.requests")):
         ((action, reason),) = actions(refit, request)
         assert action == "unauthorised" and why in reason, reason
     warned = [r for r in caplog.records if "unauthorised" in r.getMessage()]
-    assert len(warned) == 3 and all(r.levelno == logging.WARNING for r in warned)
+    assert len(warned) == 4 and all(r.levelno == logging.WARNING for r in warned)

@@ -223,8 +223,9 @@ class MonitoringAgent:
                   f"under {kind} version {version}")
         request = RefitRequest.new(reason, kind=kind, statistic=event.statistic, value=event.value, source=self.name,
                                    version=version)
-        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json())
-        self.outbox.append((self.config.topics.refit_requests, kind.encode(), value,
+        topic = self.config.topics.refit_requests  # signed for it: another pipeline refuses a copy
+        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json(), pipeline=topic)
+        self.outbox.append((topic, kind.encode(), value,
                             f"re-fit request {request.request_id} ({reason})"))
 
     def _serving_version(self, kind: str) -> int | None:

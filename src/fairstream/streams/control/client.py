@@ -136,11 +136,12 @@ class Entry:
     signer: str | None = None
     category: str | None = None
     remark: str | None = None
+    altered: bool = False
 
     @property
     def breaks_trail(self) -> bool:
         """Whether this record shows the trail was rewritten (:attr:`~.gate.Verdict.breaks_trail`)."""
-        return Verdict(self.refusal, self.signer, self.category, self.remark).breaks_trail
+        return Verdict(self.refusal, self.signer, self.category, self.remark, self.altered).breaks_trail
 
 
 @dataclass
@@ -180,7 +181,7 @@ class ControlLog:
         elif read.what == RECORD:
             verdict = self.gate.admit(read.record, message.value, message.offset, self.ledger)
             self.entries.append(Entry(message.offset, read.record, verdict.refusal, verdict.signer, verdict.category,
-                                      verdict.remark))
+                                      verdict.remark, verdict.altered))
         elif read.record is not None:  # refused: a record under another key (never a claim)
             self.entries.append(Entry(message.offset, read.record, read.refusal, read.record.signer,
                                       "unreadable"))

@@ -130,14 +130,14 @@ class Verdict:
     signer: str | None = None
     category: str | None = None
     remark: str | None = None
+    altered: bool = False  # a trusted key's signature that does not match the bytes: they were changed
 
     @property
     def breaks_trail(self) -> bool:
         """Whether the record shows the trail was rewritten: an altered record, a replay or a record out of order,
         or one admitted after a record that is missing."""
-        altered = self.category == "untrusted" and "does not match" in (self.refusal or "")
         benign = self.remark is None or self.remark.startswith((RACE, DISTRUSTED))
-        return altered or self.category == "replay" or not benign
+        return self.altered or self.category == "replay" or not benign
 
 @dataclass(frozen=True)
 class Authority:
@@ -198,9 +198,10 @@ class ControlGate:
         self.head = GENESIS  # the hash of the last admitted record: what the next one names as previous
         self.trail: dict[str, int] = {GENESIS: -1}  # hash of every admitted record -> its offset
         self.successor: dict[str, int] = {}  # hash of an admitted record -> offset of the admitted one naming it
-        # hash of a record whose signer this reader no longer trusts -> its offset: one that follows it (written while
-        # its key was trusted) follows a record that is there, not a missing one
-        self.distrusted: dict[str, int] = {}
+        # hash of a record whose key was revoked (it is not in the trust file) and that followed the trail's last
+        # record when it came -> (its offset, that record's hash): one that follows it, while the trail has not moved
+        # since, follows a record that is there, not a missing one
+        self.distrusted: dict[str, tuple[int, str]] = {}
 
     def copy(self) -> "ControlGate":
         """A gate at the same place of the trail (to try a record without admitting it).
@@ -235,7 +236,7 @@ class ControlGate:
             None as ``refusal`` when it takes effect.
         """
         digest = record_hash(value)
-        signer, refusal, category = self._who(record, value, offset)
+        signer, refusal, category, altered = self._who(record, value, offset)
         # Where a record sits in the trail matters only if its writer may write at all: a forged record is no part of it.
         remark, out_of_order = self._place(record, digest) if refusal is None else (None, None)
         if refusal is None:
@@ -245,33 +246,41 @@ class ControlGate:
         if refusal is None:
             refusal, category = ledger.admit(record, offset), "version"
         if refusal is not None:
-            if category in ("untrusted", "role") and "does not match" not in refusal:
-                self.distrusted[digest] = offset
-            return Verdict(refusal, signer, category, None if category == out_of_order else remark)
+            if category == "revoked":
+                category = "untrusted"
+                if record.previous == self.head:
+                    self.distrusted[digest] = (offset, self.head)
+            return Verdict(refusal, signer, category, None if category == out_of_order else remark, altered)
         if record.previous is not None and record.previous in self.trail:
             self.successor.setdefault(record.previous, offset)
         self.head, self.trail[digest] = digest, offset
         return Verdict(None, signer, None, remark)
 
-    def _who(self, record: ControlRecord, value: bytes, offset: int) -> tuple[str | None, str | None, str | None]:
-        """(signer, refusal, category): the verified signer of a signed pipeline's record, else the claimed one."""
+    def _who(self, record: ControlRecord, value: bytes,
+             offset: int) -> tuple[str | None, str | None, str | None, bool]:
+        """(signer, refusal, category, altered): the verified signer of a signed pipeline's record, else the claimed
+        one; category ``revoked`` (reported as ``untrusted``) for a key the trust file does not list."""
         trust, claimed = self.authority.trust, record.signer
         if not trust.signed:
-            return claimed, None, None
+            return claimed, None, None, False
         if record.signer is None or record.signature is None:
             return claimed, "not signed: this pipeline takes only records signed by a key of its trust file", \
-                "unsigned"
+                "unsigned", False
         try:
             signer = trust.signer_of(json.loads(value), ROLE_OF[record.action], offset)
         except TrustError as exc:
-            return claimed_signer({"signer": claimed}), str(exc), exc.category
+            category = "revoked" if exc.unknown_key else exc.category
+            return claimed_signer({"signer": claimed}), str(exc), category, exc.altered
+        except ValueError as exc:  # bytes parse_control took but a signature cannot cover: refused, never raised
+            return claimed_signer({"signer": claimed}), f"unreadable for its signature: {shown(str(exc))}", \
+                "untrusted", False
         pipeline = self.authority.pipeline
         if pipeline is not None and record.pipeline != pipeline:
             return signer, (f"written for pipeline {shown(record.pipeline)}, not for {pipeline}: a record copied from "
-                            "another pipeline's control topic is refused"), "pipeline"
+                            "another pipeline's control topic is refused"), "pipeline", False
         if record.previous is None:
-            return signer, "it names no previous record: a signed record names the record before it", "stale"
-        return signer, None, None
+            return signer, "it names no previous record: a signed record names the record before it", "stale", False
+        return signer, None, None, False
 
     def _policy(self, record: ControlRecord, ledger: VersionLedger) -> str | None:
         """Why the pipeline's own promotion policy refuses ``record``, or None (whatever its writer's config said)."""
@@ -305,9 +314,10 @@ class ControlGate:
         if previous in self.trail:
             return (f"out of order: it follows the record at offset {self.trail[previous]}, but the trail went on from "
                     f"there without it (a record moved or replayed)"), "replay"
-        if previous in self.distrusted:
-            return (f"{DISTRUSTED} at offset {self.distrusted[previous]}, which this reader refuses: its signer is no "
-                    "longer trusted (a key rotated out or revoked)"), None
+        revoked = self.distrusted.get(previous)
+        if revoked is not None and revoked[1] == self.head:  # it came last, and nothing was admitted since
+            return (f"{DISTRUSTED} at offset {revoked[0]}, which this reader refuses: its signer's key was "
+                    "revoked"), None
         return (f"a break in the trail: it follows a record no reader admitted (previous {previous[:12]}): one before "
                 "it was dropped or altered"), None
 

@@ -256,7 +256,7 @@ def check_config(settings: dict, record: ControlRecord | None, signed: bool) -> 
                                                       f"{record.version}")
     try:
         differing = differing_keys(settings, decode_settings(record))
-    except ControlError as exc:
+    except (ControlError, ValueError, RecursionError) as exc:  # whatever a record holds: a hold, never a lost check
         return ConfigCheck(False, record.version, line=f"the pipeline's active config version {record.version} cannot "
                                                        f"be read ({exc}): this worker takes no partitions until a "
                                                        "readable one is published (fairstream config publish)",

@@ -590,7 +590,9 @@ def parse_control(value: bytes | None) -> ControlRecord:
     if value is None:
         raise ControlError("empty control message (a tombstone): it withdraws a record, it is not one")
     try:
-        data = json.loads(value)
+        # Only JSON's own numbers: NaN, Infinity and 1e999 are no JSON a signature's canonical bytes can hold, and
+        # one such field anywhere would make every signed pipeline's reader refuse it differently or fail.
+        data = json.loads(value, parse_constant=_not_a_number, parse_float=_finite_float)
     except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError (deep nesting), ...
         raise ControlError(f"control message is not JSON: {type(exc).__name__}: {shown(str(exc))}") from None
     if not isinstance(data, dict):
@@ -601,6 +603,17 @@ def parse_control(value: bytes | None) -> ControlRecord:
         raise
     except Exception as exc:  # a shape no check foresaw: still one record's refusal, not a reader's crash
         raise ControlError(f"unreadable control record: {type(exc).__name__}: {shown(str(exc))}") from None
+
+
+def _not_a_number(text: str):
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text[:40]} is out of a float's range")
+    return number
 
 
 def _record(data: dict) -> ControlRecord:

@@ -33,7 +33,14 @@ KEY_SUFFIX, PUBLIC_SUFFIX = ".key", ".pub"
 
 
 class SignatureError(ValueError):
-    """A record whose signature is missing, malformed, by an unknown key, or does not match; the message says which."""
+    """A record whose signature is missing, malformed, by an unknown key, or does not match; the message says which.
+
+    ``altered`` is true when a trusted key's signature does not match the record's bytes (they were changed).
+    """
+
+    def __init__(self, message: str, altered: bool = False):
+        super().__init__(message)
+        self.altered = altered
 
 
 def generate_key() -> Ed25519PrivateKey:
@@ -110,7 +117,9 @@ def verify(record: dict, trusted: dict[str, str]) -> str:
     try:
         public.verify(raw_signature, canonical_bytes(record))
     except InvalidSignature:
-        raise SignatureError(f"the signature of {signer!r} does not match the record's bytes") from None
+        raise SignatureError(f"the signature of {signer!r} does not match the record's bytes", altered=True) from None
+    except ValueError as exc:  # a value no canonical bytes hold (NaN): it cannot have been signed
+        raise SignatureError(f"the record has no canonical bytes ({str(exc)[:80]}): it cannot be signed") from None
     return signer
 
 
@@ -220,9 +229,10 @@ class Signer:
         """``record`` signed by this key (:func:`sign`)."""
         return sign(record, self.name, self.key)
 
-    def sign_json(self, value: bytes) -> bytes:
-        """A JSON object's bytes, signed by this key (the object with ``signer`` and ``signature``)."""
-        return json.dumps(self.sign(json.loads(value)), sort_keys=True, allow_nan=False).encode("utf-8")
+    def sign_json(self, value: bytes, **fields) -> bytes:
+        """A JSON object's bytes with ``fields`` added, signed by this key (the object with ``signer`` and
+        ``signature``)."""
+        return json.dumps(self.sign({**json.loads(value), **fields}), sort_keys=True, allow_nan=False).encode("utf-8")
 
 
 KEY_ENV = "FAIRSTREAM_KEY"

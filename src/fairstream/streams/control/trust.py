@@ -67,12 +67,13 @@ class TrustError(ValueError):
     """A record whose signer this pipeline does not trust for it, or a trust file that cannot be read; one line.
 
     ``category`` says which: ``unsigned``, ``untrusted`` (an unknown or rotated key, or bytes the signature does not
-    match) or ``role``.
+    match) or ``role``; ``altered`` is true when a trusted key's signature does not match the bytes, ``unknown_key``
+    when the key it names is not in the trust file (never was, or was revoked by removing it).
     """
 
-    def __init__(self, message: str, category: str = "untrusted"):
+    def __init__(self, message: str, category: str = "untrusted", altered: bool = False, unknown_key: bool = False):
         super().__init__(message)
-        self.category = category
+        self.category, self.altered, self.unknown_key = category, altered, unknown_key
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,9 @@ class Trust:
         try:
             signer = verify(data, {name: key.public_key for name, key in self.keys.items()})
         except SignatureError as exc:
-            raise TrustError(str(exc), "unsigned" if data.get(SIGNER) is None else "untrusted") from None
+            claimed = data.get(SIGNER)
+            raise TrustError(str(exc), "unsigned" if claimed is None else "untrusted", altered=exc.altered,
+                             unknown_key=isinstance(claimed, str) and claimed not in self.keys) from None
         key = self.keys[signer]
         if key.until_offset is not None and (offset is None or offset >= key.until_offset):
             where = "off the control topic" if offset is None else f"at offset {offset}"

@@ -35,7 +35,9 @@ class RequestPublisher:
 
     def __call__(self, request: RefitRequest) -> RefitRequest:
         """Send ``request`` and wait for the acknowledgement (raises the client's error on failure)."""
-        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json())
+        # Signed for this topic: a copy written to another pipeline's requests is refused there.
+        value = request.to_json() if self.signer is None else self.signer.sign_json(request.to_json(),
+                                                                                    pipeline=self.topic)
         future = self._open().send(self.topic, key=request.kind.encode("utf-8"), value=value)
         future.get(self.timeout)
         return request

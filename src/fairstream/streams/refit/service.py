@@ -249,9 +249,13 @@ class RefitService:
         if not trust.signed:
             return None
         try:
-            trust.signer_of(json.loads(value), ROLE_OF["request"])
-        except TrustError as exc:
+            data = json.loads(value)
+            trust.signer_of(data, ROLE_OF["request"])
+        except (TrustError, ValueError, RecursionError) as exc:
             return f"refused: {exc}"
+        topic = self.job.config.topics.refit_requests
+        if data.get("pipeline") != topic:
+            return f"refused: signed for {str(data.get('pipeline'))[:100]!r}, not for {topic}: a copy from elsewhere"
         return None
 
     def _rejection(self, request: RefitRequest) -> tuple[str, str] | None:

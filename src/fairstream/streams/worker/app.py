@@ -92,6 +92,7 @@ FATAL_EXIT_SECONDS = 45.0  # after a crash, a stop that hangs (a flush to a brok
 NOTICE_SECONDS = 10.0  # a notice (re-embed event, stats) not acknowledged within this is sent again later
 MAX_UNSENT_STATS = 3600  # stats messages kept while the broker is away (an hour of them); past that the oldest go
 HELD_LOG_SECONDS = 30.0  # while an input is held for a missing artifact: say why this often
+MAX_LABELLED_KEYS = 20  # differing config keys labelled in fairstream_config_differs (the line and /readyz name more)
 EXPORT_SECONDS = 1.0  # the monitors' gauges are exported at most once a second, and at least once after a lull
 
 
@@ -377,9 +378,10 @@ class WorkerHooks:
             record = self.registry.config_record
             check = check_config(self.settings, record, self.authority.trust.signed)
             previous, self.config_check = self.config_check, check
-            for key in check.differing:
+            labelled = check.differing[:MAX_LABELLED_KEYS]  # a config of 50,000 keys must not make 50,000 series
+            for key in labelled:
                 self.metrics.config_differs.labels(key).set(1)
-            self.metrics.config_differs.keep(lambda key: True, {(key,) for key in check.differing})
+            self.metrics.config_differs.keep(lambda key: True, {(key,) for key in labelled})
             if record is not None:
                 self.metrics.config_version.labels().set(record.version)
             self.metrics.config_held.set(0 if check.admitted else 1)
@@ -586,8 +588,8 @@ class WorkerHooks:
         """Why the worker is not ready (``/readyz``), or []."""
         if not self.ready.is_set():
             return [f"replaying {self.topics.control}"]
-        check = self.config_check  # None for the moment between the replay and the first check: nothing joined yet
-        config = [] if check is None or check.admitted else [check.blocker()]
+        check = self.config_check  # None between the replay and the first check: nothing joined yet
+        config = ["config: not checked yet"] if check is None else [] if check.admitted else [check.blocker()]
         return config + [f"no {kind} artifact loaded (input held)" for kind in self.applied
                          if self.registry.current(kind) is None]
 
