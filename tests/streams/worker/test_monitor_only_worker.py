@@ -29,6 +29,8 @@ def test_an_empty_chain_is_served_before_the_control_topic_is_replayed_and_nothi
     served = hooks.active_chain()  # a consumer's lookup before replay: a chain would hold its input (NOT_LOADED)
     assert served is not NOT_LOADED and served.active == () and served.candidate is None
     hooks.ready.set()
+    assert hooks.blockers() == ["config: not checked yet"]  # replayed, its config not yet compared: not ready
+    hooks.check_config()  # what follows the replay (an unsigned pipeline with no config published: admitted)
     assert hooks.blockers() == []
 
 
