@@ -440,10 +440,10 @@ def _control(config, bootstrap: str, args: argparse.Namespace | None = None):
     return ControlClient.of(config, bootstrap, signer=Signer.from_option(getattr(args, "key", None)))
 
 
-def _add_key(parser: argparse.ArgumentParser) -> None:
-    """``--key FILE``: the private key that signs what the command writes on the control topic."""
-    parser.add_argument("--key", metavar="FILE", help="the private key (NAME.key, from `fairstream keys generate`) "
-                                                      "that signs the record; default: the file $FAIRSTREAM_KEY names")
+def _add_key(parser: argparse.ArgumentParser, signs: str = "the record") -> None:
+    """``--key FILE``: the private key that signs what the command writes (``signs`` says what)."""
+    parser.add_argument("--key", metavar="FILE", help=f"the private key (NAME.key, from `fairstream keys generate`) "
+                                                      f"that signs {signs}; default: the file $FAIRSTREAM_KEY names")
 
 
 _DONE = {"approve": "approved", "reject": "rejected"}
@@ -968,9 +968,7 @@ def build_parser() -> argparse.ArgumentParser:
     mon.add_argument("--metrics-port", type=_port_arg, metavar="PORT|0|off",
                      help="the agent's /metrics port, overriding [monitor] metrics_port: 0 = any free port (logged), "
                           "off = no endpoint")
-    mon.add_argument("--key", metavar="FILE", help="the private key (NAME.key) that signs the shadow policy's decisions "
-                                                   "(policy role) and the re-fit requests (requester role); default: "
-                                                   "the file $FAIRSTREAM_KEY names")
+    _add_key(mon, "the shadow policy's decisions (policy role) and the re-fit requests (requester role)")
     mon.set_defaults(func=_cmd_monitor)
 
     rpl = sub.add_parser("replay", help="send a data set to records.in (or its research split to research) as JSON records",

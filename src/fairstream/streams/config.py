@@ -765,6 +765,12 @@ class PipelineConfig(_Section):
         return frozenset(role for role in CARRIED_ROLES if getattr(self.mapping, role) is not None)
 
     @property
+    def app_id(self) -> str:
+        """The app id the pipeline's workers share without ``--app-id``: ``<topic prefix>-<pipeline name>`` (their
+        consumer groups, the monitoring agent's and the ACLs' principals are named after it)."""
+        return f"{self.topics.prefix}-{self.name}"
+
+    @property
     def refit_kind(self) -> str | None:
         """The kind the monitor's drift trigger asks to re-fit: the chain's repair stage (its first kind placed
         "repair"), else its first kind; None for a monitor-only pipeline (no chain, or only kinds that read what

@@ -156,7 +156,8 @@ def test_the_announced_figures_say_how_many_decisions_change():
     assert figures["active.dp_difference"] > figures["candidate.dp_difference"]
 
 
-from fairstream.streams.control.gate import Authority  # noqa: E402
+from fairstream.streams.agent.service import DECISION_RETRY_SECONDS  # noqa: E402
+from fairstream.streams.control.gate import GENESIS, Authority  # noqa: E402
 
 
 class Registry:
@@ -222,6 +223,13 @@ def test_the_shadow_policy_decides_once_on_every_workers_pooled_records(improvem
     assert (record.kind, record.version, record.action) == ("plan", 2, decided)
     assert record.actor.startswith("shadow-policy@") and "dp_difference" in record.reason
     assert record.statistics["bound.dp_difference.lower"] > 0
+    # Still pending long after: the decision lost a race in the trail (every reader refused it): decided again, once.
+    later = agent.monotonic() + DECISION_RETRY_SECONDS + 1
+    agent.monotonic = lambda: later
+    agent.tick()
+    agent.tick()
+    again = [parse_control(value) for topic, _, value, _ in agent.outbox if topic == config.topics.control]
+    assert [(r.version, r.action) for r in again] == [(2, decided)] * 2 and again[1].previous == GENESIS
 
 
 def test_two_statistics_drifting_at_one_shift_ask_one_refit(drifting):

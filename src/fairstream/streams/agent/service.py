@@ -101,7 +101,7 @@ class MonitoringAgent:
                  signer: Signer | None = None):
         self.config, self.clock, self.monotonic = config, clock, monotonic
         self.signer = signer  # signs the policy's decisions (policy role) and the re-fit requests (requester role)
-        self.app_id = (app_id or f"{config.topics.prefix}-{config.name}") + AGENT_SUFFIX
+        self.app_id = (app_id or config.app_id) + AGENT_SUFFIX
         self.name = f"{self.app_id}@{socket.gethostname()}:{os.getpid()}"
         self.statistics = PipelineStatistics(config, clock, monotonic)
         self.metrics = metrics or PipelineMetrics(config.name, process="agent")

@@ -133,22 +133,6 @@ class Acl:
                 for op in self.operations]
 
 
-def default_app_id(config: "PipelineConfig") -> str:
-    """The app id workers and the monitor use without ``--app-id``: ``<topic prefix>-<pipeline name>``.
-
-    Parameters
-    ----------
-    config : PipelineConfig
-        The pipeline.
-
-    Returns
-    -------
-    str
-        The app id.
-    """
-    return f"{config.topics.prefix}-{config.name}"
-
-
 def default_principals(app_id: str) -> dict[str, str]:
     """``{role: "User:<app id>-<role>"}`` for every role.
 
@@ -199,7 +183,7 @@ def pipeline_acls(config: "PipelineConfig", app_id: str | None = None,
     config : PipelineConfig
         The pipeline: its topics, its delivery guarantee.
     app_id : str or None, default=None
-        The workers' app id; None is :func:`default_app_id`.
+        The workers' app id; None is the config's (``PipelineConfig.app_id``).
     principals : mapping of str to str or None, default=None
         Principals by role, overriding :func:`default_principals`.
     roles : iterable of str, default=ROLES
@@ -210,7 +194,7 @@ def pipeline_acls(config: "PipelineConfig", app_id: str | None = None,
     list of Acl
         In :data:`ROLES` order, then by resource.
     """
-    app_id = app_id or default_app_id(config)
+    app_id = app_id or config.app_id
     who = {**default_principals(app_id), **(principals or {})}
     t = config.topics
     every = [spec.name for spec in t.specs()]

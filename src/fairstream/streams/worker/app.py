@@ -216,7 +216,7 @@ def create_app(config: PipelineConfig, bootstrap: str, app_id: str | None = None
     faust.App
         The app; start it with :func:`run_worker`.
     """
-    app_id = app_id or f"{config.topics.prefix}-{config.name}"
+    app_id = app_id or config.app_id
     app = _App(app_id, **app_settings(config, bootstrap, datadir))
     worker = WorkerHooks(config, bootstrap, app_id)
     app.task(worker.follow_control)
